@@ -1,0 +1,63 @@
+"""cpu backend: LLVM dialect -> optimised LLVM IR -> PIC object -> shared library bytes.
+
+The code is built for a named x86-64 level (`-target=cpu:x86-64-v3`; default the portable
+`x86-64` baseline), not for the machine that compiles, so a module made here runs on any
+machine of that level. The manifest records the level and the CPU features it implies; the
+runtime checks them before it loads the library.
+"""
+
+from __future__ import annotations
+
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlir import ir
+from mlir.dialects import llvm as llvm_dialect
+
+from hexir.backend.toolchain import c_compiler, llvm_tool, run_tool
+from hexir.errors import TargetError
+
+#: x86-64 micro-architecture levels and the /proc/cpuinfo flags each one needs.
+_V1 = ("sse", "sse2")
+_V2 = _V1 + ("pni", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16")
+_V3 = _V2 + ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe")
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+CPU_LEVELS = {"x86-64": _V1, "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
+
+
+@dataclass(frozen=True)
+class CpuLibrary:
+    shared_object: bytes
+    cpu: str
+    features: tuple[str, ...]
+    arch: str = "x86_64"
+
+
+def check_cpu(cpu: str) -> None:
+    if cpu not in CPU_LEVELS:
+        raise TargetError(f"cpu target {cpu!r} is not supported; expected one of {', '.join(CPU_LEVELS)}")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise TargetError(f"cpu code generation targets x86_64; this machine is {platform.machine()}")
+
+
+def llvm_ir(llvm_module: ir.Module) -> str:
+    """The LLVM IR text of a module in the LLVM dialect."""
+    return str(llvm_dialect.translate_module_to_llvmir(llvm_module.operation))
+
+
+def compile_kernels(llvm_module: ir.Module, cpu: str = "x86-64") -> CpuLibrary:
+    """Optimise and compile the cpu kernels into one position-independent shared library."""
+    check_cpu(cpu)
+    target = ["-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={cpu}"]
+    with tempfile.TemporaryDirectory(prefix="hexir-cpu-") as scratch:
+        work = Path(scratch)
+        (work / "kernels.ll").write_text(llvm_ir(llvm_module))
+        run_tool([llvm_tool("opt"), "-O3", *target, str(work / "kernels.ll"),
+                  "-o", str(work / "kernels.bc")], "opt (LLVM optimiser)")
+        run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",
+                  str(work / "kernels.bc"), "-o", str(work / "kernels.o")], "llc (LLVM code generator)")
+        run_tool([c_compiler(), "-shared", "-o", str(work / "kernels.so"),
+                  str(work / "kernels.o")], "linking the cpu kernels")
+        return CpuLibrary((work / "kernels.so").read_bytes(), cpu, CPU_LEVELS[cpu])

@@ -1,0 +1,254 @@
+"""The `hexir` dialect: the graph level — what to compute, on tensors with value semantics.
+
+Ops (generic form, as IRDL prints them):
+
+    %w = "hexir.constant"() {name = "W1", value = dense<...> : tensor<8x16xf32>, device = "auto"}
+    %y = "hexir.linear"(%x, %w[, %b]) {device = "cuda"}   // x[M,K] @ w[K,N] (+ b[N])
+    %r = "hexir.relu"(%y) {device = "auto"}               // max(y, 0)
+    "hexir.print"(%r)                                      // host I/O, always on the cpu
+    %t = "hexir.transfer"(%y) {source = "cuda", target = "cpu"}  // inserted by partition
+    %z = "hexir.call"(%x, %w) {callee = @linear_0, device = "cpu"} // after lower-to-tir (1-3 args)
+
+`device` is "auto" until the partition pass decides "cpu" or "cuda". The shape rules live
+here (`linear_shape`, ...) and are shared by the tracer and the verifier, so a `.mlir` file
+and a traced function are held to the same rules with the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from mlir import ir
+
+from hexir.errors import TraceError
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float64")
+#: Ops a `-placement=` or an `on()` context may move between devices.
+PLACEABLE_OPS = ("hexir.linear", "hexir.relu")
+
+IRDL = """
+irdl.dialect @hexir {
+  irdl.operation @constant {
+    %value = irdl.base "#builtin.dense_int_or_fp_elements"
+    %name = irdl.base "#builtin.string"
+    %auto = irdl.is "auto"
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %device = irdl.any_of(%auto, %cpu, %cuda)
+    irdl.attributes {"value" = %value, "name" = %name, "device" = %device}
+    %tensor = irdl.base "!builtin.tensor"
+    irdl.results(result: %tensor)
+  }
+  irdl.operation @linear {
+    %x = irdl.base "!builtin.tensor"
+    %w = irdl.base "!builtin.tensor"
+    %bias = irdl.base "!builtin.tensor"
+    %result = irdl.base "!builtin.tensor"
+    irdl.operands(x: %x, w: %w, bias: optional %bias)
+    irdl.results(result: %result)
+    %auto = irdl.is "auto"
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %device = irdl.any_of(%auto, %cpu, %cuda)
+    irdl.attributes {"device" = %device}
+  }
+  irdl.operation @relu {
+    %tensor = irdl.base "!builtin.tensor"
+    irdl.operands(x: %tensor)
+    irdl.results(result: %tensor)
+    %auto = irdl.is "auto"
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %device = irdl.any_of(%auto, %cpu, %cuda)
+    irdl.attributes {"device" = %device}
+  }
+  irdl.operation @print {
+    %tensor = irdl.base "!builtin.tensor"
+    irdl.operands(x: %tensor)
+  }
+  irdl.operation @transfer {
+    %tensor = irdl.base "!builtin.tensor"
+    irdl.operands(x: %tensor)
+    irdl.results(result: %tensor)
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %source = irdl.any_of(%cpu, %cuda)
+    %target = irdl.any_of(%cpu, %cuda)
+    irdl.attributes {"source" = %source, "target" = %target}
+  }
+  irdl.operation @call {
+    %arg0 = irdl.base "!builtin.tensor"
+    %arg1 = irdl.base "!builtin.tensor"
+    %arg2 = irdl.base "!builtin.tensor"
+    %result = irdl.base "!builtin.tensor"
+    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2)
+    irdl.results(result: %result)
+    %callee = irdl.base "#builtin.symbol_ref"
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %device = irdl.any_of(%cpu, %cuda)
+    irdl.attributes {"callee" = %callee, "device" = %device}
+  }
+}
+"""
+
+
+# ---- types ---------------------------------------------------------------------------
+
+def element_type(dtype: str) -> ir.Type:
+    """The MLIR element type of a numpy dtype name (float32 or float64)."""
+    return ir.F32Type.get() if dtype == "float32" else ir.F64Type.get()
+
+
+def tensor_type(shape: Sequence[int], dtype: str) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(list(shape), element_type(dtype))
+
+
+def dtype_of(type_: ir.Type) -> str:
+    """The numpy dtype name of a tensor/memref type or an element type."""
+    try:
+        element = ir.ShapedType(type_).element_type
+    except ValueError:
+        element = type_
+    if element == ir.F32Type.get():
+        return "float32"
+    if element == ir.F64Type.get():
+        return "float64"
+    raise TraceError(f"element type {element} is not supported; expected f32 or f64")
+
+
+def shape_of(type_: ir.Type) -> tuple[int, ...]:
+    return tuple(ir.ShapedType(type_).shape)
+
+
+# ---- shape rules (shared by the tracer and the verifier) ------------------------------
+
+def _describe(shape: Sequence[int], dtype: str) -> str:
+    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
+
+
+def check_dtype(op: str, argument: str, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise TraceError(f"{op}: argument '{argument}' has dtype {dtype}; expected float32 or float64")
+
+
+def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> tuple[int, int]:
+    """Result shape of linear; each operand is (shape, dtype). Raises TraceError."""
+    (x_shape, x_dtype), (w_shape, w_dtype) = x, w
+    for name, (shape, dtype) in (("x", x), ("w", w)):
+        check_dtype("linear", name, dtype)
+        if len(shape) != 2:
+            raise TraceError(
+                f"linear: argument '{name}' must have rank 2, got rank {len(shape)} "
+                f"({_describe(shape, dtype)})")
+    if w_dtype != x_dtype:
+        raise TraceError(f"linear: mixed dtypes: x is {x_dtype} but w is {w_dtype}")
+    if x_shape[1] != w_shape[0]:
+        raise TraceError(
+            f"linear: inner dimensions differ: x is {_describe(x_shape, x_dtype)} and w is "
+            f"{_describe(w_shape, w_dtype)}; expected w to have {x_shape[1]} rows, got {w_shape[0]}")
+    if bias is not None:
+        b_shape, b_dtype = bias
+        if b_dtype != x_dtype:
+            raise TraceError(f"linear: mixed dtypes: x is {x_dtype} but bias is {b_dtype}")
+        if tuple(b_shape) != (w_shape[1],):
+            raise TraceError(
+                f"linear: argument 'bias' must be {_describe((w_shape[1],), x_dtype)}, "
+                f"got {_describe(b_shape, b_dtype)}")
+    return (x_shape[0], w_shape[1])
+
+
+def elementwise_shape(op: str, x: tuple) -> tuple[int, ...]:
+    shape, dtype = x
+    check_dtype(op, "x", dtype)
+    if len(shape) < 1:
+        raise TraceError(f"{op}: argument 'x' must have rank >= 1, got a scalar")
+    return tuple(shape)
+
+
+# ---- typed builders ------------------------------------------------------------------
+
+def _str(value: str) -> ir.StringAttr:
+    return ir.StringAttr.get(value)
+
+
+def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
+    value = ir.DenseElementsAttr.get(np.ascontiguousarray(array))
+    op = ir.Operation.create(
+        "hexir.constant", results=[value.type],
+        attributes={"value": value, "name": _str(name), "device": _str(device)})
+    return op.result
+
+
+def linear(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, device: str = "auto") -> ir.Value:
+    operands = [x, w] + ([bias] if bias is not None else [])
+    shape = linear_shape(*((shape_of(v.type), dtype_of(v.type)) for v in operands[:2]),
+                         (shape_of(bias.type), dtype_of(bias.type)) if bias is not None else None)
+    op = ir.Operation.create(
+        "hexir.linear", results=[tensor_type(shape, dtype_of(x.type))], operands=operands,
+        attributes={"device": _str(device)})
+    return op.result
+
+
+def relu(x: ir.Value, device: str = "auto") -> ir.Value:
+    op = ir.Operation.create("hexir.relu", results=[x.type], operands=[x],
+                             attributes={"device": _str(device)})
+    return op.result
+
+
+def print_(x: ir.Value) -> ir.Operation:
+    return ir.Operation.create("hexir.print", operands=[x])
+
+
+def transfer(x: ir.Value, source: str, target: str) -> ir.Value:
+    op = ir.Operation.create("hexir.transfer", results=[x.type], operands=[x],
+                             attributes={"source": _str(source), "target": _str(target)})
+    return op.result
+
+
+def call(callee: str, args: Sequence[ir.Value], result_type: ir.Type, device: str) -> ir.Value:
+    # IRDL gives every operand of a variadic group one type, so a call takes up to three
+    # operands of its own types, as one required and two optional groups.
+    if not 1 <= len(args) <= 3:
+        raise TraceError(f"hexir.call takes 1 to 3 operands, got {len(args)}")
+    segments = ir.DenseI32ArrayAttr.get([1, int(len(args) > 1), int(len(args) > 2)])
+    op = ir.Operation.create(
+        "hexir.call", results=[result_type], operands=list(args),
+        attributes={"callee": ir.FlatSymbolRefAttr.get(callee), "device": _str(device),
+                    "operandSegmentSizes": segments})
+    return op.result
+
+
+# ---- accessors -----------------------------------------------------------------------
+
+def device_of(op: ir.Operation) -> str:
+    """The device an op runs on ("auto" before partitioning); print runs on the host."""
+    if op.name == "hexir.print":
+        return "cpu"
+    if op.name == "hexir.transfer":
+        return ir.StringAttr(op.attributes["target"]).value
+    return ir.StringAttr(op.attributes["device"]).value
+
+
+def set_device(op: ir.Operation, device: str) -> None:
+    op.attributes["device"] = _str(device)
+
+
+def string_attr(op: ir.Operation, name: str) -> str:
+    return ir.StringAttr(op.attributes[name]).value
+
+
+def callee_of(op: ir.Operation) -> str:
+    return ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+
+
+def constant_array(op: ir.Operation) -> np.ndarray:
+    """The numpy value of a hexir.constant (a copy, C-contiguous, its own dtype)."""
+    attr = ir.DenseElementsAttr(op.attributes["value"])
+    shape = shape_of(op.result.type)
+    dtype = np.dtype(dtype_of(op.result.type))
+    if attr.is_splat:
+        return np.full(shape, ir.FloatAttr(attr.get_splat_value()).value, dtype=dtype)
+    return np.array(attr, dtype=dtype).reshape(shape)

@@ -1,0 +1,108 @@
+"""@jit and export: trace once per signature, compile to a .hxb, run it with the runtime.
+
+The cache key is explicit (`JitFunction.cache_key`): the abstract arguments (shape, dtype),
+the device of any enclosing `hexir.on()` block, and the compile options (placement,
+targets). The function itself is the JitFunction's own. Same key -> no new trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hexir_runtime
+import numpy as np
+from mlir import ir
+from typeguard import typechecked
+
+from hexir.errors import TraceError
+from hexir.frontend.tensor import TensorSpec
+from hexir.frontend.trace import current_device, trace
+from hexir.passes.pipeline import Options, compile_module, parse_placement, parse_target
+
+
+class JitFunction:
+    """A traced-and-compiled version of a Python function over tensors."""
+
+    def __init__(self, fn: Callable, options: Options):
+        self.fn = fn
+        self.options = options
+        self.trace_count = 0
+        self._compiled: dict[tuple, Any] = {}
+        parameters = list(inspect.signature(fn).parameters.values())
+        for parameter in parameters:
+            if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+                raise TraceError(f"@hexir.jit: {fn.__qualname__} takes {parameter}; only plain "
+                                 "positional tensor arguments are supported")
+        self.arg_names = tuple(p.name for p in parameters)
+        functools.update_wrapper(self, fn)
+
+    def specs_of(self, args: tuple) -> tuple[TensorSpec, ...]:
+        """The abstract values of call arguments (arrays or TensorSpecs), checked."""
+        name = self.fn.__qualname__
+        if len(args) != len(self.arg_names):
+            raise TraceError(f"{name}() takes {len(self.arg_names)} argument(s) "
+                             f"({', '.join(self.arg_names)}), got {len(args)}")
+        specs = []
+        for arg_name, value in zip(self.arg_names, args):
+            if isinstance(value, TensorSpec):
+                specs.append(value)
+                continue
+            if not isinstance(value, np.ndarray):
+                raise TraceError(f"{name}(): argument '{arg_name}' must be a numpy array, "
+                                 f"got {type(value).__name__}")
+            if value.dtype.name not in ("float32", "float64"):
+                raise TraceError(f"{name}(): argument '{arg_name}' has dtype {value.dtype}; "
+                                 "expected float32 or float64")
+            specs.append(TensorSpec.of(value))
+        return tuple(specs)
+
+    def cache_key(self, specs: tuple[TensorSpec, ...]) -> tuple:
+        return (specs, current_device(), self.options)
+
+    def trace(self, *args: Any) -> ir.Module:
+        """The hexir module of this function for these arguments (arrays or TensorSpecs)."""
+        specs = self.specs_of(args)
+        self.trace_count += 1
+        return trace(self.fn, specs, self.arg_names)
+
+    def compile(self, *args: Any) -> bytes:
+        """The .hxb bytes of this function for these arguments (arrays or TensorSpecs)."""
+        return compile_module(self.trace(*args), self.options)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.cache_key(self.specs_of(args))
+        if key not in self._compiled:
+            self._compiled[key] = hexir_runtime.load(self.compile(*args))
+        return self._compiled[key].main(*args)
+
+
+@typechecked
+def jit(fn: Callable | None = None, *, placement: str | dict | None = None,
+        target: str | None = None) -> Any:
+    """Compile `fn` on its first call for each argument signature, then run the compiled code.
+
+    `placement` ("hexir.linear=cuda,...") overrides `on()` blocks; `target` chooses the code
+    generation targets ("cpu:x86-64-v3,cuda:sm_90").
+    """
+    options = parse_target(target, Options(placement=parse_placement(placement)))
+    if fn is None:
+        return lambda f: JitFunction(f, options)
+    return JitFunction(fn, options)
+
+
+@typechecked
+def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
+           target: str | None = None) -> Path:
+    """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs) into a .hxb file."""
+    jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
+    if placement is not None or target is not None:
+        base = Options(placement=parse_placement(placement) or jitted.options.placement,
+                       cpu=jitted.options.cpu, cuda_archs=jitted.options.cuda_archs)
+        jitted = JitFunction(jitted.fn, parse_target(target, base))
+    path = Path(path)
+    path.write_bytes(jitted.compile(*example_args))
+    return path

@@ -1,0 +1,220 @@
+"""Tracing: running a Python function on symbolic tensors to build a hexir module.
+
+The op functions (`linear`, `relu`, `print`) check their operands with the dialect's shape
+rules, then build the op at the current insertion point with a location pointing at the
+user's line. `on(device)` records placement: ops built inside it carry `device = ...`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import func
+
+from hexir.dialects import hexir as hx
+from hexir.dialects import make_context
+from hexir.errors import HexirError, PlacementError, TraceError
+from hexir.frontend.tensor import Tensor, TensorSpec
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_state = threading.local()
+
+
+# ---- the user's line -----------------------------------------------------------------
+
+def user_frame() -> inspect.FrameInfo | None:
+    """The innermost frame outside the hexir package: the line the user wrote."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE_DIR + os.sep) and "typeguard" not in path:
+            return inspect.getframeinfo(frame, context=0)
+        frame = frame.f_back
+    return None
+
+
+def user_location() -> ir.Location:
+    info = user_frame()
+    if info is None:
+        return ir.Location.unknown()
+    return ir.Location.file(info.filename, info.lineno, 1)
+
+
+def user_where() -> str | None:
+    """`file:line` of the user's line, followed by the source text when it can be read."""
+    info = user_frame()
+    if info is None:
+        return None
+    source = linecache.getline(info.filename, info.lineno).strip()
+    return f"{info.filename}:{info.lineno}" + (f"\n    {source}\n" if source else "")
+
+
+def _at_user_line(error: HexirError) -> HexirError:
+    if error.where is None:
+        error = type(error)(error.message, user_where())
+    return error
+
+
+# ---- placement contexts ----------------------------------------------------------------
+
+def _device_stack() -> list[str]:
+    if not hasattr(_state, "devices"):
+        _state.devices = []
+    return _state.devices
+
+
+@contextmanager
+def on(device: str) -> Iterator[None]:
+    """Place the ops built inside the block on `device` ("cpu" or "cuda")."""
+    if device not in hx.DEVICES:
+        raise _at_user_line(PlacementError(f"on(): unknown device {device!r}; expected one of {', '.join(hx.DEVICES)}"))
+    stack = _device_stack()
+    stack.append(device)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def current_device() -> str:
+    stack = _device_stack()
+    return stack[-1] if stack else "auto"
+
+
+# ---- the trace -----------------------------------------------------------------------
+
+@dataclass
+class _Trace:
+    context: ir.Context
+    names: dict[int, str]                                    # id(array) -> a readable name
+    constants: dict[int, Tensor] = field(default_factory=dict)
+
+    def constant(self, array: np.ndarray, role: str) -> Tensor:
+        if id(array) not in self.constants:
+            name = self.names.get(id(array), f"const{len(self.constants)}")
+            value = hx.constant(array, name)
+            self.constants[id(array)] = Tensor(TensorSpec.of(array), value)
+        return self.constants[id(array)]
+
+
+def _current() -> _Trace:
+    trace = getattr(_state, "trace", None)
+    if trace is None:
+        raise _at_user_line(TraceError(
+            "hexir ops can only be called inside a function decorated with @hexir.jit"))
+    return trace
+
+
+def _captured_names(fn: Callable) -> dict[int, str]:
+    """Names of the numpy arrays a function can see (closure, then globals), for the IR."""
+    names: dict[int, str] = {}
+    scopes = [fn.__globals__]
+    if fn.__closure__:
+        scopes.append(dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__))))
+    for scope in scopes:
+        for name, value in scope.items():
+            if isinstance(value, np.ndarray) and not name.startswith("_"):
+                names[id(value)] = name
+    return names
+
+
+def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str]) -> ir.Module:
+    """Run `fn` on symbolic tensors of `specs` and return the hexir module it builds."""
+    context = make_context()
+    with context, user_location():
+        module = ir.Module.create()
+        arg_types = [hx.tensor_type(s.shape, s.dtype) for s in specs]
+        with ir.InsertionPoint(module.body):
+            main = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
+            main.operation.attributes["hexir.arg_names"] = ir.ArrayAttr.get(
+                [ir.StringAttr.get(n) for n in arg_names])
+            main.operation.attributes["hexir.source"] = ir.StringAttr.get(fn.__qualname__)
+            entry = main.add_entry_block()
+        args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments)]
+        _state.trace = _Trace(context, _captured_names(fn))
+        try:
+            with ir.InsertionPoint(entry):
+                result = fn(*args)
+                outputs = _outputs(result)
+                func.ReturnOp([t.value for t in outputs])
+        finally:
+            _state.trace = None
+        main.operation.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get(arg_types, [t.value.type for t in outputs]))
+    return module
+
+
+def _outputs(result: object) -> list[Tensor]:
+    items = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
+    for position, item in enumerate(items):
+        if isinstance(item, np.ndarray):
+            items[position] = _current().constant(item, "output")
+        elif not isinstance(item, Tensor):
+            raise TraceError(
+                f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
+                f"output {position} is a {type(item).__name__}", user_where())
+    return items
+
+
+# ---- ops -----------------------------------------------------------------------------
+
+def _operand(op: str, name: str, value: object) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.name not in hx.DTYPES:
+            raise TraceError(f"{op}: argument '{name}' is a {value.dtype} array; expected float32 or float64")
+        return _current().constant(value, name)
+    raise TraceError(f"{op}: argument '{name}' must be a tensor or a numpy array, got {type(value).__name__}")
+
+
+def _build(op: str, build: Callable[[], Tensor]) -> Tensor:
+    _current()
+    try:
+        with user_location():
+            return build()
+    except HexirError as error:
+        raise _at_user_line(error) from None
+
+
+def linear(x: Tensor | np.ndarray, w: Tensor | np.ndarray, bias: Tensor | np.ndarray | None = None) -> Tensor:
+    """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]."""
+    def build() -> Tensor:
+        operands = [_operand("linear", "x", x), _operand("linear", "w", w)]
+        if bias is not None:
+            operands.append(_operand("linear", "bias", bias))
+        specs = [(t.shape, t.dtype) for t in operands]
+        shape = hx.linear_shape(specs[0], specs[1], specs[2] if bias is not None else None)
+        value = hx.linear(*(t.value for t in operands), device=current_device())
+        return Tensor(TensorSpec(shape, operands[0].dtype), value)
+    return _build("linear", build)
+
+
+def relu(x: Tensor | np.ndarray) -> Tensor:
+    """`max(x, 0)`, element-wise, for a tensor of rank >= 1."""
+    def build() -> Tensor:
+        operand = _operand("relu", "x", x)
+        hx.elementwise_shape("relu", (operand.shape, operand.dtype))
+        return Tensor(operand.spec, hx.relu(operand.value, device=current_device()))
+    return _build("relu", build)
+
+
+def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called print
+    """Print the tensor when the function runs: each element as C's `%f `, a row per line."""
+    def build() -> Tensor:
+        operand = _operand("print", "x", x)
+        hx.elementwise_shape("print", (operand.shape, operand.dtype))
+        hx.print_(operand.value)
+        return operand
+    _build("print", build)
+
+
+__all__ = ["linear", "relu", "print", "on", "trace"]

@@ -1,0 +1,70 @@
+"""partition: give every hexir op a device and insert the transfers between devices.
+
+Input: a hexir module straight from the tracer (or a .mlir file); ops carry
+`device = "auto" | "cpu" | "cuda"`. Output: every op carries "cpu" or "cuda", and every
+value used on a device other than the one that made it goes through `hexir.transfer`.
+
+Rules, in order of precedence, for the placeable ops (linear, relu):
+  1. `-placement=hexir.linear=cuda` (the `placement` option) names the op's kind;
+  2. the op's own device, recorded by a `with hexir.on(...)` block;
+  3. "cpu".
+Function arguments arrive on the host and results return to it; print runs on the host.
+A constant lives on the device of its users (one upload of the weights), or on the host
+when users on several devices share it.
+
+    %y = "hexir.linear"(%x, %w) {device = "auto"}       %w = "hexir.constant"() {device = "cuda", ...}
+    %r = "hexir.relu"(%y) {device = "auto"}       =>    %t = "hexir.transfer"(%x) {source = "cpu", target = "cuda"}
+    (placement hexir.linear=cuda)                       %y = "hexir.linear"(%t, %w) {device = "cuda"}
+                                                        %u = "hexir.transfer"(%y) {source = "cuda", target = "cpu"}
+                                                        %r = "hexir.relu"(%u) {device = "cpu"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mlir import ir
+
+from hexir.dialects import hexir as hx
+from hexir.passes.common import main_function
+
+
+def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
+    """Decide every op's device and insert `hexir.transfer` where values cross devices."""
+    body = main_function(module).regions[0].blocks[0]
+    ops = list(body.operations)
+    for op in ops:
+        if op.name in hx.PLACEABLE_OPS:
+            chosen = placement.get(op.name) or hx.device_of(op)
+            hx.set_device(op, "cpu" if chosen == "auto" else chosen)
+    for op in ops:
+        if op.name == "hexir.constant":
+            user_devices = {_consumer_device(use.owner) for use in op.result.uses}
+            hx.set_device(op, user_devices.pop() if len(user_devices) == 1 else "cpu")
+
+    transfers: dict[tuple[int, str], ir.Value] = {}
+    for op in ops:
+        wanted = _consumer_device(op)
+        for position, operand in enumerate(op.operands):
+            have = _producer_device(operand)
+            if have == wanted:
+                continue
+            key = (hash(operand), wanted)
+            if key not in transfers:
+                with ir.InsertionPoint(op), op.location:
+                    transfers[key] = hx.transfer(operand, have, wanted)
+            op.operands[position] = transfers[key]
+
+
+def _consumer_device(op: ir.Operation) -> str:
+    """Where an op needs its operands: the host for print and return."""
+    if op.name in ("hexir.print", "func.return"):
+        return "cpu"
+    return hx.device_of(op)
+
+
+def _producer_device(value: ir.Value) -> str:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return "cpu"
+    return hx.device_of(owner.operation if hasattr(owner, "operation") else owner)

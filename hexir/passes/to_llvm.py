@@ -1,0 +1,35 @@
+"""to-llvm: the cpu kernels of a module, as a module of the LLVM dialect.
+
+Input: a module after tir-to-loops. Output: a new module (same context) holding only the
+cpu kernels, lowered by upstream passes to the LLVM dialect with bare-pointer memref
+arguments, so each kernel is `void name(T*, ..., T*, i64 first, i64 last)` — the .hxb cpu
+calling convention. The host program is not lowered: it becomes the manifest's command list.
+
+    func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>, %first: index, %last: index)
+  =>
+    llvm.func @relu_0(%x: !llvm.ptr, %out: !llvm.ptr, %first: i64, %last: i64)
+"""
+
+from __future__ import annotations
+
+from mlir import ir, passmanager
+
+from hexir.dialects import hextir as ht
+from hexir.passes.common import kernels
+
+UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-arith-to-llvm, "
+            "finalize-memref-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
+            "convert-cf-to-llvm, reconcile-unrealized-casts)")
+
+
+def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
+    """Clone the cpu kernels into a fresh module and lower it to the LLVM dialect."""
+    with module.context, ir.Location.unknown():
+        lowered = ir.Module.create()
+        with ir.InsertionPoint(lowered.body):
+            for kernel in kernels(module, "cpu"):
+                clone = kernel.clone()
+                for attribute in (ht.KERNEL, "hextir.work_items"):
+                    del clone.attributes[attribute]
+        passmanager.PassManager.parse(UPSTREAM).run(lowered.operation)
+    return lowered
