@@ -16,9 +16,11 @@ from mlir import ir
 
 from hexir import __version__
 from hexir.backend.cpu import CpuLibrary
+from hexir.backend.cuda import CudaBinary
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.passes.common import kernels, main_function
+from hexir.passes.lower_to_tir import FALLBACK_OF
 from hexir.passes.tir_to_loops import WORK_ITEMS
 
 
@@ -99,19 +101,24 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
     return {"name": "main", "inputs": inputs, "outputs": outputs, "buffers": buffers, "program": program}
 
 
-def package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_images: dict | None = None) -> bytes:
+def package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None = None) -> bytes:
     """Encode the .hxb bytes of a module whose kernels have been compiled."""
     with module.context:
-        return _package(module, cpu_library, cuda_images)
+        return _package(module, cpu_library, cuda_binary)
 
 
-def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_images: dict | None) -> bytes:
+def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None) -> bytes:
     packer = _Packer()
     manifest: dict = {"producer": f"hexir {__version__}"}
-    kernel_entries = [_kernel_entry(k) for k in kernels(module)]
+    fallbacks = {ir.FlatSymbolRefAttr(k.attributes[FALLBACK_OF]).value: _kernel_entry(k)
+                 for k in kernels(module, "cpu") if FALLBACK_OF in k.attributes}
+    kernel_entries = [_kernel_entry(k) for k in kernels(module) if FALLBACK_OF not in k.attributes]
     for entry in kernel_entries:
         if entry["device"] == "cuda":
-            entry.update((cuda_images or {})[entry["name"]].manifest_fields(packer.blob))
+            entry.update(cuda_binary.manifest_fields(entry["name"], packer.blob))
+            fallback = fallbacks[entry["name"]]
+            entry["cpu_fallback"] = {"symbol": fallback["symbol"],
+                                     "parallel_extent": fallback["parallel_extent"]}
     if cpu_library is not None:
         manifest["cpu"] = {"arch": cpu_library.arch, "cpu": cpu_library.cpu,
                            "features": list(cpu_library.features),

@@ -17,10 +17,17 @@ def main_function(module: ir.Module) -> ir.Operation:
 
 
 def kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
-    """The kernel functions of a module (those tagged hextir.kernel), optionally of one device."""
-    found = []
+    """The kernel functions of a module (tagged hextir.kernel), optionally of one device:
+    `func.func`s at the top level and, once outlined, `gpu.func`s inside `gpu.module`s."""
+    candidates = []
     for op in module.body.operations:
-        tag = hextir.kernel_of(op.operation) if op.operation.name == "func.func" else None
+        if op.operation.name == "func.func":
+            candidates.append(op.operation)
+        elif op.operation.name == "gpu.module":
+            candidates.extend(inner.operation for inner in op.regions[0].blocks[0].operations)
+    found = []
+    for op in candidates:
+        tag = hextir.kernel_of(op) if op.name in ("func.func", "gpu.func") else None
         if tag is not None and (device is None or tag[0] == device):
-            found.append(op.operation)
+            found.append(op)
     return found

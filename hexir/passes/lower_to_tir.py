@@ -10,7 +10,8 @@ The schedule is chosen here and written on each loop:
                  for k serial { a = x[i,k]; for j serial { out[i,j] += a * w[k,j] } } }
                (the innermost loop walks w and out contiguously, so LLVM vectorizes it)
        relu    outermost axis parallel, the others serial
-  cuda see `gpu_schedule.py`.
+  cuda see `gpu_schedule.py`; each cuda kernel also gets a cpu twin `<name>_cpu`
+       (`hextir.fallback_of = @<name>`), so a GPU module still runs on a machine without one.
 
     %y = "hexir.linear"(%x, %w) {device = "cpu"}
   =>
@@ -32,6 +33,10 @@ from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.passes.common import main_function
 
+#: Each cuda kernel gets a cpu twin, `<name>_cpu`, tagged with the kernel it stands in for.
+FALLBACK_SUFFIX = "_cpu"
+FALLBACK_OF = "hextir.fallback_of"
+
 
 def lower_to_tir(module: ir.Module) -> None:
     """Replace every hexir.linear / hexir.relu with a call to a freshly built kernel."""
@@ -47,17 +52,25 @@ def lower_to_tir(module: ir.Module) -> None:
         counter += 1
         arg_types = [_memref(v.type) for v in op.operands] + [_memref(op.result.type)]
         with ir.InsertionPoint(main), op.location:
-            kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
-            kernel.operation.attributes[ht.KERNEL] = ht.kernel_attr(device, kernel_op)
-            kernel.sym_visibility = ir.StringAttr.get("public")
-            block = kernel.add_entry_block()
-            with ir.InsertionPoint(block):
-                _builder(device, kind)(list(block.arguments))
-                func.ReturnOp([])
+            _kernel(name, arg_types, device, kind, kernel_op)
+            if device == "cuda":  # the cpu variant that lets `hexir-run --device=cpu` run it
+                fallback = _kernel(name + FALLBACK_SUFFIX, arg_types, "cpu", kind, kernel_op)
+                fallback.attributes[FALLBACK_OF] = ir.FlatSymbolRefAttr.get(name)
         with ir.InsertionPoint(op), op.location:
             result = hx.call(name, list(op.operands), op.result.type, device)
         op.result.replace_all_uses_with(result)
         op.erase()
+
+
+def _kernel(name: str, arg_types: list[ir.Type], device: str, kind: str, kernel_op: str) -> ir.Operation:
+    kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
+    kernel.operation.attributes[ht.KERNEL] = ht.kernel_attr(device, kernel_op)
+    kernel.sym_visibility = ir.StringAttr.get("public")
+    block = kernel.add_entry_block()
+    with ir.InsertionPoint(block):
+        _builder(device, kind)(list(block.arguments))
+        func.ReturnOp([])
+    return kernel.operation
 
 
 def _memref(tensor: ir.Type) -> ir.MemRefType:

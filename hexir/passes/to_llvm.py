@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from mlir import ir, passmanager
 
-from hexir.dialects import hextir as ht
 from hexir.passes.common import kernels
 
 UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-arith-to-llvm, "
@@ -29,7 +28,7 @@ def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
         with ir.InsertionPoint(lowered.body):
             for kernel in kernels(module, "cpu"):
                 clone = kernel.clone()
-                for attribute in (ht.KERNEL, "hextir.work_items"):
+                for attribute in [name for name in clone.attributes if name.startswith("hextir.")]:
                     del clone.attributes[attribute]
         passmanager.PassManager.parse(UPSTREAM).run(lowered.operation)
     return lowered

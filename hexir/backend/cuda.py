@@ -1,0 +1,109 @@
+"""cuda backend: `gpu.module @hexir_cuda` -> NVVM -> a CUBIN per architecture, plus PTX.
+
+One binary holds every cuda kernel of the module, per architecture (`-target=cuda:sm_80,
+cuda:sm_90`; default sm_90). PTX for the lowest architecture rides along so a newer GPU can
+JIT it. ptxas comes from the `nvidia-cuda-nvcc` wheel, else from a CUDA toolkit on PATH.
+The architecture is validated before any pass runs: NVPTX aborts the process (it does not
+raise) when asked for a PTX version that cannot express the chip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlir import ir, passmanager
+from mlir.dialects import gpu
+
+from hexir.errors import CompileError, TargetError
+from hexir.passes.common import kernels
+from hexir.passes.to_gpu import GPU_MODULE
+
+#: Lowest PTX ISA version able to express each architecture (PTX ISA release notes).
+PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_87": "+ptx74",
+                "sm_89": "+ptx78", "sm_90": "+ptx80", "sm_100": "+ptx86", "sm_103": "+ptx88",
+                "sm_120": "+ptx87", "sm_121": "+ptx88"}
+
+_DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-scf-to-cf, convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, "
+                  "canonicalize, cse, reconcile-unrealized-casts)")
+
+
+def cuda_toolkit() -> str:
+    """A folder whose bin/ holds ptxas: the nvidia-cuda-nvcc wheel's, else a toolkit on PATH."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        for candidate in sorted(Path(root).glob("cu*/bin/ptxas"), reverse=True):
+            return str(candidate.parent.parent)
+    found = shutil.which("ptxas")
+    if found:
+        return str(Path(found).resolve().parent.parent)
+    raise CompileError("ptxas was not found: install the CUDA compiler wheel "
+                       "(pip install 'hexir[cuda]') or put a CUDA toolkit's bin/ on PATH")
+
+
+@dataclass
+class CudaBinary:
+    """The module's cuda images (arch -> CUBIN bytes, and PTX) and each kernel's launch."""
+
+    cubins: dict[str, bytes]
+    ptx: tuple[str, bytes]
+    launches: dict[str, dict]
+    _blob_indices: dict[str, int] = field(default_factory=dict)
+
+    def manifest_fields(self, kernel_name: str, add_blob) -> dict:
+        """A kernel's `launch` and `images` for the manifest; each image stored once."""
+        if not self._blob_indices:
+            for arch, data in self.cubins.items():
+                self._blob_indices[arch] = add_blob(f"cuda:{arch}.cubin", data)
+            self._blob_indices["ptx"] = add_blob(f"cuda:{self.ptx[0]}.ptx", self.ptx[1])
+        return {"launch": self.launches[kernel_name], "images": dict(self._blob_indices)}
+
+
+def check_archs(archs: tuple[str, ...]) -> None:
+    for arch in archs:
+        if arch not in PTX_FEATURES:
+            raise TargetError(f"{arch!r} is not a supported CUDA architecture; expected one of "
+                              f"{', '.join(PTX_FEATURES)}")
+
+
+def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> dict[str, bytes]:
+    """Lower a copy of the gpu.module for `archs` and serialize it (`bin` or `isa`)."""
+    with module.context, ir.Location.unknown():
+        copy = ir.Module.create()
+        copy.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+        with ir.InsertionPoint(copy.body):
+            for op in module.body.operations:
+                if op.operation.name == "gpu.module":
+                    op.operation.clone()
+        manager = passmanager.PassManager("builtin.module")
+        for arch in archs:
+            manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={PTX_FEATURES[arch]} O=3}}")
+        manager.add(_DEVICE_PASSES)
+        toolkit = f" toolkit={cuda_toolkit()}" if format_ == "bin" else ""
+        manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
+        try:
+            manager.run(copy.operation)
+        except ir.MLIRError as error:
+            raise CompileError(f"cuda code generation failed for {', '.join(archs)} ({format_}):\n{error}") from None
+        binary = next(op for op in copy.body.operations if op.operation.name == "gpu.binary")
+        objects = {}
+        for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"])):
+            objects[arch] = bytes(gpu.ObjectAttr(attribute).object)
+        return objects
+
+
+def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
+    """CUBINs for every arch, the PTX of the lowest one, and each kernel's launch geometry."""
+    check_archs(archs)
+    archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
+    cubins = _device_objects(module, archs, "bin")
+    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]
+    launches = {}
+    for kernel in kernels(module, "cuda"):
+        name = ir.StringAttr(kernel.attributes["sym_name"]).value
+        launches[name] = {"grid": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.grid"])),
+                          "block": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.block"])),
+                          "shared_bytes": 0}
+    return CudaBinary(cubins, (archs[0], ptx), launches)

@@ -1,0 +1,123 @@
+"""to-gpu: outline the cuda kernels into one `gpu.module` of `gpu.func` kernels.
+
+Input: a module after tir-to-loops whose cuda kernels still carry their GPU schedules.
+Output: the module marked `gpu.container_module`, holding `gpu.module @hexir_cuda` with one
+`gpu.func ... kernel` per cuda kernel. Each loop bound to `blockIdx.*` / `threadIdx.*` is
+replaced by `gpu.block_id` / `gpu.thread_id`, its trip count becoming the launch geometry,
+recorded on the kernel as `hextir.grid` / `hextir.block` for the manifest. The kernel takes
+exactly the buffers of the graph op, no more (so the runtime launches it with those
+pointers): nothing is captured from outside, unlike `gpu-kernel-outlining`.
+
+    func.func @relu_1(%x: memref<5xf32>, %out: memref<5xf32>) {hextir.kernel = ...}
+      scf.for %b = %c0 to %c1 { scf.for %t = %c0 to %c256 { <guarded body> }
+        {#hextir.loop<"parallel", "threadIdx.x">} } {#hextir.loop<"parallel", "blockIdx.x">}
+  =>
+    gpu.module @hexir_cuda {
+      gpu.func @relu_1(%x: memref<5xf32>, %out: memref<5xf32>) kernel
+          attributes {hextir.grid = array<i64: 1, 1, 1>, hextir.block = array<i64: 256, 1, 1>} {
+        %b = gpu.block_id x
+        %t = gpu.thread_id x
+        <guarded body>
+        gpu.return
+      }
+    }
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import gpu
+
+from hexir.dialects import hextir as ht
+from hexir.errors import CompileError
+from hexir.passes.common import kernels, main_function
+
+GPU_MODULE = "hexir_cuda"
+_DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
+
+
+def cuda_kernels_to_gpu(module: ir.Module, options: object = None) -> None:
+    """Move every cuda kernel into `gpu.module @hexir_cuda` as a bound `gpu.func`."""
+    cuda_kernels = [k for k in kernels(module, "cuda") if k.name == "func.func"]
+    if not cuda_kernels:
+        return
+    with module.context, ir.Location.unknown():
+        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+        with ir.InsertionPoint(main_function(module)):
+            gpu_module = gpu.GPUModuleOp(GPU_MODULE)
+        body = gpu_module.regions[0].blocks.append()
+        for kernel in cuda_kernels:
+            with ir.InsertionPoint(body), kernel.location:
+                _outline(kernel)
+
+
+def _outline(kernel: ir.Operation) -> None:
+    old_block = kernel.regions[0].blocks[0]
+    arg_types = [a.type for a in old_block.arguments]
+    name = ir.StringAttr(kernel.attributes["sym_name"]).value
+    function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
+    function.operation.attributes[ht.KERNEL] = kernel.attributes[ht.KERNEL]
+    block = function.regions[0].blocks.append(*arg_types)
+    with ir.InsertionPoint(block):
+        terminator = gpu.ReturnOp([])
+    for old, new in zip(old_block.arguments, block.arguments):
+        old.replace_all_uses_with(new)
+    for op in list(old_block.operations):
+        if op.name == "func.return":
+            continue
+        op.move_before(terminator)
+    kernel.erase()
+    grid, threads = _bind_loops(function.operation, name)
+    i64 = ir.DenseI64ArrayAttr.get
+    function.operation.attributes["hextir.grid"] = i64(grid)
+    function.operation.attributes["hextir.block"] = i64(threads)
+    function.operation.attributes["known_block_size"] = ir.DenseI32ArrayAttr.get(threads)
+
+
+def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]]:
+    """Replace each bound loop by its GPU index; return (grid, block) sizes."""
+    bound: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        schedule = ht.schedule_of(op) if op.name == "scf.for" else None
+        if schedule is not None and schedule[1]:
+            bound.append(op)
+        return ir.WalkResult.ADVANCE
+
+    function.walk(visit, ir.WalkOrder.PRE_ORDER)
+    sizes = {"blockIdx": [1, 1, 1], "threadIdx": [1, 1, 1]}
+    for loop in bound:
+        space, axis = ht.schedule_of(loop)[1].split(".")
+        sizes[space]["xyz".index(axis)] = _trip_count(loop, name)
+        with ir.InsertionPoint(loop), loop.location:
+            make = gpu.BlockIdOp if space == "blockIdx" else gpu.ThreadIdOp
+            position = make(_DIMENSIONS[axis]).result
+        body = loop.regions[0].blocks[0]
+        body.arguments[0].replace_all_uses_with(position)
+        for op in list(body.operations):
+            if op.name != "scf.yield":
+                op.move_before(loop)
+        loop.erase()
+    for op in _scheduled_loops(function):
+        del op.attributes[ht.SCHEDULE]
+    return sizes["blockIdx"], sizes["threadIdx"]
+
+
+def _scheduled_loops(function: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+    function.walk(lambda op: (found.append(op) if ht.SCHEDULE in op.attributes else None) or ir.WalkResult.ADVANCE)
+    return found
+
+
+def _trip_count(loop: ir.Operation, name: str) -> int:
+    bounds = []
+    for operand in list(loop.operands)[:3]:
+        owner = operand.owner
+        if not isinstance(owner, ir.Block) and owner.name == "arith.constant":
+            bounds.append(ir.IntegerAttr(owner.attributes["value"]).value)
+        else:
+            raise CompileError(f"cuda kernel {name}: a bound loop needs constant bounds to set the launch size")
+    lower, upper, step = bounds
+    if lower != 0 or step != 1:
+        raise CompileError(f"cuda kernel {name}: a bound loop must run from 0 with step 1")
+    return upper
