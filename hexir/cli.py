@@ -72,7 +72,7 @@ def _load_python(target: str, specs: list[str], options: Options) -> ir.Module:
         raise PlacementError(f"{function_name} takes {len(jitted.arg_names)} argument(s) "
                              f"({', '.join(jitted.arg_names)}); give one -spec for each, e.g. "
                              f"-spec={jitted.arg_names[0] if jitted.arg_names else 'x'}=2x8xf32")
-    for (name, _), expected in zip(parsed, jitted.arg_names):
+    for (name, _), expected in zip(parsed, jitted.arg_names, strict=True):
         if name is not None and name != expected:
             raise PlacementError(f"-spec names {name!r} where {function_name} has argument {expected!r}")
     return jitted.trace(*(s for _, s in parsed))

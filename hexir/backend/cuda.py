@@ -26,8 +26,9 @@ PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_87"
                 "sm_89": "+ptx78", "sm_90": "+ptx80", "sm_100": "+ptx86", "sm_103": "+ptx88",
                 "sm_120": "+ptx87", "sm_121": "+ptx88"}
 
-_DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-scf-to-cf, convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, "
-                  "canonicalize, cse, reconcile-unrealized-casts)")
+_DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-scf-to-cf, "
+                  "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, canonicalize, cse, "
+                  "reconcile-unrealized-casts)")
 
 
 def cuda_toolkit() -> str:
@@ -57,7 +58,8 @@ class CudaBinary:
         if not self._blob_indices:
             for arch, data in self.cubins.items():
                 self._blob_indices[arch] = add_blob(f"cuda:{arch}.cubin", data)
-            self._blob_indices["ptx"] = add_blob(f"cuda:{self.ptx[0]}.ptx", self.ptx[1])
+            virtual = self.ptx[0].replace("sm_", "compute_")
+            self._blob_indices[virtual] = add_blob(f"cuda:{virtual}.ptx", self.ptx[1])
         return {"launch": self.launches[kernel_name], "images": dict(self._blob_indices)}
 
 
@@ -79,7 +81,8 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
                     op.operation.clone()
         manager = passmanager.PassManager("builtin.module")
         for arch in archs:
-            manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={PTX_FEATURES[arch]} O=3}}")
+            features = PTX_FEATURES[arch]
+            manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={features} O=3}}")
         manager.add(_DEVICE_PASSES)
         toolkit = f" toolkit={cuda_toolkit()}" if format_ == "bin" else ""
         manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
@@ -89,7 +92,7 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
             raise CompileError(f"cuda code generation failed for {', '.join(archs)} ({format_}):\n{error}") from None
         binary = next(op for op in copy.body.operations if op.operation.name == "gpu.binary")
         objects = {}
-        for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"])):
+        for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"]), strict=True):
             objects[arch] = bytes(gpu.ObjectAttr(attribute).object)
         return objects
 

@@ -78,7 +78,7 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
         return len(buffers) - 1
 
     inputs = []
-    for position, (name, argument) in enumerate(zip(names, block.arguments)):
+    for position, (name, argument) in enumerate(zip(names, block.arguments, strict=True)):
         inputs.append({"name": name, **_spec(argument.type)})
         program.append({"op": "input", "index": position, "dst": new_buffer(argument, "cpu")})
     outputs: list[dict] = []

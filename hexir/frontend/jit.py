@@ -47,7 +47,7 @@ class JitFunction:
             raise TraceError(f"{name}() takes {len(self.arg_names)} argument(s) "
                              f"({', '.join(self.arg_names)}), got {len(args)}")
         specs = []
-        for arg_name, value in zip(self.arg_names, args):
+        for arg_name, value in zip(self.arg_names, args, strict=True):
             if isinstance(value, TensorSpec):
                 specs.append(value)
                 continue

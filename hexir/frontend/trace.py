@@ -118,7 +118,7 @@ def _captured_names(fn: Callable) -> dict[int, str]:
     names: dict[int, str] = {}
     scopes = [fn.__globals__]
     if fn.__closure__:
-        scopes.append(dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__))))
+        scopes.append(dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__), strict=True)))
     for scope in scopes:
         for name, value in scope.items():
             if isinstance(value, np.ndarray) and not name.startswith("_"):
@@ -138,7 +138,7 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str]) -
                 [ir.StringAttr.get(n) for n in arg_names])
             main.operation.attributes["hexir.source"] = ir.StringAttr.get(fn.__qualname__)
             entry = main.add_entry_block()
-        args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments)]
+        args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments, strict=True)]
         _state.trace = _Trace(context, _captured_names(fn))
         try:
             with ir.InsertionPoint(entry):

@@ -78,7 +78,8 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
     if reached >= STAGES.index("mlir-hetero"):
         _run(module, [("hexir-partition", lambda m: partition(m, options.placement_map()))])
     if reached >= STAGES.index("mlir-tir"):
-        _run(module, [("hexir-lower-to-tir", lower_to_tir), "cse"])  # no canonicalize: it folds 1-trip loops and their schedules
+        # cse only: canonicalize would fold 1-trip loops away, and their schedules with them
+        _run(module, [("hexir-lower-to-tir", lower_to_tir), "cse"])
     if reached >= STAGES.index("mlir-linalg"):
         _run(module, [("hextir-to-loops", tir_to_loops)])
     if reached >= STAGES.index("mlir-gpu") and kernels(module, "cuda"):

@@ -60,7 +60,7 @@ def _outline(kernel: ir.Operation) -> None:
     block = function.regions[0].blocks.append(*arg_types)
     with ir.InsertionPoint(block):
         terminator = gpu.ReturnOp([])
-    for old, new in zip(old_block.arguments, block.arguments):
+    for old, new in zip(old_block.arguments, block.arguments, strict=True):
         old.replace_all_uses_with(new)
     for op in list(old_block.operations):
         if op.name == "func.return":

@@ -1,0 +1,174 @@
+"""`hexir-run`: run an entry of a compiled hexir module (.hxb) from the command line.
+
+Prints a header (module, version, entry, device), a `--` line, then what the program prints.
+`--info` describes the module after checking its format, without loading any code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .errors import HexirRuntimeError, HxbFormatError, InputError
+from .format import Hxb, TensorType, read
+from .module import DEVICE_NAMES, Signature, load
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  the module could not be read, checked, loaded or run, or the inputs do not fit the entry
+     (one line `hexir-run: <what>` on stderr)
+  2  bad command-line arguments (usage on stderr)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `hexir-run` with `argv` (default: sys.argv[1:]); return the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.info:
+            sys.stdout.write(describe(read(args.module), args.module))
+            return 0
+        with warnings.catch_warnings(record=True) as notices:
+            warnings.simplefilter("always", RuntimeWarning)
+            module = load(args.module, args.device)
+        for notice in notices:  # e.g. --device=auto found no GPU: say so in one line
+            print(f"hexir-run: note: {notice.message}", file=sys.stderr)
+        arrays = _inputs(module.signature(args.entry), args.input)
+        if not args.quiet:
+            header = [("module", args.module), ("version", module.hxb.version), ("entry", args.entry)]
+            for label, value in [*header, ("device", module.device_name)]:
+                print(_field(label, value))
+            print("--", flush=True)
+        outputs = module.run(args.entry, *arrays)
+        if args.output:
+            if not isinstance(outputs, tuple):
+                outputs = () if outputs is None else (outputs,)
+            np.savez(args.output, **{f"output{i}": output for i, output in enumerate(outputs)})
+    except HxbFormatError as error:
+        print(f"hexir-run: {args.module}: {error}", file=sys.stderr)
+        return 1
+    except HexirRuntimeError as error:
+        print(f"hexir-run: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"hexir-run: {error.filename or args.module}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hexir-run",
+        description="Run an entry of a compiled hexir module (.hxb).",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("module", help="the .hxb file")
+    parser.add_argument(
+        "--device", choices=DEVICE_NAMES, default="auto",
+        help="where kernels run: cpu (CUDA kernels as their cpu fallbacks), cuda, auto (cuda if "
+        "the module has CUDA kernels and a GPU is usable, else cpu) or reference (numpy, the oracle); "
+        "default auto",
+    )
+    parser.add_argument("--entry", default="main", help="the entry to run (default main)")
+    parser.add_argument(
+        "--input", action="append", default=[], type=_input_argument, metavar="NAME=FILE.npy",
+        help="the value of input NAME, a .npy file (once per input)",
+    )
+    parser.add_argument("--output", metavar="FILE.npz", help="save the outputs as output0, output1, ...")
+    parser.add_argument("--quiet", action="store_true", help="print only what the program prints")
+    parser.add_argument("--info", action="store_true", help="check the file and describe it; load and run nothing")
+    return parser
+
+
+def _input_argument(text: str) -> tuple[str, str]:
+    name, separator, path = text.partition("=")
+    if not separator or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE.npy, got {text!r}")
+    return name, path
+
+
+def _inputs(signature: Signature, pairs: list[tuple[str, str]]) -> list[np.ndarray]:
+    names = [name for name, _ in signature.inputs]
+    given = {}
+    for name, path in pairs:
+        if name not in names:
+            known = ", ".join(names) or "none"
+            raise InputError(f"{signature.name}(): no argument named {name!r} (arguments: {known})")
+        if name in given:
+            raise InputError(f"--input {name} is given twice")
+        try:
+            given[name] = np.load(path, allow_pickle=False)
+        except (ValueError, EOFError) as error:
+            raise InputError(f"--input {name}: {path} is not a .npy file ({error})") from None
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise InputError(f"{signature.name}(): missing --input for {', '.join(missing)}")
+    return [given[name] for name in names]
+
+
+def _field(label: str, value: Any) -> str:
+    return f"{label:<14}: {value}"
+
+
+def describe(hxb: Hxb, path: str) -> str:
+    """A readable account of a checked module: entries and their programs, kernels, constants, blobs."""
+    manifest = hxb.manifest
+    lines = [_field("module", path), _field("version", hxb.version), _field("producer", manifest["producer"])]
+    lines.append(_field("size", f"{len(hxb.data)} bytes"))
+    constants, kernels = manifest["constants"], manifest["kernels"]
+    for entry in manifest["entries"]:
+        names = [spec["name"] for spec in entry["inputs"]]
+        types = [TensorType(tuple(spec["shape"]), spec["dtype"]) for spec in entry["buffers"]]
+        lines += ["", f"entry {Signature.of(entry)}"]
+        for command in entry["program"]:
+            op = command["op"]
+            if op == "input":
+                text, dst = f"input {names[command['index']]}", command["dst"]
+            elif op == "constant":
+                text, dst = f"constant {constants[command['constant']]['name']}", command["dst"]
+            elif op == "call":
+                *sources, dst = command["args"]
+                text = f"call {kernels[command['kernel']]['name']}({', '.join(f'%{s}' for s in sources)})"
+            elif op == "transfer":
+                text, dst = f"transfer %{command['src']}", command["dst"]
+            else:
+                sources = [command["src"]] if op == "print" else command["srcs"]
+                lines.append(f"  {op} {', '.join(f'%{s}' for s in sources)}")
+                continue
+            lines.append(f"  {f'%{dst} = {text}':<40} # {types[dst]} on {entry['buffers'][dst]['device']}")
+    lines += ["", "kernels"]
+    for i, kernel in enumerate(kernels):
+        args = ", ".join(f"{arg['access']} {TensorType(tuple(arg['shape']), arg['dtype'])}" for arg in kernel["args"])
+        lines.append(f"  [{i}] {kernel['name']}: {kernel['device']} {kernel['op']}({args})")
+        if kernel["device"] == "cpu":
+            lines.append(f"      symbol {kernel['symbol']}, parallel_extent {kernel['parallel_extent']}")
+        else:
+            launch = kernel["launch"]
+            lines.append(f"      symbol {kernel['symbol']}, grid {launch['grid']}, block {launch['block']}, "
+                         f"shared {launch['shared_bytes']} bytes")
+            images = ", ".join(f"{arch} in blob {blob}" for arch, blob in kernel["images"].items())
+            lines.append(f"      images: {images}")
+            if "cpu_fallback" in kernel:
+                fallback = kernel["cpu_fallback"]
+                lines.append(f"      cpu fallback: {fallback['symbol']}, parallel_extent {fallback['parallel_extent']}")
+    if "cpu" in manifest:
+        cpu = manifest["cpu"]
+        lines += ["", "cpu", f"  {cpu['arch']} ({cpu['cpu']}), features: {' '.join(cpu['features']) or 'none'}"]
+        lines.append(f"  library in blob {cpu['library']}")
+    lines += ["", "constants" if constants else "constants: none"]
+    for i, constant in enumerate(constants):
+        tensor = TensorType(tuple(constant["shape"]), constant["dtype"])
+        lines.append(f"  [{i}] {constant['name']}: {tensor} in blob {constant['blob']}")
+    lines += ["", "blobs"]
+    for i, blob in enumerate(manifest["blobs"]):
+        where = f"{blob['size']} bytes at {blob['offset']}"
+        lines.append(f"  [{i}] {blob['name']}: {where}, sha256 {blob['sha256'][:16]}...")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The CPU device: the module's native shared object, loaded with ctypes, run on host threads.
+
+Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int64_t first,
+int64_t last)` computes iterations [first, last) of the kernel's outermost parallel loop, whose
+trip count is the kernel's `parallel_extent`. Big launches are split over a thread pool; ctypes
+releases the GIL during a foreign call, so the chunks really run in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .device import HostMemory
+from .errors import DeviceError, KernelError
+from .format import Hxb
+
+ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+# Loaded libraries by the sha256 of their bytes. ctypes never unloads a library, so loading the
+# same module twice must not map its code twice.
+_libraries: dict[str, ctypes.CDLL] = {}
+_libraries_lock = threading.Lock()
+
+
+def check_host(cpu: dict[str, Any], machine: str | None = None, flags: set[str] | None = None) -> None:
+    """Raise DeviceError unless this machine (or `machine`/`flags`) can run the manifest's `cpu` code.
+
+    Features are looked up in /proc/cpuinfo; where it cannot be read, they are not checked.
+    """
+    machine = machine or platform.machine()
+    if _arch(machine) != _arch(cpu["arch"]):
+        raise DeviceError(f"the module's CPU code is for {cpu['arch']}, but this machine is {machine}")
+    flags = _cpu_flags() if flags is None else flags
+    missing = [feature for feature in cpu["features"] if flags is not None and feature not in flags]
+    if missing:
+        raise DeviceError(
+            f"the module's CPU code was built for {cpu['cpu']} and needs CPU features this machine lacks: "
+            + ", ".join(missing)
+        )
+
+
+def _arch(name: str) -> str:
+    return ARCH_ALIASES.get(name.lower(), name.lower())
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, arm
+            return set(value.split())
+    return None
+
+
+def _open_library(blob: memoryview, digest: str) -> ctypes.CDLL:
+    with _libraries_lock:
+        if digest not in _libraries:
+            try:
+                _libraries[digest] = _open_in_memory(blob)
+            except (AttributeError, OSError):  # no memfd_create, or memfds may not be executed
+                try:
+                    _libraries[digest] = _open_from_temporary_file(blob)
+                except OSError as error:
+                    raise DeviceError(f"cannot load the module's CPU library: {error}") from None
+        return _libraries[digest]
+
+
+def _open_in_memory(blob: memoryview) -> ctypes.CDLL:
+    descriptor = os.memfd_create("hexir-cpu-kernels")
+    try:
+        with open(descriptor, "wb", closefd=False) as file:
+            file.write(blob)
+        library = ctypes.CDLL(f"/proc/self/fd/{descriptor}")
+    except OSError:
+        os.close(descriptor)
+        raise
+    # The descriptor stays open for good: the dynamic loader recognises loaded libraries by
+    # path, so if this number were reused for another library, dlopen would return this one.
+    return library
+
+
+def _open_from_temporary_file(blob: memoryview) -> ctypes.CDLL:
+    with tempfile.NamedTemporaryFile(prefix="hexir-", suffix=".so") as file:  # deleted on close
+        file.write(blob)
+        file.flush()
+        return ctypes.CDLL(file.name)
+
+
+class CpuDevice(HostMemory):
+    """Host buffers; kernels from the module's shared object, split over `threads` threads
+    when a launch's arguments total at least `split_bytes` bytes. With `fallbacks`, it also
+    runs CUDA kernels, as their `cpu_fallback` code."""
+
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None, split_bytes: int = 1 << 20, fallbacks: bool = True) -> None:
+        self.threads = threads or os.cpu_count() or 1
+        self.split_bytes = split_bytes
+        self.kinds = ("cpu", "cuda") if fallbacks else ("cpu",)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        """The device's worker threads, started on first use."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="hexir-cpu")
+            return self._pool
+
+    def load(self, hxb: Hxb) -> CpuProgram:
+        """Check the host, load the library (no file left behind), look up every kernel's code."""
+        codes = {}  # kernel index -> its cpu code: symbol and parallel_extent
+        for index, kernel in enumerate(hxb.manifest["kernels"]):
+            if kernel["device"] in self.kinds:
+                codes[index] = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
+                if codes[index] is None:
+                    raise DeviceError(
+                        f"kernels[{index}] ({kernel['name']}) runs on cuda and has no cpu_fallback: "
+                        "run this module with --device=cuda or --device=reference"
+                    )
+        if not codes:
+            return CpuProgram({}, self)
+        cpu = hxb.manifest["cpu"]
+        check_host(cpu)
+        library = _open_library(hxb.blob(cpu["library"]), hxb.manifest["blobs"][cpu["library"]]["sha256"])
+        functions = {}
+        for index, code in codes.items():
+            kernel = hxb.manifest["kernels"][index]
+            try:
+                function = library[code["symbol"]]  # a fresh function object, unlike getattr
+            except AttributeError:
+                raise KernelError(
+                    f"kernels[{index}] ({kernel['name']}): symbol {code['symbol']!r} is not in the CPU library"
+                ) from None
+            function.argtypes = [ctypes.c_void_p] * len(kernel["args"]) + [ctypes.c_int64] * 2
+            function.restype = None
+            functions[index] = (function, code["parallel_extent"])
+        return CpuProgram(functions, self)
+
+
+class CpuProgram:
+    """The module's CPU kernels as ctypes functions, with their parallel extents."""
+
+    def __init__(self, kernels: dict[int, tuple[Any, int]], device: CpuDevice) -> None:
+        self.kernels = kernels
+        self.device = device
+
+    def launch(self, kernel: int, buffers: Sequence[np.ndarray]) -> None:
+        """Run kernels[kernel] on C-contiguous `buffers`, in chunks of its parallel loop if big."""
+        if kernel not in self.kernels:
+            raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
+        function, extent = self.kernels[kernel]
+        pointers = [buffer.ctypes.data for buffer in buffers]
+        chunks = 1
+        if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
+            chunks = min(self.device.threads, extent)
+        if chunks < 2:
+            function(*pointers, 0, extent)
+            return
+        bounds = [extent * i // chunks for i in range(chunks + 1)]
+        pool = self.device.pool()
+        futures = [pool.submit(function, *pointers, bounds[i], bounds[i + 1]) for i in range(chunks)]
+        for future in futures:
+            future.result()

@@ -1,0 +1,170 @@
+"""The CUDA device: device buffers and the module's CUBIN/PTX, driven through cuda-python.
+
+Only the driver API (`cuda.bindings.driver`) is used, and every call goes through `check`,
+which turns a failing CUresult into a DeviceError naming the call and the driver's message.
+The image that fits the GPU is chosen from the kernel's `images` (docs/hxb-format.md): the
+CUBIN of its own architecture, else one of the same major version and a lower minor, else
+the PTX (JIT-compiled by the driver) if its virtual architecture is not above the GPU's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import DeviceError, KernelError
+from .format import Hxb
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python < 12.6
+        except ImportError:
+            raise DeviceError("CUDA support needs cuda-python: pip install 'hexir-runtime[cuda]'") from None
+    return driver
+
+
+def check(result: tuple, call: str) -> Any:
+    """The values a driver call returns after its CUresult, or DeviceError if it failed."""
+    driver = _driver()
+    status, *values = result
+    if status != driver.CUresult.CUDA_SUCCESS:
+        _, text = driver.cuGetErrorString(status)
+        message = text.decode() if isinstance(text, bytes) else str(text)
+        raise DeviceError(f"{call} failed: {getattr(status, 'name', status)} ({message})")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+class DeviceBuffer:
+    """A block of device memory holding a C-contiguous array of `shape` and `dtype`."""
+
+    def __init__(self, pointer: Any, shape: tuple[int, ...], dtype: str) -> None:
+        self.pointer = pointer
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int]:
+    """The (architecture, blob) to load on a GPU of compute capability major.minor."""
+    own = major * 10 + minor
+    cubins = {int(arch[3:]): (arch, blob) for arch, blob in images.items() if arch.startswith("sm_")}
+    if own in cubins:
+        return cubins[own]
+    compatible = [cc for cc in cubins if cc // 10 == major and cc <= own]
+    if compatible:
+        return cubins[max(compatible)]
+    ptx = {int(arch[8:]): (arch, blob) for arch, blob in images.items() if arch.startswith("compute_")}
+    usable = [cc for cc in ptx if cc <= own]
+    if usable:
+        return ptx[max(usable)]
+    raise DeviceError(
+        f"this module has CUDA code for {', '.join(sorted(images))}, none of which runs on this GPU "
+        f"(sm_{own}); recompile with -target=cuda:sm_{own}")
+
+
+class CudaDevice:
+    """GPU 0 of this machine, through its primary context."""
+
+    kinds = ("cuda",)
+
+    def __init__(self, ordinal: int = 0) -> None:
+        driver = self.driver = _driver()
+        try:
+            status = driver.cuInit(0)
+        except RuntimeError as error:  # cuda-python raises when libcuda.so cannot be loaded
+            raise DeviceError(f"no CUDA driver on this machine ({error})") from None
+        check(status, "cuInit")
+        count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+        if ordinal >= count:
+            raise DeviceError(f"no CUDA device {ordinal}: this machine has {count}")
+        self.device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        attribute = driver.CUdevice_attribute
+        self.capability = (
+            check(driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device),
+                  "cuDeviceGetAttribute"),
+            check(driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device),
+                  "cuDeviceGetAttribute"))
+        raw = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.gpu_name = raw.split(b"\0")[0].decode()
+        self.name = f"cuda ({self.gpu_name})"
+        self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self._make_current()
+
+    def _make_current(self) -> None:
+        check(self.driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def alloc(self, shape: tuple[int, ...], dtype: str) -> DeviceBuffer:
+        """Device memory for an array (at least one byte, so that every buffer has an address)."""
+        self._make_current()
+        buffer = DeviceBuffer(None, shape, dtype)
+        buffer.pointer = check(self.driver.cuMemAlloc(max(buffer.nbytes, 1)), "cuMemAlloc")
+        return buffer
+
+    def free(self, buffer: DeviceBuffer) -> None:
+        check(self.driver.cuMemFree(buffer.pointer), "cuMemFree")
+
+    def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        host = np.ascontiguousarray(array, dtype=buffer.dtype)
+        if buffer.nbytes:
+            self._make_current()
+            check(self.driver.cuMemcpyHtoD(buffer.pointer, host.ctypes.data, buffer.nbytes), "cuMemcpyHtoD")
+
+    def copy_out(self, buffer: DeviceBuffer) -> np.ndarray:
+        host = np.empty(buffer.shape, buffer.dtype)
+        if buffer.nbytes:
+            self._make_current()
+            check(self.driver.cuMemcpyDtoH(host.ctypes.data, buffer.pointer, buffer.nbytes), "cuMemcpyDtoH")
+        return host
+
+    def synchronize(self) -> None:
+        check(self.driver.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def load(self, hxb: Hxb) -> CudaProgram:
+        """Load the fitting image once per module and look up every CUDA kernel in it."""
+        self._make_current()
+        modules: dict[int, Any] = {}
+        kernels: dict[int, tuple[Any, dict]] = {}
+        for index, kernel in enumerate(hxb.manifest["kernels"]):
+            if kernel["device"] != "cuda":
+                continue
+            arch, blob = pick_image(kernel["images"], *self.capability)
+            if blob not in modules:
+                image = bytes(hxb.blob(blob))
+                if arch.startswith("compute_"):
+                    image += b"\0"  # the driver reads PTX as a C string
+                modules[blob] = check(self.driver.cuModuleLoadData(image), f"cuModuleLoadData ({arch})")
+            try:
+                function = check(self.driver.cuModuleGetFunction(modules[blob], kernel["symbol"].encode()),
+                                 "cuModuleGetFunction")
+            except DeviceError as error:
+                raise KernelError(f"kernels[{index}] ({kernel['name']}): {error}") from None
+            kernels[index] = (function, kernel["launch"])
+        return CudaProgram(self, kernels)
+
+
+class CudaProgram:
+    """The module's CUDA kernels, ready to launch with their recorded geometry."""
+
+    def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, dict]]) -> None:
+        self.device = device
+        self.kernels = kernels
+
+    def launch(self, kernel: int, buffers: Sequence[DeviceBuffer]) -> None:
+        """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here)."""
+        if kernel not in self.kernels:
+            raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
+        function, launch = self.kernels[kernel]
+        # kernelParams: an array of pointers, each to one argument's value (a device pointer).
+        values = [ctypes.c_void_p(int(buffer.pointer)) for buffer in buffers]
+        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        driver = self.device.driver
+        check(driver.cuLaunchKernel(function, *launch["grid"], *launch["block"], launch["shared_bytes"],
+                                    0, ctypes.addressof(params), 0), "cuLaunchKernel")
+        self.device.synchronize()

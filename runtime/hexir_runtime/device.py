@@ -1,0 +1,58 @@
+"""What every device implements, and the host memory that the numpy-backed devices share.
+
+A device runs the kernels of one or more manifest devices (`kinds`: "cpu", "cuda"). It owns
+buffers (alloc, free, copy in, copy out, synchronize) and loads a module's kernels into a
+program (load, launch). The executor only ever talks to devices through this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .format import Hxb
+
+
+class Program(Protocol):
+    """A module's kernels, loaded on one device."""
+
+    def launch(self, kernel: int, buffers: Sequence[Any]) -> None:
+        """Run kernels[kernel] on `buffers` (its args in order; the last one is written)."""
+
+
+class Device(Protocol):
+    """A place where buffers live and kernels run."""
+
+    name: str
+    kinds: tuple[str, ...]
+
+    def alloc(self, shape: tuple[int, ...], dtype: str) -> Any: ...
+    def free(self, buffer: Any) -> None: ...
+    def copy_in(self, buffer: Any, array: np.ndarray) -> None: ...
+    def copy_out(self, buffer: Any) -> np.ndarray: ...
+    def synchronize(self) -> None: ...
+    def load(self, hxb: Hxb) -> Program: ...
+
+
+class HostMemory:
+    """Buffers that are C-contiguous numpy arrays in host memory."""
+
+    def alloc(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """A new uninitialised buffer."""
+        return np.empty(shape, dtype)
+
+    def free(self, buffer: np.ndarray) -> None:
+        """Nothing to do: numpy frees the array with its last reference."""
+
+    def copy_in(self, buffer: np.ndarray, array: np.ndarray) -> None:
+        """Copy `array` (same shape and dtype, any strides) into `buffer`."""
+        np.copyto(buffer, array, casting="no")
+
+    def copy_out(self, buffer: np.ndarray) -> np.ndarray:
+        """A fresh array with the buffer's contents, owned by the caller."""
+        return buffer.copy()
+
+    def synchronize(self) -> None:
+        """Nothing to do: host kernels have finished when launch returns."""

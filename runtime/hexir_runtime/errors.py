@@ -1,0 +1,29 @@
+"""The runtime's errors: one base class, one subclass per kind of failure.
+
+Every message says what was expected and what was found, so `hexir-run` can print it as is.
+"""
+
+
+class HexirRuntimeError(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+
+class HxbFormatError(HexirRuntimeError):
+    """A .hxb file breaks a rule of docs/hxb-format.md; `field` is the path of the culprit."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class InputError(HexirRuntimeError):
+    """An entry was called with the wrong number, type, dtype or shape of arguments."""
+
+
+class DeviceError(HexirRuntimeError):
+    """The requested device cannot run this module (missing, wrong arch, CPU features...)."""
+
+
+class KernelError(HexirRuntimeError):
+    """A kernel cannot be found or launched."""

@@ -1,0 +1,194 @@
+"""Loading a .hxb module onto devices and calling its entries.
+
+`load(path)` checks the file, picks the devices, loads every kernel and uploads every constant
+once; `Module.run(entry, *arrays)` (or `module.<entry>(*arrays)`) checks the arguments against
+the entry's signature and runs its host program.
+
+Arguments must be numpy arrays with exactly the signature's dtype and shape: nothing is cast
+or converted (a list, a float64 array for a float32 input, are errors), so a call never
+silently changes precision. Non-contiguous arrays are accepted and copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cpu import CpuDevice
+from .device import Device
+from .errors import DeviceError, InputError
+from .executor import Constants, Executor
+from .format import Hxb, TensorType, decode, read
+from .reference import ReferenceDevice
+
+DEVICE_NAMES = ("auto", "cpu", "cuda", "reference")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An entry's name, named inputs and outputs; prints as `main(x: float32[2, 8]) -> float32[2, 4]`."""
+
+    name: str
+    inputs: tuple[tuple[str, TensorType], ...]
+    outputs: tuple[TensorType, ...]
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> Signature:
+        """The signature of a (checked) manifest entry."""
+        inputs = tuple((spec["name"], TensorType(tuple(spec["shape"]), spec["dtype"])) for spec in entry["inputs"])
+        outputs = tuple(TensorType(tuple(spec["shape"]), spec["dtype"]) for spec in entry["outputs"])
+        return cls(entry["name"], inputs, outputs)
+
+    def __str__(self) -> str:
+        arguments = ", ".join(f"{name}: {tensor}" for name, tensor in self.inputs)
+        outputs = ", ".join(map(str, self.outputs))
+        return f"{self.name}({arguments}) -> {outputs if len(self.outputs) == 1 else f'({outputs})'}"
+
+
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview | Hxb
+
+
+def load(source: Source, device: str | Device = "auto") -> Module:
+    """Load a module from a path, the bytes of a .hxb file or a decoded `Hxb`.
+
+    `device` is "auto" (cuda if the module has CUDA kernels and a GPU is usable, else cpu),
+    "cpu" (CUDA kernels run as their cpu fallbacks), "cuda", "reference" (numpy, the oracle),
+    or a device object such as `CpuDevice(threads=4)`.
+    Raises HxbFormatError, DeviceError or KernelError; OSError if the file cannot be read.
+    """
+    if isinstance(source, Hxb):
+        hxb = source
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        hxb = decode(source)
+    else:
+        hxb = read(source)
+    return Module(hxb, device)
+
+
+class Module:
+    """A loaded module: its entries are callable as `module.run(name, *arrays)` or `module.name(*arrays)`."""
+
+    def __init__(self, hxb: Hxb, device: str | Device = "auto") -> None:
+        self.hxb = hxb
+        manifest = hxb.manifest
+        kinds = {kernel["device"] for kernel in manifest["kernels"]}
+        kinds |= {spec["device"] for entry in manifest["entries"] for spec in entry["buffers"]}
+        candidates = _device_objects(device, kinds)
+        self.device_name = candidates[0].name
+        devices = _place(kinds, candidates)
+        loaded = {place: place.load(hxb) for place in devices.values()}  # each device loads once
+        programs = [loaded[devices[kernel["device"]]] for kernel in manifest["kernels"]]
+        constants = Constants(hxb)
+        self._signatures: dict[str, Signature] = {}
+        self._executors: dict[str, Executor] = {}
+        for entry in manifest["entries"]:
+            self._signatures[entry["name"]] = Signature.of(entry)
+            try:
+                self._executors[entry["name"]] = Executor(entry, devices, programs, constants)
+            except MemoryError:
+                raise DeviceError(f"out of memory allocating the buffers of entry {entry['name']!r}") from None
+        self._lock = threading.Lock()  # an entry's buffers are reused, so one call at a time
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The names of the module's entries."""
+        return tuple(self._signatures)
+
+    def signature(self, entry: str) -> Signature:
+        """The named inputs and the outputs of `entry`."""
+        if entry not in self._signatures:
+            raise InputError(f"the module has no entry {entry!r} (entries: {', '.join(self._signatures)})")
+        return self._signatures[entry]
+
+    def run(self, entry: str, *arrays: np.ndarray) -> Any:
+        """Call `entry`: one output returns an array, several a tuple, none None.
+
+        The outputs are fresh arrays that the caller owns. Raises InputError if the arguments
+        do not match the signature (nothing is cast).
+        """
+        signature = self.signature(entry)
+        arrays = _check_arguments(signature, arrays)
+        with self._lock:
+            outputs = self._executors[entry].run(arrays)
+        if not outputs:
+            return None
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in self.__dict__.get("_signatures", {}):
+            return functools.partial(self.run, name)
+        raise AttributeError(f"the module has no attribute or entry {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<hexir_runtime.Module entries={list(self.entries)} device={self.device_name!r}>"
+
+
+def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+    names = [name for name, _ in signature.inputs]
+    if len(arrays) != len(names):
+        raise InputError(
+            f"{signature.name}(): expects {len(names)} argument(s) ({', '.join(names)}), got {len(arrays)}"
+        )
+    checked = []
+    for (name, expected), array in zip(signature.inputs, arrays, strict=True):
+        if not isinstance(array, np.ndarray):
+            raise InputError(
+                f"{signature.name}(): argument {name!r} expects a numpy array {expected}, got {type(array).__name__}"
+            )
+        dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
+        if array.dtype != np.dtype(expected.dtype) or array.shape != expected.shape:
+            actual = f"{dtype}[{', '.join(map(str, array.shape))}]"
+            raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
+        checked.append(np.ascontiguousarray(array))
+    return tuple(checked)
+
+
+def _place(kinds: set[str], candidates: list[Device]) -> dict[str, Device]:
+    """Which of `candidates` runs each manifest device ("cpu", "cuda") the module uses."""
+    placement = {}
+    for kind in sorted(kinds):
+        runners = [candidate for candidate in candidates if kind in candidate.kinds]
+        if not runners:
+            raise DeviceError(f"this module has {kind} kernels or buffers, which {candidates[0].name} cannot run")
+        placement[kind] = runners[0]
+    return placement
+
+
+def _device_objects(device: str | Device, kinds: set[str]) -> list[Device]:
+    """The device objects `device` names for a module using `kinds`, the main one first."""
+    if not isinstance(device, str):
+        return [device]
+    if device == "auto" and "cuda" in kinds:
+        try:
+            return [_cuda_device(), CpuDevice(fallbacks=False)]
+        except DeviceError as error:  # no usable GPU: the CUDA kernels run as their cpu fallbacks
+            warnings.warn(f"no usable GPU ({error}); running the CUDA kernels on the cpu", RuntimeWarning,
+                          stacklevel=4)
+    if device in ("auto", "cpu"):
+        return [CpuDevice()]
+    if device == "reference":
+        return [ReferenceDevice()]
+    if device == "cuda":
+        if "cuda" not in kinds:
+            raise DeviceError("this module has no CUDA kernels (run it with --device=cpu)")
+        return [_cuda_device(), CpuDevice(fallbacks=False)]
+    raise DeviceError(f"unknown device {device!r} (expected one of {', '.join(DEVICE_NAMES)})")
+
+
+_cuda_devices: list[Device] = []
+
+
+def _cuda_device() -> Device:
+    """The process's CUDA device (GPU 0), made once; DeviceError if there is no usable one."""
+    if not _cuda_devices:
+        from .cuda import CudaDevice  # imports cuda-python lazily: cpu-only installs never need it
+
+        _cuda_devices.append(CudaDevice())
+    return _cuda_devices[0]

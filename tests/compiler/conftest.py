@@ -1,0 +1,68 @@
+"""Shared pieces of the compiler tests: IR text in, a pipeline stage run, printed IR checked.
+
+- `filecheck(ir_text, checks)`: runs the LLVM wheel's FileCheck; `checks` holds the `CHECK:`
+  lines, the way a lit test's comments would.
+- `parse(ir_text)`: a module in a fresh hexir context (raises `ir.MLIRError` on bad IR).
+- `lower(ir_text, stage, **options)`: parse, run the pipeline up to `stage`, return the
+  printed IR (or the bytes of an .hxb).
+- `manifest(data)`: the manifest of .hxb bytes, decoded and checked by the runtime's reader.
+- `line_of(path, tag)`: the number of the one line of a file that ends in the comment `# tag`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import textwrap
+from pathlib import Path
+
+import llvm
+import pytest
+from hexir_runtime import format as hxb
+from mlir import ir
+
+from hexir.dialects import make_context
+from hexir.passes.pipeline import Options, run_stage
+
+LLVM_BIN = Path(llvm.__file__).parent / "bin"
+FILECHECK = LLVM_BIN / "FileCheck"
+REPO = Path(__file__).resolve().parents[2]
+MLP = REPO / "examples" / "mlp.py"
+
+
+def filecheck(ir_text: str, checks: str) -> None:
+    """Fail the test, showing FileCheck's report and the IR, unless `ir_text` matches `checks`."""
+    checks = textwrap.dedent(checks).strip()
+    assert "CHECK" in checks, "a FileCheck pattern without a CHECK line checks nothing"
+    with tempfile.NamedTemporaryFile("w", suffix=".check") as check_file:
+        check_file.write(checks + "\n")
+        check_file.flush()
+        result = subprocess.run([str(FILECHECK), check_file.name, "--dump-input=never"],
+                                input=str(ir_text), capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"FileCheck failed:\n{result.stderr}\n--- input ---\n{ir_text}", pytrace=False)
+
+
+def parse(ir_text: str) -> ir.Module:
+    """The module of `ir_text` in a fresh context with hexir's dialects."""
+    with make_context():
+        return ir.Module.parse(textwrap.dedent(ir_text))
+
+
+def lower(ir_text: str, stage: str, **options) -> str | bytes:
+    """Parse `ir_text`, run the pipeline up to `stage`, return the printed result (or bytes)."""
+    result = run_stage(parse(ir_text), stage, Options(**options))
+    return result if isinstance(result, bytes) else str(result)
+
+
+def manifest(data: bytes) -> dict:
+    """The manifest of an .hxb, read (and checked) the way the runtime reads it."""
+    return hxb.decode(data).manifest
+
+
+def line_of(path: str | Path, tag: str) -> int:
+    """The 1-based number of the only line of `path` that ends in the comment `# tag`."""
+    lines = [n for n, text in enumerate(Path(path).read_text().splitlines(), 1)
+             if text.rstrip().endswith(f"# {tag}")]
+    assert len(lines) == 1, f"'# {tag}' ends lines {lines} of {path}, expected exactly one"
+    return lines[0]

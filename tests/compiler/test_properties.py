@@ -1,0 +1,50 @@
+"""Property: linear (+ bias) + relu compiles to an .hxb for any shape up to 40 (1 and odd sizes
+included), and the manifest's kernels, buffers and signature match those shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import hexir
+from hexir.passes.pipeline import Options, compile_module
+
+from .conftest import manifest
+
+dims = st.integers(min_value=1, max_value=40)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=dims, k=dims, n=dims, bias=st.booleans(), dtype=st.sampled_from(["float32", "float64"]))
+@example(m=1, k=1, n=1, bias=True, dtype="float32")
+@example(m=37, k=13, n=1, bias=False, dtype="float64")
+def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype):
+    rng = np.random.default_rng(m * 10_000 + k * 100 + n)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+
+    @hexir.jit
+    def layer(x):
+        return hexir.relu(hexir.linear(x, w, b))
+
+    found = manifest(compile_module(layer.trace(hexir.TensorSpec((m, k), dtype)), Options()))
+
+    linear, relu = found["kernels"]
+    expected_linear = [[m, k], [k, n]] + ([[n]] if bias else []) + [[m, n]]
+    assert linear["op"] == ("linear_bias" if bias else "linear")
+    assert [a["shape"] for a in linear["args"]] == expected_linear
+    assert relu["op"] == "relu"
+    assert [a["shape"] for a in relu["args"]] == [[m, n], [m, n]]
+    for kernel in (linear, relu):
+        assert kernel["device"] == "cpu"
+        assert kernel["parallel_extent"] == m
+        assert {a["dtype"] for a in kernel["args"]} == {dtype}
+        assert [a["access"] for a in kernel["args"]][-1] == "write"
+    entry = found["entries"][0]
+    assert entry["inputs"] == [{"name": "x", "shape": [m, k], "dtype": dtype}]
+    assert entry["outputs"] == [{"shape": [m, n], "dtype": dtype}]
+    assert [c["shape"] for c in found["constants"]] == [[k, n]] + ([[n]] if bias else [])
+    calls = [c for c in entry["program"] if c["op"] == "call"]
+    assert [entry["buffers"][calls[0]["args"][-1]]["shape"], entry["buffers"][calls[1]["args"][-1]]["shape"]] \
+        == [[m, n], [m, n]]

@@ -1,0 +1,192 @@
+"""verify: the shape and dtype rules, checked on IR text, each failure at the bad op's line."""
+
+# IR lines are checked as printed: wrapping them would change what they check.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import pytest
+
+from hexir.errors import CompileError, TraceError
+
+from .conftest import filecheck, lower
+
+
+def graph(body: str, args: str = "%arg0: tensor<2x8xf32>, %w: tensor<8x4xf32>", results: str = "") -> str:
+    """A @main whose body starts on line 3 of the text (line 1 is empty)."""
+    return f"""
+func.func @main({args}){' -> ' + results if results else ''} {{
+{body}
+}}
+"""
+
+
+VALID = graph("""  %0 = "hexir.constant"() {device = "auto", name = "b", value = dense<0.5> : tensor<4xf32>} : () -> tensor<4xf32>
+  %1 = "hexir.linear"(%arg0, %w, %0) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+  "hexir.print"(%2) : (tensor<2x4xf32>) -> ()
+  return %2 : tensor<2x4xf32>""", results="tensor<2x4xf32>")
+
+
+def test_filecheck_helper_fails_on_a_mismatch():
+    filecheck('"hexir.relu"(%0)', 'CHECK: "hexir.relu"(%{{[0-9]+}})')
+    with pytest.raises(pytest.fail.Exception, match=r"FileCheck failed:(.|\n)*expected string not found"):
+        filecheck('"hexir.relu"(%0)', 'CHECK: "hexir.linear"')
+
+
+def test_valid_graph_passes_unchanged():
+    filecheck(lower(VALID, "mlir"), """
+        CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>) -> tensor<2x4xf32>
+        CHECK-NEXT:    %[[B:.+]] = "hexir.constant"() {device = "auto", name = "b", value = dense<5.000000e-01> : tensor<4xf32>}
+        CHECK-NEXT:    %[[Y:.+]] = "hexir.linear"(%arg0, %arg1, %[[B]]) {device = "auto"}
+        CHECK-NEXT:    %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "auto"}
+        CHECK-NEXT:    "hexir.print"(%[[R]])
+        CHECK-NEXT:    return %[[R]] : tensor<2x4xf32>
+    """)
+
+
+def _linear(x: str, w: str, result: str, bias: str | None = None) -> str:
+    operands = "%x, %w" + (", %b" if bias else "")
+    types = f"{x}, {w}" + (f", {bias}" if bias else "")
+    args = f"%x: {x}, %w: {w}" + (f", %b: {bias}" if bias else "")
+    return graph(f'  %1 = "hexir.linear"({operands}) {{device = "auto"}} : ({types}) -> {result}\n'
+                 f"  return %1 : {result}", args=args, results=result)
+
+
+BAD_LINEAR = {
+    "x of rank 1": (
+        _linear("tensor<8xf32>", "tensor<8x4xf32>", "tensor<2x4xf32>"),
+        r"linear: argument 'x' must have rank 2, got rank 1 \(float32\[8\]\)"),
+    "w of rank 3": (
+        _linear("tensor<2x8xf32>", "tensor<8x4x1xf32>", "tensor<2x4xf32>"),
+        r"linear: argument 'w' must have rank 2, got rank 3 \(float32\[8, 4, 1\]\)"),
+    "inner dimensions": (
+        _linear("tensor<2x8xf32>", "tensor<4x4xf32>", "tensor<2x4xf32>"),
+        r"linear: inner dimensions differ: x is float32\[2, 8\] and w is float32\[4, 4\]; "
+        r"expected w to have 8 rows, got 4"),
+    "mixed dtypes": (
+        _linear("tensor<2x8xf32>", "tensor<8x4xf64>", "tensor<2x4xf32>"),
+        r"linear: mixed dtypes: x is float32 but w is float64"),
+    "bias dtype": (
+        _linear("tensor<2x8xf64>", "tensor<8x4xf64>", "tensor<2x4xf64>", bias="tensor<4xf32>"),
+        r"linear: mixed dtypes: x is float64 but bias is float32"),
+    "bias shape": (
+        _linear("tensor<2x8xf32>", "tensor<8x4xf32>", "tensor<2x4xf32>", bias="tensor<8xf32>"),
+        r"linear: argument 'bias' must be float32\[4\], got float32\[8\]"),
+    "result shape": (
+        _linear("tensor<2x8xf32>", "tensor<8x4xf32>", "tensor<2x5xf32>"),
+        r"linear: result type is float32\[2, 5\], expected float32\[2, 4\]"),
+    "result dtype": (
+        _linear("tensor<2x8xf32>", "tensor<8x4xf32>", "tensor<2x4xf64>"),
+        r"linear: result type is float64\[2, 4\], expected float32\[2, 4\]"),
+}
+
+
+@pytest.mark.parametrize("text, message", BAD_LINEAR.values(), ids=BAD_LINEAR.keys())
+def test_bad_linear_is_reported_at_its_line(text, message):
+    with pytest.raises(TraceError, match=message) as caught:
+        lower(text, "mlir")
+    # the op is on line 3 of the text; its location is where its name starts
+    assert caught.value.where == "-:3:8"
+    assert str(caught.value) == f"-:3:8: {caught.value.message}"
+
+
+def test_error_points_at_the_second_of_two_ops():
+    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  %2 = "hexir.linear"(%1, %w) {device = "auto"} : (tensor<2x4xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  return %2 : tensor<2x4xf32>""", results="tensor<2x4xf32>")
+    with pytest.raises(TraceError, match=r"inner dimensions differ: x is float32\[2, 4\]") as caught:
+        lower(text, "mlir")
+    assert caught.value.where == "-:4:8"
+
+
+def test_relu_of_a_scalar_is_rejected():
+    text = graph("""  %1 = "hexir.relu"(%s) {device = "auto"} : (tensor<f32>) -> tensor<f32>
+  return %1 : tensor<f32>""", args="%s: tensor<f32>", results="tensor<f32>")
+    with pytest.raises(TraceError, match=r"^-:3:8: relu: argument 'x' must have rank >= 1, got a scalar$"):
+        lower(text, "mlir")
+
+
+def test_print_of_a_scalar_is_rejected():
+    text = graph("""  "hexir.print"(%s) : (tensor<f64>) -> ()
+  return""", args="%s: tensor<f64>")
+    with pytest.raises(TraceError, match=r"^-:3:3: print: argument 'x' must have rank >= 1, got a scalar$"):
+        lower(text, "mlir")
+
+
+def test_integer_constant_is_rejected():
+    text = graph("""  %0 = "hexir.constant"() {device = "auto", name = "k", value = dense<1> : tensor<4xi64>} : () -> tensor<4xi64>
+  return""", args="")
+    with pytest.raises(TraceError, match=r"^-:3:8: element type i64 is not supported; expected f32 or f64$"):
+        lower(text, "mlir")
+
+
+@pytest.mark.xfail(strict=True, reason="verify.py checks @main's argument dtypes outside its try block: the "
+                   "TraceError has no location (where is None) and does not say which argument")
+def test_integer_argument_is_reported_at_main():
+    text = _linear("tensor<2x8xi32>", "tensor<8x4xi32>", "tensor<2x4xi32>")
+    with pytest.raises(TraceError, match=r"element type i32 is not supported; expected f32 or f64") as caught:
+        lower(text, "mlir")
+    assert caught.value.where is not None and caught.value.where.startswith("-:2:")
+
+
+def test_foreign_op_in_main_is_rejected_by_name():
+    text = graph("""  %c = arith.constant 1.0 : f32
+  return""", args="")
+    with pytest.raises(TraceError, match=r"^-:3:8: 'arith.constant' is not a hexir graph op; expected one of "
+                                         r"hexir.constant, hexir.linear, hexir.relu"):
+        lower(text, "mlir")
+
+
+def test_module_without_main_is_rejected():
+    with pytest.raises(CompileError, match=r"the module has no func.func @main \(the host program\)"):
+        lower("func.func @forward() { return }", "mlir")
+
+
+@pytest.mark.parametrize("stage", ["mlir-hetero", "mlir-tir", "hxb"])
+def test_every_stage_verifies_first(stage):
+    with pytest.raises(TraceError, match=r"inner dimensions differ"):
+        lower(BAD_LINEAR["inner dimensions"][0], stage)
+
+
+# ---- inputs verify lets through, which later stages crash on --------------------------------
+
+@pytest.mark.xfail(strict=True, reason="verify.py accepts dynamic dimensions: lower-to-tir then loops to "
+                   "-2**63 and -emit=llvm / -emit=hxb segfaults in translate_module_to_llvmir")
+def test_dynamic_shape_is_rejected():
+    text = _linear("tensor<?x8xf32>", "tensor<8x4xf32>", "tensor<?x4xf32>")
+    with pytest.raises(TraceError, match=r"dynamic|static"):
+        lower(text, "mlir")
+
+
+@pytest.mark.xfail(strict=True, reason="verify.py does not require @main's arguments and results to be tensors: "
+                   "an f32 result raises a bare ValueError from shape_of in _check(func.return); an f32 "
+                   "argument passes (dtype_of reads it as float32) and packaging raises the ValueError")
+@pytest.mark.parametrize("body, results", [("  return %s : f32", "f32"), ("  return", "")],
+                         ids=["returned", "unused"])
+def test_scalar_argument_is_rejected(body, results):
+    with pytest.raises(TraceError, match=r"tensor"):
+        lower(graph(body, args="%s: f32", results=results), "mlir")
+
+
+@pytest.mark.xfail(strict=True, reason="verify.py checks only a constant's result dtype, not that its value "
+                   "has the result's type: -emit=hxb then fails with a numpy ValueError (shape) or silently "
+                   "rounds f64 values to f32 (dtype)")
+@pytest.mark.parametrize("value, result", [("dense<[1.0, 2.0, 3.0]> : tensor<3xf32>", "tensor<2xf32>"),
+                                           ("dense<[1.0, 2.0]> : tensor<2xf64>", "tensor<2xf32>")],
+                         ids=["shape", "dtype"])
+def test_constant_value_must_have_the_result_type(value, result):
+    text = graph(f'  %0 = "hexir.constant"() {{device = "auto", name = "c", value = {value}}} : () -> {result}\n'
+                 f"  return %0 : {result}", args="", results=result)
+    with pytest.raises(TraceError, match=r"constant"):
+        lower(text, "mlir")
+
+
+@pytest.mark.xfail(strict=True, reason="verify.py does not check that a hexir.call's callee is a kernel of the "
+                   "module: packaging raises KeyError: 'nope'")
+def test_call_of_an_unknown_kernel_is_rejected():
+    text = graph('  %0 = "hexir.call"(%x) {callee = @nope, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>} '
+                 ": (tensor<2xf32>) -> tensor<2xf32>\n  return %0 : tensor<2xf32>",
+                 args="%x: tensor<2xf32>", results="tensor<2xf32>")
+    with pytest.raises(TraceError, match=r"nope"):
+        lower(text, "mlir")

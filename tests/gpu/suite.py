@@ -1,0 +1,166 @@
+"""The CPU ≡ GPU property suite, in two halves: build here (MLIR), run there (runtime only).
+
+    python tests/gpu/suite.py build bench/gpu_cases [--examples 120]   # on a machine with hexir
+    python tests/gpu/suite.py run bench/gpu_cases                      # on the GPU machine
+
+`build` lets hypothesis draw cases — an op chain (linear, linear+bias, relu, linear+relu),
+a dtype, shapes with 1, primes and sizes no block size divides, up to a few thousand, and a
+placement of every op (every combination for linear+relu) — and compiles each to a small
+.hxb whose weights are *arguments*, so the files stay small and the values are drawn where
+they run. `run` draws random values for each case, runs it with `--device=cuda` and
+`--device=cpu` (the cpu twins of the GPU kernels), compares both with numpy in float64 and
+prints a summary. Exit status 0 only if every case passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Relative error bounds against the float64 reference, by dtype (summation order differs).
+TOLERANCE = {"float32": 1e-4, "float64": 1e-11}
+CHAINS = ("linear", "linear_bias", "relu", "linear_relu")
+
+
+def build(out: Path, examples: int) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import hexir
+
+    out.mkdir(parents=True, exist_ok=True)
+    interesting = st.sampled_from([1, 2, 3, 7, 13, 31, 32, 33, 97, 127, 255, 257, 1000, 1031, 2053, 3001])
+    small = st.one_of(interesting.filter(lambda d: d <= 257), st.integers(1, 300))
+    cases: list[dict] = []
+
+    @settings(max_examples=examples, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(chain=st.sampled_from(CHAINS), dtype=st.sampled_from(["float32", "float64"]),
+           big_axis=st.sampled_from("MKN"), big=interesting, m=small, k=small, n=small,
+           linear_device=st.sampled_from(["cpu", "cuda"]), relu_device=st.sampled_from(["cpu", "cuda"]))
+    def draw(chain, dtype, big_axis, big, m, k, n, linear_device, relu_device):
+        dims = {"M": m, "K": k, "N": n, big_axis: big}  # one axis may be large, the others moderate
+        m, k, n = dims["M"], dims["K"], dims["N"]
+        if chain == "relu":
+            linear_device = "cuda" if relu_device == "cpu" else linear_device
+            relu_device = "cuda"  # a relu-only case is about the GPU relu kernel
+        elif chain in ("linear", "linear_bias"):
+            linear_device = "cuda"
+        specs, fn = _case_function(chain, m, k, n, dtype)
+        placement = {"hexir.linear": linear_device, "hexir.relu": relu_device}
+        name = f"case{len(cases):03d}"
+        hexir.export(fn, out / f"{name}.hxb", *specs, placement=placement, target="cuda:sm_90")
+        cases.append({"name": name, "chain": chain, "dtype": dtype, "m": m, "k": k, "n": n,
+                      "placement": placement, "inputs": [list(s.shape) for s in specs]})
+
+    draw()
+    (out / "cases.json").write_text(json.dumps(cases, indent=1))
+    print(f"built {len(cases)} cases in {out}")
+
+
+def _case_function(chain: str, m: int, k: int, n: int, dtype: str):
+    import hexir
+
+    spec = hexir.TensorSpec
+    if chain == "relu":
+        def f(x):
+            return hexir.relu(x)
+        return (spec((m, n), dtype),), f
+    if chain == "linear":
+        def f(x, w):
+            return hexir.linear(x, w)
+        return (spec((m, k), dtype), spec((k, n), dtype)), f
+    if chain == "linear_bias":
+        def f(x, w, b):
+            return hexir.linear(x, w, b)
+        return (spec((m, k), dtype), spec((k, n), dtype), spec((n,), dtype)), f
+
+    def f(x, w):
+        return hexir.relu(hexir.linear(x, w))
+    return (spec((m, k), dtype), spec((k, n), dtype)), f
+
+
+def reference(chain: str, arrays: list[np.ndarray]) -> np.ndarray:
+    wide = [a.astype(np.float64) for a in arrays]
+    if chain == "relu":
+        return np.maximum(wide[0], 0)
+    result = wide[0] @ wide[1]
+    if chain == "linear_bias":
+        result = result + wide[2]
+    return np.maximum(result, 0) if chain == "linear_relu" else result
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    scale = np.linalg.norm(expected)
+    difference = np.linalg.norm(actual.astype(np.float64) - expected)
+    return float(difference / scale) if scale else float(difference)
+
+
+def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
+    import hexir_runtime
+
+    cases = json.loads((cases_dir / "cases.json").read_text())
+    rng = np.random.default_rng(seed)
+    failures, worst, started = [], {d: 0.0 for d in devices}, time.perf_counter()
+    device_line = ""
+    for case in cases:
+        arrays = [rng.standard_normal(shape).astype(case["dtype"]) for shape in case["inputs"]]
+        expected = reference(case["chain"], arrays)
+        results = {}
+        for device in devices:
+            try:
+                module = hexir_runtime.load(cases_dir / f"{case['name']}.hxb", device=device)
+                device_line = device_line or (module.device_name if device == "cuda" else "")
+                results[device] = module.main(*arrays)
+            except hexir_runtime.HexirRuntimeError as error:
+                failures.append(f"{case['name']} on {device}: {error}")
+                continue
+            error = relative_error(results[device], expected)
+            worst[device] = max(worst[device], error)
+            if not error <= TOLERANCE[case["dtype"]] or np.isnan(results[device]).any():
+                failures.append(f"{case['name']} ({case['chain']} {case['dtype']} M={case['m']} K={case['k']} "
+                                f"N={case['n']} {case['placement']}) on {device}: relative error {error:.3e}")
+        bound = TOLERANCE[case["dtype"]] * 10
+        scale = max(1.0, float(np.abs(expected).max())) if expected.size else 1.0
+        if len(results) == 2 and not np.allclose(results[devices[0]], results[devices[1]],
+                                                  rtol=bound, atol=bound * scale):
+            failures.append(f"{case['name']}: {devices[0]} and {devices[1]} disagree")
+    elapsed = time.perf_counter() - started
+    print(f"device        : {device_line or ', '.join(devices)}")
+    counts = ", ".join(f"{chain}: {sum(c['chain'] == chain for c in cases)}" for chain in CHAINS)
+    print(f"cases         : {len(cases)} ({counts})")
+    for dtype in ("float32", "float64"):
+        print(f"{dtype:<14}: {sum(c['dtype'] == dtype for c in cases)} cases, tolerance {TOLERANCE[dtype]:.0e}")
+    for device in devices:
+        print(f"max rel error : {device} {worst[device]:.3e} (vs numpy float64)")
+    print(f"passed        : {len(cases) * len(devices) - len(failures)} of {len(cases) * len(devices)} runs "
+          f"in {elapsed:.1f} s")
+    for failure in failures:
+        print(f"FAIL {failure}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help="draw and compile cases (needs hexir)")
+    build_parser.add_argument("out", type=Path)
+    build_parser.add_argument("--examples", type=int, default=120)
+    run_parser = commands.add_parser("run", help="run the cases (needs only hexir_runtime)")
+    run_parser.add_argument("cases", type=Path)
+    run_parser.add_argument("--devices", default="cuda,cpu", help="devices to run and compare")
+    run_parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.examples)
+        return 0
+    return run(args.cases, tuple(args.devices.split(",")), args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Shared pieces of the runtime tests: modules assembled with `hexir_runtime.format.encode`, the
+way the compiler does, and a C shared object with their kernels, compiled once per session.
+
+Nothing here needs MLIR or the compiler. Fixtures:
+- `modules`: the `Builder` class and factories of ready-made modules (see `Modules`);
+- `c_library`: the bytes of a .so holding every kernel of `KERNELS` (skips without `cc`);
+- `mlp_file`: the MLP module with the real library, written to a temporary .hxb file.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import shutil
+import subprocess
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hexir_runtime import format as hxb
+
+C_TYPES = {"float32": "float", "float64": "double"}
+
+# Every kernel the C library implements: (op, argument shapes, dtype).
+KERNELS = [
+    ("linear_bias", [[2, 8], [8, 16], [16], [2, 16]], "float32"),
+    ("relu", [[2, 16], [2, 16]], "float32"),
+    ("linear", [[2, 16], [16, 4], [2, 4]], "float32"),
+    ("linear", [[2, 2], [2, 2], [2, 2]], "float32"),
+    ("relu", [[2, 3, 4], [2, 3, 4]], "float32"),
+    ("linear_bias", [[300, 96], [96, 64], [64], [300, 64]], "float64"),
+    ("relu", [[300, 64], [300, 64]], "float64"),
+]
+
+
+def symbol(op: str, shapes: list[list[int]], dtype: str) -> str:
+    """The C name of a kernel: op, the shape of each argument, dtype."""
+    return "_".join([op, *("x".join(map(str, shape)) for shape in shapes), dtype])
+
+
+def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
+    """A kernel in the runtime's calling convention: pointers, then the [first, last) rows."""
+    t = C_TYPES[dtype]
+    head = f"void {symbol(op, shapes, dtype)}("
+    if op == "relu":
+        inner = math.prod(shapes[0][1:])
+        return f"""{head}const {t} *x, {t} *out, int64_t first, int64_t last) {{
+  for (int64_t i = first * {inner}; i < last * {inner}; ++i) out[i] = x[i] > 0 ? x[i] : 0;
+}}
+"""
+    (_, k), (_, n) = shapes[0], shapes[1]
+    bias = op == "linear_bias"
+    return f"""{head}const {t} *x, const {t} *w, {"const " + t + " *bias, " if bias else ""}{t} *out,
+    int64_t first, int64_t last) {{
+  for (int64_t i = first; i < last; ++i)
+    for (int64_t j = 0; j < {n}; ++j) {{
+      {t} sum = 0;
+      for (int64_t p = 0; p < {k}; ++p) sum += x[i * {k} + p] * w[p * {n} + j];
+      out[i * {n} + j] = sum{" + bias[j]" if bias else ""};
+    }}
+}}
+"""
+
+
+class Builder:
+    """Assembles a manifest (without `blobs`) and its blob list, as the compiler's packager does."""
+
+    def __init__(self) -> None:
+        self.blobs: list[tuple[str, bytes]] = []
+        self.constants: list[dict[str, Any]] = []
+        self.kernels: list[dict[str, Any]] = []
+        self.entries: list[dict[str, Any]] = []
+        self.library: int | None = None
+
+    def blob(self, name: str, data: bytes) -> int:
+        self.blobs.append((name, data))
+        return len(self.blobs) - 1
+
+    def constant(self, name: str, array: np.ndarray) -> int:
+        blob = self.blob(f"constant:{name}", np.ascontiguousarray(array).tobytes())
+        self.constants.append({"name": name, "shape": list(array.shape), "dtype": array.dtype.name, "blob": blob})
+        return len(self.constants) - 1
+
+    def kernel(self, op: str, shapes: list[list[int]], dtype: str = "float32", device: str = "cpu",
+               fallback: bool = True) -> int:
+        """A kernel from KERNELS; a CUDA kernel gets fake images and (with `fallback`) the C
+        kernel as its cpu_fallback."""
+        args = [{"shape": shape, "dtype": dtype, "access": "read"} for shape in shapes]
+        args[-1]["access"] = "write"
+        kernel = {"name": f"k{len(self.kernels)}_{op}", "op": op, "device": device, "symbol": symbol(op, shapes, dtype)}
+        kernel["args"] = args
+        if device == "cpu":
+            kernel["parallel_extent"] = shapes[0][0] if shapes[0] else 1
+        else:
+            kernel["launch"] = {"grid": [max(1, shapes[0][0]), 1, 1], "block": [32, 1, 1], "shared_bytes": 0}
+            cubin, ptx = self.blob("cubin", b"\x7fELF cubin"), self.blob("ptx", b".version")
+            kernel["images"] = {"sm_90": cubin, "compute_90": ptx}
+            if fallback:
+                kernel["cpu_fallback"] = {"symbol": kernel["symbol"], "parallel_extent": kernel["launch"]["grid"][0]}
+        self.kernels.append(kernel)
+        return len(self.kernels) - 1
+
+    def entry(self, name: str = "main") -> Entry:
+        entry = Entry(self, name)
+        self.entries.append(entry.manifest)
+        return entry
+
+    def build(self, library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+        """The (manifest, blobs) pair for `hxb.encode`; `library` is the CPU .so, if any."""
+        manifest: dict[str, Any] = {"producer": "hexir-tests"}
+        blobs = list(self.blobs)
+        if any(kernel["device"] == "cpu" or "cpu_fallback" in kernel for kernel in self.kernels):
+            blobs.append(("cpu.so", library if library is not None else b"\x7fELF not a real library"))
+            x86 = platform.machine().lower() in ("x86_64", "amd64")
+            features = ["sse", "sse2"] if x86 else []
+            manifest["cpu"] = {"arch": platform.machine(), "cpu": "generic", "features": features}
+            manifest["cpu"]["library"] = len(blobs) - 1
+        manifest.update(constants=self.constants, kernels=self.kernels, entries=self.entries)
+        return manifest, blobs
+
+
+class Entry:
+    """One entry's signature, buffers and host program; each method appends a command."""
+
+    def __init__(self, builder: Builder, name: str) -> None:
+        self.builder = builder
+        self.manifest: dict[str, Any] = {"name": name, "inputs": [], "outputs": [], "buffers": [], "program": []}
+
+    def _buffer(self, shape: list[int], dtype: str, device: str) -> int:
+        self.manifest["buffers"].append({"shape": list(shape), "dtype": dtype, "device": device})
+        return len(self.manifest["buffers"]) - 1
+
+    def input(self, name: str, shape: list[int], dtype: str = "float32") -> int:
+        self.manifest["inputs"].append({"name": name, "shape": list(shape), "dtype": dtype})
+        dst = self._buffer(shape, dtype, "cpu")
+        self.manifest["program"].append({"op": "input", "index": len(self.manifest["inputs"]) - 1, "dst": dst})
+        return dst
+
+    def constant(self, index: int, device: str = "cpu") -> int:
+        spec = self.builder.constants[index]
+        dst = self._buffer(spec["shape"], spec["dtype"], device)
+        self.manifest["program"].append({"op": "constant", "constant": index, "dst": dst})
+        return dst
+
+    def call(self, kernel: int, *args: int) -> int:
+        spec = self.builder.kernels[kernel]
+        out = spec["args"][-1]
+        dst = self._buffer(out["shape"], out["dtype"], spec["device"])
+        self.manifest["program"].append({"op": "call", "kernel": kernel, "args": [*args, dst]})
+        return dst
+
+    def transfer(self, src: int, device: str) -> int:
+        spec = self.manifest["buffers"][src]
+        dst = self._buffer(spec["shape"], spec["dtype"], device)
+        self.manifest["program"].append({"op": "transfer", "src": src, "dst": dst})
+        return dst
+
+    def print(self, src: int) -> None:
+        self.manifest["program"].append({"op": "print", "src": src})
+
+    def ret(self, *srcs: int) -> None:
+        for src in srcs:
+            spec = self.manifest["buffers"][src]
+            self.manifest["outputs"].append({"shape": spec["shape"], "dtype": spec["dtype"]})
+        self.manifest["program"].append({"op": "return", "srcs": list(srcs)})
+
+
+def weights(seed: int = 0) -> dict[str, np.ndarray]:
+    generator = np.random.default_rng(seed)
+    shapes = {"W1": (8, 16), "b1": (16,), "W2": (16, 4)}
+    return {name: generator.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def mlp_numpy(x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
+    """What the MLP module computes, in numpy."""
+    return np.maximum(x @ weights["W1"] + weights["b1"], 0) @ weights["W2"]
+
+
+def mlp(library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Entries `main(x: float32[2, 8]) -> float32[2, 4]` (prints y), `layers(x) -> (h, y)` (no
+    print) and `matmul(a, b) -> a @ b` for float32[2, 2] (prints it)."""
+    builder, w = Builder(), weights()
+    w1, b1, w2 = (builder.constant(name, array) for name, array in w.items())
+    layer1 = builder.kernel("linear_bias", [[2, 8], [8, 16], [16], [2, 16]])
+    relu = builder.kernel("relu", [[2, 16], [2, 16]])
+    layer2 = builder.kernel("linear", [[2, 16], [16, 4], [2, 4]])
+    for name in ("main", "layers"):
+        entry = builder.entry(name)
+        x = entry.input("x", [2, 8])
+        h = entry.call(relu, entry.call(layer1, x, entry.constant(w1), entry.constant(b1)))
+        y = entry.call(layer2, h, entry.constant(w2))
+        if name == "main":
+            entry.print(y)
+            entry.ret(y)
+        else:
+            entry.ret(h, y)
+    entry = builder.entry("matmul")
+    product = entry.call(builder.kernel("linear", [[2, 2]] * 3), entry.input("a", [2, 2]), entry.input("b", [2, 2]))
+    entry.print(product)
+    entry.ret(product)
+    return builder.build(library)
+
+
+def big(library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """`main(x: float64[300, 96]) -> relu(x @ W + b)`: big enough to be split over threads."""
+    builder, generator = Builder(), np.random.default_rng(1)
+    w = builder.constant("W", generator.standard_normal((96, 64)))
+    b = builder.constant("b", generator.standard_normal(64))
+    layer = builder.kernel("linear_bias", [[300, 96], [96, 64], [64], [300, 64]], "float64")
+    relu = builder.kernel("relu", [[300, 64], [300, 64]], "float64")
+    entry = builder.entry()
+    x = entry.input("x", [300, 96], "float64")
+    entry.ret(entry.call(relu, entry.call(layer, x, entry.constant(w), entry.constant(b))))
+    return builder.build(library)
+
+
+def cuda(library: bytes | None = None, fallback: bool = True) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """`main(x: float32[2, 3, 4]) -> relu(x)`, the relu a CUDA kernel between two transfers,
+    with (if `fallback`) the C relu as its cpu_fallback."""
+    builder = Builder()
+    relu = builder.kernel("relu", [[2, 3, 4], [2, 3, 4]], device="cuda", fallback=fallback)
+    entry = builder.entry()
+    on_gpu = entry.call(relu, entry.transfer(entry.input("x", [2, 3, 4]), "cuda"))
+    back = entry.transfer(on_gpu, "cpu")
+    entry.print(back)
+    entry.ret(back)
+    return builder.build(library)
+
+
+@pytest.fixture(scope="session")
+def modules() -> SimpleNamespace:
+    """The module factories (`mlp`, `big`, `cuda`, `weights`, `mlp_numpy`) and the `Builder`."""
+    return SimpleNamespace(Builder=Builder, mlp=mlp, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy)
+
+
+@pytest.fixture(scope="session")
+def c_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of a shared object implementing every kernel of KERNELS, built with `cc`."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) on PATH to build the test kernels")
+    directory = tmp_path_factory.mktemp("kernels")
+    source = directory / "kernels.c"
+    source.write_text("#include <stdint.h>\n\n" + "\n".join(c_source(*kernel) for kernel in KERNELS))
+    command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(directory / "kernels.so"), str(source)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(command)} failed:\n{result.stderr}")
+    return (directory / "kernels.so").read_bytes()
+
+
+@pytest.fixture
+def mlp_file(tmp_path, c_library: bytes):
+    """The MLP module (real kernels) written to a .hxb file."""
+    path = tmp_path / "mlp.hxb"
+    hxb.write(path, *mlp(c_library))
+    return path

@@ -1,0 +1,190 @@
+"""Device conformance: every device computes what numpy computes; the CPU device's own duties
+(host checks, loading the library without files, splitting launches over threads)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from hexir_runtime import DeviceError, KernelError, load
+from hexir_runtime import cpu as cpu_device
+from hexir_runtime import format as hxb
+from hexir_runtime.cpu import CpuDevice, check_host
+from hexir_runtime.reference import ReferenceDevice
+
+DEVICES = ["reference", "cpu"]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def library(device, request) -> bytes | None:
+    """The real kernels for the cpu device; the reference device never looks at them."""
+    return request.getfixturevalue("c_library") if device == "cpu" else None
+
+
+def test_mlp_matches_numpy(modules, device, library):
+    module = load(hxb.encode(*modules.mlp(library)), device)
+    x = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32)
+    y = module.main(x)
+    assert y.dtype == np.float32 and y.shape == (2, 4)
+    np.testing.assert_allclose(y, modules.mlp_numpy(x, modules.weights()), rtol=1e-5, atol=1e-5)
+    hidden, y2 = module.layers(x)
+    np.testing.assert_array_equal(y2, y)
+    np.testing.assert_allclose(hidden, np.maximum(x @ modules.weights()["W1"] + modules.weights()["b1"], 0), rtol=1e-5)
+
+
+def test_devices_agree_on_float64(modules, c_library):
+    data = hxb.encode(*modules.big(c_library))
+    x = np.random.default_rng(2).standard_normal((300, 96))
+    reference, native = load(data, "reference").main(x), load(data, "cpu").main(x)
+    assert native.dtype == np.float64
+    np.testing.assert_allclose(native, reference, rtol=1e-12, atol=1e-12)
+    constants = hxb.decode(data).manifest["constants"]
+    w, b = (np.frombuffer(hxb.decode(data).blob(c["blob"]), c["dtype"]).reshape(c["shape"]) for c in constants)
+    np.testing.assert_allclose(native, np.maximum(x @ w + b, 0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [2, 4, 7])
+def test_parallel_split_gives_identical_results(modules, c_library, threads):
+    data = hxb.encode(*modules.big(c_library))
+    x = np.random.default_rng(3).standard_normal((300, 96))
+    inline_device, split_device = CpuDevice(threads=1), CpuDevice(threads=threads, split_bytes=0)
+    inline = load(data, inline_device).main(x)
+    split = load(data, split_device).main(x)
+    np.testing.assert_array_equal(split, inline)
+    assert inline_device._pool is None and split_device._pool is not None  # the split really happened
+
+
+def test_small_launches_run_inline(modules, c_library):
+    device = CpuDevice(threads=4)  # default threshold: 1 MiB of arguments
+    load(hxb.encode(*modules.mlp(c_library)), device).main(np.ones((2, 8), np.float32))
+    assert device._pool is None
+
+
+def test_reference_runs_cuda_kernels(modules, capsys):
+    module = load(hxb.encode(*modules.cuda()), "reference")
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 12
+    np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+    assert capsys.readouterr().out.splitlines()[3] == "0.000000 1.000000 2.000000 3.000000 "
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_cuda_kernels_run_as_their_cpu_fallbacks(modules, c_library, device):
+    module = load(hxb.encode(*modules.cuda(c_library)), device)
+    assert module.device_name == "cpu"
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 12
+    np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_cuda_kernels_without_fallback_need_a_gpu(modules, device):
+    with pytest.raises(DeviceError, match=r"kernels\[0\] \(k0_relu\) runs on cuda and has no cpu_fallback"):
+        load(hxb.encode(*modules.cuda(fallback=False)), device)
+
+
+def test_cuda_device_needs_cuda_python(modules, monkeypatch):
+    import hexir_runtime.module
+
+    monkeypatch.setattr(hexir_runtime.module, "_cuda_devices", [])
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of cuda-python fails
+    with pytest.raises(DeviceError, match=r"CUDA support needs cuda-python: pip install 'hexir-runtime\[cuda\]'"):
+        load(hxb.encode(*modules.cuda()), "cuda")
+
+
+def test_cuda_device_needs_cuda_kernels(modules):
+    with pytest.raises(DeviceError, match="this module has no CUDA kernels"):
+        load(hxb.encode(*modules.mlp()), "cuda")
+    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
+        load(hxb.encode(*modules.mlp()), "gpu")
+
+
+def test_missing_symbol(modules, c_library):
+    manifest, blobs = modules.mlp(c_library)
+    manifest["kernels"][1]["symbol"] = "no_such_kernel"
+    message = r"kernels\[1\] \(k1_relu\): symbol 'no_such_kernel' is not in the CPU library"
+    with pytest.raises(KernelError, match=message):
+        load(hxb.encode(manifest, blobs), "cpu")
+    load(hxb.encode(manifest, blobs), "reference")  # the oracle needs no symbols
+
+
+def test_wrong_architecture(modules, c_library):
+    manifest, blobs = modules.mlp(c_library)
+    manifest["cpu"]["arch"] = "riscv64"
+    with pytest.raises(DeviceError, match="the module's CPU code is for riscv64, but this machine is"):
+        load(hxb.encode(manifest, blobs), "cpu")
+
+
+def test_missing_cpu_features(modules, c_library, monkeypatch):
+    manifest, blobs = modules.mlp(c_library)
+    manifest["cpu"]["features"] += ["avx9000", "quantum"]
+    data = hxb.encode(manifest, blobs)
+    if cpu_device._cpu_flags() is not None:
+        with pytest.raises(DeviceError, match="needs CPU features this machine lacks: avx9000, quantum"):
+            load(data, "cpu")
+    monkeypatch.setattr(cpu_device, "_cpu_flags", lambda: None)  # /proc/cpuinfo unreadable: not checked
+    assert load(data, "cpu").main(np.ones((2, 8), np.float32)).shape == (2, 4)
+
+
+def test_check_host_normalises_architectures():
+    section = {"arch": "x86_64", "cpu": "x86-64-v3", "features": ["avx2", "fma"]}
+    check_host(section, machine="AMD64", flags={"avx2", "fma", "sse2"})
+    check_host({**section, "arch": "amd64"}, machine="x86_64", flags={"avx2", "fma"})
+    check_host({**section, "arch": "arm64", "features": []}, machine="aarch64", flags=set())
+    with pytest.raises(DeviceError, match="x86-64-v3 and needs CPU features this machine lacks: fma"):
+        check_host(section, machine="x86_64", flags={"avx2"})
+    with pytest.raises(DeviceError, match="for x86_64, but this machine is aarch64"):
+        check_host(section, machine="aarch64", flags=None)
+
+
+def test_library_leaves_no_files(modules, c_library, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(cpu_device, "_libraries", {})
+    load(hxb.encode(*modules.mlp(c_library)), "cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_library_from_a_deleted_temporary_file(modules, c_library, monkeypatch, tmp_path):
+    """Without memfd_create the library goes through a temporary file deleted right after dlopen."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(cpu_device, "_libraries", {})
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    module = load(hxb.encode(*modules.mlp(c_library)), "cpu")
+    assert list(tmp_path.iterdir()) == []
+    assert module.matmul(np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32)).tolist() == [[1, 0], [0, 1]]
+
+
+def test_two_libraries_in_one_process(modules, c_library, tmp_path, monkeypatch):
+    """Each module gets its own library, even when the first module is gone before the second
+    loads (the dynamic loader knows libraries by path, and /proc/self/fd/N paths repeat)."""
+    source = tmp_path / "other.c"
+    source.write_text("#include <stdint.h>\nvoid doubled(const float *x, float *out, int64_t first, int64_t last)"
+                      " { for (int64_t i = first * 16; i < last * 16; ++i) out[i] = 2 * x[i]; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "other.so"), str(source)], check=True)
+    monkeypatch.setattr(cpu_device, "_libraries", {})
+    first = load(hxb.encode(*modules.mlp(c_library)), "cpu")
+    del first
+    builder = modules.Builder()
+    kernel = builder.kernel("relu", [[2, 16], [2, 16]])
+    builder.kernels[kernel]["symbol"] = "doubled"
+    entry = builder.entry()
+    entry.ret(entry.call(kernel, entry.input("x", [2, 16])))
+    second = load(hxb.encode(*builder.build((tmp_path / "other.so").read_bytes())), "cpu")
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    np.testing.assert_array_equal(second.main(x), 2 * x)
+
+
+def test_every_device_has_the_same_shape():
+    for device in (ReferenceDevice(), CpuDevice()):
+        for method in ("alloc", "free", "copy_in", "copy_out", "synchronize", "load"):
+            assert callable(getattr(device, method)), (device, method)
+        assert isinstance(device.name, str) and set(device.kinds) == {"cpu", "cuda"}
+    assert CpuDevice(fallbacks=False).kinds == ("cpu",)

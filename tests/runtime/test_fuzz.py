@@ -1,0 +1,104 @@
+"""Fuzzing the reader: whatever happens to a file's bytes or its manifest, the only error that
+escapes is HxbFormatError, and a manifest that passes the checks runs on the reference device."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+from hexir_runtime import HexirRuntimeError, HxbFormatError, load
+from hexir_runtime import format as hxb
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def parts(modules):
+    return modules.mlp()
+
+
+@pytest.fixture(scope="module")
+def data(parts) -> bytes:
+    return hxb.encode(*parts)
+
+
+@FUZZ
+@given(st.data())
+def test_changed_bytes_are_always_caught(data, draw):
+    """Every byte is covered by a check (header fields, CRC, zero padding, sha256)."""
+    changed = bytearray(data)
+    for _ in range(draw.draw(st.integers(1, 4))):
+        position = draw.draw(st.integers(0, len(data) - 1))
+        changed[position] = draw.draw(st.integers(0, 255).filter(lambda value, p=position: value != data[p]))
+    with pytest.raises(HxbFormatError):
+        hxb.decode(bytes(changed))
+
+
+@FUZZ
+@given(st.data())
+def test_truncated_inserted_or_deleted_bytes_are_caught(data, draw):
+    position = draw.draw(st.integers(0, len(data)))
+    how = draw.draw(st.sampled_from(["truncate", "insert", "delete"]))
+    if how == "truncate":
+        changed = data[:position]
+    elif how == "insert":
+        changed = data[:position] + draw.draw(st.binary(min_size=1, max_size=8)) + data[position:]
+    else:
+        changed = data[:position] + data[position + draw.draw(st.integers(1, 8)) :]
+    if changed != data:
+        with pytest.raises(HxbFormatError):
+            hxb.decode(changed)
+
+
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 40), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+    st.sampled_from(["", "float64", "cpu", "cuda", "relu", "linear", "main", "x", "sm_90", "read", "write", "return"]),
+    st.lists(st.integers(-1, 20), max_size=3), st.just({}), st.just([]),
+)
+
+
+def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every position in a JSON value, as a tuple of keys and indices."""
+    found = [prefix]
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for key, child in children:
+        found += paths(child, (*prefix, key))
+    return found
+
+
+@pytest.mark.parametrize("factory", ["mlp", "cuda"])
+@FUZZ
+@given(st.data())
+def test_mutated_manifests_fail_cleanly_or_run(modules, factory, draw):
+    parts = getattr(modules, factory)()
+    manifest = copy.deepcopy(parts[0])
+    for _ in range(draw.draw(st.integers(1, 3))):
+        path = draw.draw(st.sampled_from(paths(manifest)[1:]))
+        parent = manifest
+        for key in path[:-1]:
+            parent = parent[key]
+        how = draw.draw(st.sampled_from(["replace", "delete", "add"]))
+        if how == "replace":
+            parent[path[-1]] = draw.draw(JSON_VALUES)
+        elif how == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw.draw(st.sampled_from(["extra", "name", "op", "dst", "srcs"]))] = draw.draw(JSON_VALUES)
+        else:
+            parent.insert(path[-1], draw.draw(JSON_VALUES))
+    try:
+        data = hxb.encode(manifest, parts[1])
+    except HxbFormatError:
+        return
+    module = load(data, "reference")  # a manifest that passes every check must run
+    for entry in module.entries:
+        signature = module.signature(entry)
+        arrays = [np.ones(tensor.shape, tensor.dtype) for _, tensor in signature.inputs]
+        try:
+            module.run(entry, *arrays)
+        except HexirRuntimeError as error:
+            pytest.fail(f"a checked module failed to run: {error}")
