@@ -72,7 +72,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray]):
     program = place.load(hxb)
     buffers = [place.alloc(a.shape, a.dtype.name) for a in arrays]
     buffers.append(place.alloc(tuple(kernel["args"][-1]["shape"]), kernel["args"][-1]["dtype"]))
-    for buffer, array in zip(buffers, arrays, strict=True):
+    for buffer, array in zip(buffers[:-1], arrays, strict=True):
         place.copy_in(buffer, array)
 
     def launch() -> None:

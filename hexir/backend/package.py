@@ -19,7 +19,7 @@ from hexir.backend.cpu import CpuLibrary
 from hexir.backend.cuda import CudaBinary
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
-from hexir.passes.common import kernels, main_function
+from hexir.passes.common import argument_names, kernels, main_function
 from hexir.passes.lower_to_tir import FALLBACK_OF
 from hexir.passes.tir_to_loops import WORK_ITEMS
 
@@ -52,7 +52,8 @@ class _Packer:
 def _kernel_entry(kernel: ir.Operation) -> dict:
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
     device, op = ht.kernel_of(kernel)
-    arg_types = [a.type for a in kernel.regions[0].blocks[0].arguments]
+    # the signature, not the entry block: a gpu.func's block also holds its workgroup buffers
+    arg_types = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs
     buffers = [t for t in arg_types if t != ir.IndexType.get()]  # drop the work-range arguments
     args = [{**_spec(t), "access": "read"} for t in buffers]
     args[-1]["access"] = "write"
@@ -65,9 +66,7 @@ def _kernel_entry(kernel: ir.Operation) -> dict:
 def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> dict:
     main = main_function(module)
     block = main.regions[0].blocks[0]
-    names_attr = main.attributes["hexir.arg_names"] if "hexir.arg_names" in main.attributes else None
-    names = [ir.StringAttr(a).value for a in ir.ArrayAttr(names_attr)] if names_attr is not None \
-        else [f"arg{i}" for i in range(len(block.arguments))]
+    names = argument_names(main)
     buffers: list[dict] = []
     buffer_of: dict[ir.Value, int] = {}
     program: list[dict] = []

@@ -13,7 +13,8 @@ decision is written in the IR, not implied by which pass ran:
 Schedules: kind `serial` | `parallel` | `unrolled`, and bind "" (no binding: on the cpu a
 `parallel` outermost loop is split across host threads) or `blockIdx.{x,y,z}` /
 `threadIdx.{x,y,z}` (the loop *is* that GPU index). `hextir.alloc_local` makes a
-kernel-local buffer (`space` "private" or "shared").
+kernel-local buffer (`space` "private" or "shared" by a GPU block), `hextir.barrier`
+synchronizes a GPU block.
 
 Why `scf.for` and not a `hextir.for` op: IRDL cannot give an op the terminator trait, so an
 IRDL loop's body could not end in a yield of its own. The loop structure is upstream's; the
@@ -64,6 +65,8 @@ irdl.dialect @hextir {{
     %buffer = irdl.base "!builtin.memref"
     %index = irdl.is index
     irdl.operands(value: %value, buffer: %buffer, indices: variadic %index)
+  }}
+  irdl.operation @barrier {{
   }}
   irdl.operation @alloc_local {{
     %buffer = irdl.base "!builtin.memref"
@@ -145,6 +148,15 @@ def store(value: ir.Value, buffer: ir.Value, indices: Sequence[ir.Value]) -> Non
 
 
 def alloc_local(shape: Sequence[int], element: ir.Type, space: str = "private") -> ir.Value:
-    op = ir.Operation.create("hextir.alloc_local", results=[ir.MemRefType.get(list(shape), element)],
+    """A kernel-local buffer: "private" to a thread, or "shared" by a GPU block (its memref
+    type then carries the GPU workgroup address space, as upstream's gpu dialect spells it)."""
+    memory_space = ir.Attribute.parse("#gpu.address_space<workgroup>") if space == "shared" else None
+    op = ir.Operation.create("hextir.alloc_local",
+                             results=[ir.MemRefType.get(list(shape), element, memory_space=memory_space)],
                              attributes={"space": ir.StringAttr.get(space)})
     return op.result
+
+
+def barrier() -> None:
+    """Every thread of a GPU block waits here until all have arrived (shared buffers)."""
+    ir.Operation.create("hextir.barrier")

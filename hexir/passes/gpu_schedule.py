@@ -1,15 +1,17 @@
 """cuda schedules for lower-to-tir: every loop bound to a GPU index, every shape guarded.
 
-linear (x[M,K] @ w[K,N] (+ bias)): a 2-D grid of 32x8-thread blocks; threadIdx.x walks
-the N axis, so a warp reads 32 consecutive elements of w and writes 32 consecutive
-elements of out (coalesced) while all its lanes read the same x[i,k] (a broadcast). Each
-thread keeps its sum in a private local buffer (a register after NVVM's mem2reg).
+linear (x[M,K] @ w[K,N] (+ bias)): each 16x16-thread block computes a 64x64 tile of out.
+It walks K in slices of 16: the block stages x[64 rows, 16] and w[16, 64 columns] in
+shared memory (each thread copies 4 elements of each; consecutive threads read consecutive
+addresses, so the loads coalesce; out-of-range elements are staged as 0), waits at a
+barrier, and each thread accumulates a 4x4 block of sums (rows ty+16i, columns tx+16j, so
+a warp's stores are consecutive too) in a private buffer that NVVM keeps in registers.
 
-    for bi in [0, ceil(M/8))  bind blockIdx.y        i = bi*8 + ti
-      for bj in [0, ceil(N/32)) bind blockIdx.x      j = bj*32 + tj
-        for ti in [0, 8)  bind threadIdx.y           if i < M and j < N:
-          for tj in [0, 32) bind threadIdx.x            acc = bias[j] or 0; for k serial: acc += x[i,k]*w[k,j]
-                                                         out[i,j] = acc
+    for by in [0, ceil(M/64)) bind blockIdx.y       x_tile, w_tile: shared buffers
+      for bx in [0, ceil(N/64)) bind blockIdx.x
+        for ty in [0, 16) bind threadIdx.y          sums[4][4] = 0
+          for tx in [0, 16) bind threadIdx.x        for each k slice: stage; barrier; 16 x 4x4 FMAs; barrier
+                                                    out[row, col] = sums (+ bias[col]) where row < M, col < N
 relu: the tensor as one flat axis of 256-thread blocks, guarded by the element count.
 The guards make any shape work: 1, primes, sizes that no block size divides.
 """
@@ -23,8 +25,13 @@ from mlir.dialects import arith, memref, scf
 
 from hexir.dialects import hextir as ht
 
-LINEAR_BLOCK = (32, 8)      # threads along (N, M)
+TILE, STEP, PER = 64, 16, 4  # linear: out tile per block, k slice per step, sums per thread axis
 ELEMENTWISE_BLOCK = 256
+
+
+def _contract() -> ir.Attribute:
+    """Let the multiply and add fuse into one FMA (one rounding instead of two)."""
+    return ir.Attribute.parse("#arith.fastmath<contract>")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -39,30 +46,74 @@ def _less(a: ir.Value, bound: int) -> ir.Value:
     return arith.CmpIOp(arith.CmpIPredicate.ult, a, ht.index(bound)).result
 
 
+def _index_op(op: type, a: ir.Value, b: int) -> ir.Value:
+    return op(a, ht.index(b)).result
+
+
+def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: int, columns: int) -> ir.Value:
+    """buffer[row, column] where that is inside [rows, columns), else 0 (no load happens)."""
+    element = ir.MemRefType(buffer.type).element_type
+    inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result, [element], has_else=True)
+    with ir.InsertionPoint(inside.then_block):
+        scf.YieldOp([ht.load(buffer, [row, column])])
+    with ir.InsertionPoint(inside.else_block):
+        scf.YieldOp([arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result])
+    return inside.results[0]
+
+
 def linear(args: Sequence[ir.Value]) -> None:
+    """A tiled matrix product: each block computes a TILE x TILE tile of out, staging
+    STEP-wide slices of x and w through shared memory; each thread keeps PER x PER sums."""
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if len(args) == 4 else None
     (m, k_extent), n = ir.MemRefType(x.type).shape, ir.MemRefType(w.type).shape[1]
     element = ir.MemRefType(out.type).element_type
-    bx, by = LINEAR_BLOCK
-    with ht.loop(0, _ceil_div(m, by), "parallel", "blockIdx.y") as bi, \
-            ht.loop(0, _ceil_div(n, bx), "parallel", "blockIdx.x") as bj, \
-            ht.loop(0, by, "parallel", "threadIdx.y") as ti, \
-            ht.loop(0, bx, "parallel", "threadIdx.x") as tj:
-        i, j = _global_index(bi, ti, by), _global_index(bj, tj, bx)
-        inside = arith.AndIOp(_less(i, m), _less(j, n)).result
-        guard = scf.IfOp(inside)
-        with ir.InsertionPoint(guard.then_block):
-            acc = ht.alloc_local([1], element)
-            zero = ht.index(0)
-            initial = ht.load(bias, [j]) if bias is not None else \
-                arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            ht.store(initial, acc, [zero])
-            with ht.loop(0, k_extent, "serial") as k:
-                product = arith.MulFOp(ht.load(x, [i, k]), ht.load(w, [k, j])).result
-                ht.store(arith.AddFOp(ht.load(acc, [zero]), product).result, acc, [zero])
-            ht.store(ht.load(acc, [zero]), out, [i, j])
-            scf.YieldOp([])
+    tile, step, threads = TILE, STEP, TILE // PER            # 64, 16, 16 threads per axis
+    loads = tile * step // (threads * threads)               # elements each thread stages per slice
+    with ht.loop(0, _ceil_div(m, tile), "parallel", "blockIdx.y") as block_row, \
+            ht.loop(0, _ceil_div(n, tile), "parallel", "blockIdx.x") as block_column:
+        x_tile = ht.alloc_local([tile, step], element, "shared")
+        w_tile = ht.alloc_local([step, tile], element, "shared")
+        with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
+                ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
+            sums = ht.alloc_local([PER, PER], element)
+            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+            with ht.loop(0, PER, "unrolled") as r, ht.loop(0, PER, "unrolled") as c:
+                ht.store(zero, sums, [r, c])
+            thread = arith.AddIOp(_index_op(arith.MulIOp, ty, threads), tx).result
+            row0 = _index_op(arith.MulIOp, block_row, tile)
+            column0 = _index_op(arith.MulIOp, block_column, tile)
+            with ht.loop(0, _ceil_div(k_extent, step), "serial") as k_slice:
+                k0 = _index_op(arith.MulIOp, k_slice, step)
+                with ht.loop(0, loads, "unrolled") as e:     # x[row0:+tile, k0:+step] -> x_tile
+                    position = arith.AddIOp(thread, _index_op(arith.MulIOp, e, threads * threads)).result
+                    r, c = _index_op(arith.DivUIOp, position, step), _index_op(arith.RemUIOp, position, step)
+                    value = _guarded_load(x, arith.AddIOp(row0, r).result, arith.AddIOp(k0, c).result, m, k_extent)
+                    ht.store(value, x_tile, [r, c])
+                with ht.loop(0, loads, "unrolled") as e:     # w[k0:+step, column0:+tile] -> w_tile
+                    position = arith.AddIOp(thread, _index_op(arith.MulIOp, e, threads * threads)).result
+                    r, c = _index_op(arith.DivUIOp, position, tile), _index_op(arith.RemUIOp, position, tile)
+                    value = _guarded_load(w, arith.AddIOp(k0, r).result, arith.AddIOp(column0, c).result, k_extent, n)
+                    ht.store(value, w_tile, [r, c])
+                ht.barrier()
+                with ht.loop(0, step, "unrolled") as kk, ht.loop(0, PER, "unrolled") as i:
+                    a = ht.load(x_tile, [arith.AddIOp(ty, _index_op(arith.MulIOp, i, threads)).result, kk])
+                    with ht.loop(0, PER, "unrolled") as j:
+                        b = ht.load(w_tile, [kk, arith.AddIOp(tx, _index_op(arith.MulIOp, j, threads)).result])
+                        product = arith.MulFOp(a, b, fastmath=_contract()).result
+                        total = arith.AddFOp(ht.load(sums, [i, j]), product, fastmath=_contract()).result
+                        ht.store(total, sums, [i, j])
+                ht.barrier()
+            with ht.loop(0, PER, "unrolled") as i, ht.loop(0, PER, "unrolled") as j:
+                row = arith.AddIOp(row0, arith.AddIOp(ty, _index_op(arith.MulIOp, i, threads)).result).result
+                column = arith.AddIOp(column0, arith.AddIOp(tx, _index_op(arith.MulIOp, j, threads)).result).result
+                inside = scf.IfOp(arith.AndIOp(_less(row, m), _less(column, n)).result)
+                with ir.InsertionPoint(inside.then_block):
+                    value = ht.load(sums, [i, j])
+                    if bias is not None:
+                        value = arith.AddFOp(value, ht.load(bias, [column])).result
+                    ht.store(value, out, [row, column])
+                    scf.YieldOp([])
 
 
 def relu(args: Sequence[ir.Value]) -> None:

@@ -5,7 +5,8 @@ Input: kernels from lower-to-tir (`hextir.load`/`store`/`alloc_local`, loops sch
 kernel's outermost `parallel` loop turned into the kernel's work range: two trailing
 `index` arguments `first`, `last` replace its bounds, so the runtime can hand
 `[first, last)` slices of it to host threads (the .hxb calling convention). Schedules of
-cuda kernels stay: `to_gpu` turns their bindings into GPU indices.
+cuda kernels stay, with their shared buffers and barriers: `to_gpu` turns those into GPU
+indices, workgroup memory and `gpu.barrier`.
 
     func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>) {
       scf.for %i = %c0 to %c5 step %c1 {        func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>,
@@ -30,7 +31,7 @@ WORK_ITEMS = "hextir.work_items"
 def tir_to_loops(module: ir.Module) -> None:
     """Lower hextir memory ops everywhere and give cpu kernels their work-range arguments."""
     for kernel in kernels(module):
-        if ht.kernel_of(kernel)[0] == "cpu":
+        if ht.kernel_of(kernel)[0] == "cpu" and WORK_ITEMS not in kernel.attributes:  # not yet lowered
             _add_work_range(kernel)
         _lower_memory_ops(kernel)
 
@@ -59,6 +60,8 @@ def _add_work_range(kernel: ir.Operation) -> None:
 
 def _lower_memory_ops(kernel: ir.Operation) -> None:
     for op in _walk(kernel, "hextir.load", "hextir.store", "hextir.alloc_local"):
+        if op.name == "hextir.alloc_local" and ir.StringAttr(op.attributes["space"]).value == "shared":
+            continue  # a GPU block's buffer: to_gpu makes it a workgroup attribution
         with ir.InsertionPoint(op), op.location:
             if op.name == "hextir.load":
                 value = memref.LoadOp(op.operands[0], list(op.operands)[1:]).result

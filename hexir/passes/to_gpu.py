@@ -4,7 +4,9 @@ Input: a module after tir-to-loops whose cuda kernels still carry their GPU sche
 Output: the module marked `gpu.container_module`, holding `gpu.module @hexir_cuda` with one
 `gpu.func ... kernel` per cuda kernel. Each loop bound to `blockIdx.*` / `threadIdx.*` is
 replaced by `gpu.block_id` / `gpu.thread_id`, its trip count becoming the launch geometry,
-recorded on the kernel as `hextir.grid` / `hextir.block` for the manifest. The kernel takes
+recorded on the kernel as `hextir.grid` / `hextir.block` for the manifest; shared
+`hextir.alloc_local` buffers become workgroup attributions and `hextir.barrier` a
+`gpu.barrier`. The kernel takes
 exactly the buffers of the graph op, no more (so the runtime launches it with those
 pointers): nothing is captured from outside, unlike `gpu-kernel-outlining`.
 
@@ -55,13 +57,26 @@ def _outline(kernel: ir.Operation) -> None:
     old_block = kernel.regions[0].blocks[0]
     arg_types = [a.type for a in old_block.arguments]
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
+    shared = [op for op in _walk(kernel, "hextir.alloc_local")
+              if ir.StringAttr(op.attributes["space"]).value == "shared"]
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
     function.operation.attributes[ht.KERNEL] = kernel.attributes[ht.KERNEL]
-    block = function.regions[0].blocks.append(*arg_types)
+    # Shared buffers become workgroup attributions: extra entry-block arguments after the
+    # kernel's own, counted by `workgroup_attributions`.
+    block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in shared))
+    function.operation.attributes["workgroup_attributions"] = ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(64), len(shared))
     with ir.InsertionPoint(block):
         terminator = gpu.ReturnOp([])
-    for old, new in zip(old_block.arguments, block.arguments, strict=True):
+    for old, new in zip(old_block.arguments, block.arguments[:len(arg_types)], strict=True):
         old.replace_all_uses_with(new)
+    for op, attribution in zip(shared, list(block.arguments)[len(arg_types):], strict=True):
+        op.result.replace_all_uses_with(attribution)
+        op.erase()
+    for op in _walk(kernel, "hextir.barrier"):
+        with ir.InsertionPoint(op), op.location:
+            gpu.BarrierOp()
+        op.erase()
     for op in list(old_block.operations):
         if op.name == "func.return":
             continue
@@ -101,6 +116,12 @@ def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]
     for op in _scheduled_loops(function):
         del op.attributes[ht.SCHEDULE]
     return sizes["blockIdx"], sizes["threadIdx"]
+
+
+def _walk(root: ir.Operation, name: str) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+    root.walk(lambda op: (found.append(op) if op.name == name else None) or ir.WalkResult.ADVANCE)
+    return found
 
 
 def _scheduled_loops(function: ir.Operation) -> list[ir.Operation]:

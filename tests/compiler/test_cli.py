@@ -103,14 +103,7 @@ def test_output_of_a_stage_is_valid_input(program, tmp_path, capsys):
     assert "define void @linear_0(ptr" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("saved", [
-    "mlir", "mlir-hetero", "mlir-tir",
-    pytest.param("mlir-linalg", marks=pytest.mark.xfail(strict=True, reason=(
-        "tir_to_loops.py adds the work range again to kernels that already have one: resuming from saved "
-        "-emit=mlir-linalg output fails with 'cpu kernel linear_0 needs exactly one outermost parallel loop, "
-        "found 0'"))),
-    pytest.param("mlir-gpu", marks=pytest.mark.xfail(strict=True, reason="same as mlir-linalg")),
-])
+@pytest.mark.parametrize("saved", ["mlir", "mlir-hetero", "mlir-tir", "mlir-linalg", "mlir-gpu"])
 def test_compilation_resumes_from_a_saved_stage(saved, tmp_path, capsys):
     middle = tmp_path / f"{saved}.mlir"
     assert main([*PYTHON_INPUT, f"-emit={saved}", "-o", str(middle)]) == 0
@@ -226,8 +219,6 @@ def test_shape_error_in_mlir_is_exit_1(tmp_path, capsys):
            "5 rows, got 8" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py _load_mlir parses with ir.Module.parse(text), so every location "
-                   "is '-:LINE:COL' and the error does not name the .mlir file (ir.Module.parseFile keeps it)")
 def test_shape_error_in_mlir_names_the_file(tmp_path, capsys):
     path = _shape_error_file(tmp_path)
     assert main([str(path), "-emit=mlir"]) == 1

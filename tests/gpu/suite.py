@@ -25,6 +25,8 @@ import numpy as np
 # Relative error bounds against the float64 reference, by dtype (summation order differs).
 TOLERANCE = {"float32": 1e-4, "float64": 1e-11}
 CHAINS = ("linear", "linear_bias", "relu", "linear_relu")
+#: (linear, relu) devices for linear+relu: every combination that has a GPU op.
+SPLITS = (("cuda", "cuda"), ("cuda", "cpu"), ("cpu", "cuda"))
 
 
 def build(out: Path, examples: int) -> None:
@@ -42,15 +44,14 @@ def build(out: Path, examples: int) -> None:
               suppress_health_check=list(HealthCheck))
     @given(chain=st.sampled_from(CHAINS), dtype=st.sampled_from(["float32", "float64"]),
            big_axis=st.sampled_from("MKN"), big=interesting, m=small, k=small, n=small,
-           linear_device=st.sampled_from(["cpu", "cuda"]), relu_device=st.sampled_from(["cpu", "cuda"]))
-    def draw(chain, dtype, big_axis, big, m, k, n, linear_device, relu_device):
+           split=st.sampled_from(SPLITS))
+    def draw(chain, dtype, big_axis, big, m, k, n, split):
         dims = {"M": m, "K": k, "N": n, big_axis: big}  # one axis may be large, the others moderate
-        m, k, n = dims["M"], dims["K"], dims["N"]
-        if chain == "relu":
-            linear_device = "cuda" if relu_device == "cpu" else linear_device
-            relu_device = "cuda"  # a relu-only case is about the GPU relu kernel
-        elif chain in ("linear", "linear_bias"):
-            linear_device = "cuda"
+        add(chain, dtype, dims["M"], dims["K"], dims["N"], split)
+
+    def add(chain, dtype, m, k, n, split):
+        # single-op chains put their op on the GPU; linear+relu takes every split with a GPU op
+        linear_device, relu_device = split if chain == "linear_relu" else ("cuda", "cuda")
         specs, fn = _case_function(chain, m, k, n, dtype)
         placement = {"hexir.linear": linear_device, "hexir.relu": relu_device}
         name = f"case{len(cases):03d}"
@@ -58,6 +59,12 @@ def build(out: Path, examples: int) -> None:
         cases.append({"name": name, "chain": chain, "dtype": dtype, "m": m, "k": k, "n": n,
                       "placement": placement, "inputs": [list(s.shape) for s in specs]})
 
+    # Every chain, dtype and split once at awkward sizes, then what hypothesis draws.
+    for chain in CHAINS:
+        for dtype in ("float32", "float64"):
+            for split in (SPLITS if chain == "linear_relu" else SPLITS[:1]):
+                add(chain, dtype, 1, 1, 1, split)
+                add(chain, dtype, 33, 257, 97, split)
     draw()
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
     print(f"built {len(cases)} cases in {out}")
