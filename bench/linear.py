@@ -1,7 +1,7 @@
 """Benchmark: hexir's linear (matrix product) against the baseline, measured in the same run.
 
     python bench/linear.py build bench/modules            # here: compile the modules (needs hexir)
-    python bench/linear.py run bench/modules --device cpu  # hexir cpu kernels vs numpy
+    python bench/linear.py run bench/modules --device cpu --max-gflop 20  # hexir cpu vs numpy
     python bench/linear.py run bench/modules --device cuda # hexir cuda kernels vs cuBLAS (torch)
 
 Weights are arguments, so the modules are small and the data is drawn where it runs. Each
@@ -81,8 +81,9 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray]):
     return launch
 
 
-def run(modules: Path, device: str, repeats: int) -> None:
-    rows = [r for r in json.loads((modules / "modules.json").read_text()) if r["device"] == device]
+def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
+    rows = [r for r in json.loads((modules / "modules.json").read_text())
+            if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9]
     rng = np.random.default_rng(0)
     if device == "cuda":
         import torch
@@ -126,11 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     run_parser.add_argument("--repeats", type=int, default=20)
+    run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
+                            help="skip products of more than this many GFLOP (the cpu's 4096^3 takes minutes)")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out)
     else:
-        run(args.modules, args.device, args.repeats)
+        run(args.modules, args.device, args.repeats, args.max_gflop)
     return 0
 
 

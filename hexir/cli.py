@@ -80,13 +80,13 @@ def _load_python(target: str, specs: list[str], options: Options) -> ir.Module:
 
 def _load_mlir(path_text: str) -> ir.Module:
     try:
-        text = Path(path_text).read_text()
+        Path(path_text).open("rb").close()  # MLIR would say only "could not open"; the OS says why
     except OSError as error:
         raise InputFileError(f"cannot read {path_text!r}: {error.strerror}") from None
     context = make_context()
     with context:
         try:
-            return ir.Module.parse(text)
+            return ir.Module.parseFile(path_text)  # so locations, and errors, name the file
         except ir.MLIRError as error:
             raise InputFileError(f"{path_text}: not valid hexir IR:\n{error}") from None
 

@@ -1,19 +1,26 @@
 """The errors hexir raises: one class per kind, each naming what went wrong and where.
 
 Every error a user can provoke is a `HexirError`; a traceback from inside MLIR is a bug.
-Errors that come from a traced op carry the user's source line (`where`).
+Errors that come from a traced op carry the user's line (`where`, `file:line`) and its
+source text (`source`); errors from a `.mlir` file carry `file:line:column`.
 """
 
 from __future__ import annotations
 
 
 class HexirError(Exception):
-    """Base class of every error hexir reports to a user."""
+    """Base class of every error hexir reports to a user, printed as
 
-    def __init__(self, message: str, where: str | None = None):
+        file:line: message
+            the user's source line
+    """
+
+    def __init__(self, message: str, where: str | None = None, source: str | None = None):
         self.message = message
         self.where = where
-        super().__init__(f"{where}: {message}" if where else message)
+        self.source = source
+        text = f"{where}: {message}" if where else message
+        super().__init__(f"{text}\n    {source}" if source else text)
 
 
 class TraceError(HexirError):

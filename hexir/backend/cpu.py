@@ -17,7 +17,7 @@ from mlir import ir
 from mlir.dialects import llvm as llvm_dialect
 
 from hexir.backend.toolchain import c_compiler, llvm_tool, run_tool
-from hexir.errors import TargetError
+from hexir.errors import CompileError, TargetError
 
 #: x86-64 micro-architecture levels and the /proc/cpuinfo flags each one needs.
 _V1 = ("sse", "sse2")
@@ -44,6 +44,20 @@ def check_cpu(cpu: str) -> None:
 
 def llvm_ir(llvm_module: ir.Module) -> str:
     """The LLVM IR text of a module in the LLVM dialect."""
+    # The translation returns a null module for an op it cannot translate, and printing that
+    # crashes the process: refuse such a module here instead.
+    foreign: list[ir.Operation] = []
+
+    def find_foreign(op: ir.Operation) -> ir.WalkResult:
+        if op.name != "builtin.module" and not op.name.startswith("llvm."):
+            foreign.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    llvm_module.operation.walk(find_foreign, ir.WalkOrder.PRE_ORDER)  # the outermost first
+    if foreign:
+        raise CompileError(f"cannot translate to LLVM IR: '{foreign[0].name}' at {foreign[0].location} is not "
+                           "in the LLVM dialect; expected a module of llvm.* ops only")
     return str(llvm_dialect.translate_module_to_llvmir(llvm_module.operation))
 
 

@@ -112,9 +112,10 @@ def dtype_of(type_: ir.Type) -> str:
         element = ir.ShapedType(type_).element_type
     except ValueError:
         element = type_
-    if element == ir.F32Type.get():
+    # isinstance, not `== ir.F32Type.get()`, which needs an active context
+    if isinstance(element, ir.F32Type):
         return "float32"
-    if element == ir.F64Type.get():
+    if isinstance(element, ir.F64Type):
         return "float64"
     raise TraceError(f"element type {element} is not supported; expected f32 or f64")
 
@@ -134,11 +135,20 @@ def check_dtype(op: str, argument: str, dtype: str) -> None:
         raise TraceError(f"{op}: argument '{argument}' has dtype {dtype}; expected float32 or float64")
 
 
+def check_extents(op: str, argument: str, shape: Sequence[int], dtype: str) -> None:
+    """Only the first axis may be empty: a buffer whose inner axis is 0 has no stride the
+    bare-pointer calling convention can express (nothing would be computed anyway)."""
+    if any(extent == 0 for extent in shape[1:]):
+        raise TraceError(f"{op}: argument '{argument}' is {_describe(shape, dtype)}; only the first axis "
+                         "of a tensor may be empty")
+
+
 def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> tuple[int, int]:
     """Result shape of linear; each operand is (shape, dtype). Raises TraceError."""
     (x_shape, x_dtype), (w_shape, w_dtype) = x, w
     for name, (shape, dtype) in (("x", x), ("w", w)):
         check_dtype("linear", name, dtype)
+        check_extents("linear", name, shape, dtype)
         if len(shape) != 2:
             raise TraceError(
                 f"linear: argument '{name}' must have rank 2, got rank {len(shape)} "
@@ -165,6 +175,7 @@ def elementwise_shape(op: str, x: tuple) -> tuple[int, ...]:
     check_dtype(op, "x", dtype)
     if len(shape) < 1:
         raise TraceError(f"{op}: argument 'x' must have rank >= 1, got a scalar")
+    check_extents(op, "x", shape, dtype)
     return tuple(shape)
 
 

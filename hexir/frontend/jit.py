@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,11 @@ from typing import Any
 import hexir_runtime
 import numpy as np
 from mlir import ir
-from typeguard import typechecked
+from typeguard import TypeCheckError, check_type
 
 from hexir.errors import TraceError
 from hexir.frontend.tensor import TensorSpec
-from hexir.frontend.trace import current_device, trace
+from hexir.frontend.trace import current_device, trace, user_where
 from hexir.passes.pipeline import Options, compile_module, parse_placement, parse_target
 
 
@@ -36,7 +37,7 @@ class JitFunction:
         for parameter in parameters:
             if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
                 raise TraceError(f"@hexir.jit: {fn.__qualname__} takes {parameter}; only plain "
-                                 "positional tensor arguments are supported")
+                                 "positional tensor arguments are supported", *user_where())
         self.arg_names = tuple(p.name for p in parameters)
         functools.update_wrapper(self, fn)
 
@@ -45,7 +46,7 @@ class JitFunction:
         name = self.fn.__qualname__
         if len(args) != len(self.arg_names):
             raise TraceError(f"{name}() takes {len(self.arg_names)} argument(s) "
-                             f"({', '.join(self.arg_names)}), got {len(args)}")
+                             f"({', '.join(self.arg_names)}), got {len(args)}", *user_where())
         specs = []
         for arg_name, value in zip(self.arg_names, args, strict=True):
             if isinstance(value, TensorSpec):
@@ -53,10 +54,10 @@ class JitFunction:
                 continue
             if not isinstance(value, np.ndarray):
                 raise TraceError(f"{name}(): argument '{arg_name}' must be a numpy array, "
-                                 f"got {type(value).__name__}")
+                                 f"got {type(value).__name__}", *user_where())
             if value.dtype.name not in ("float32", "float64"):
                 raise TraceError(f"{name}(): argument '{arg_name}' has dtype {value.dtype}; "
-                                 "expected float32 or float64")
+                                 "expected float32 or float64", *user_where())
             specs.append(TensorSpec.of(value))
         return tuple(specs)
 
@@ -80,7 +81,31 @@ class JitFunction:
         return self._compiled[key].main(*args)
 
 
-@typechecked
+def _checked(fn: Callable) -> Callable:
+    """`fn` with its arguments checked against its annotations by typeguard; a mismatch is a
+    TraceError naming the argument, the expected and actual types, and the user's line."""
+    signature = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            arguments = signature.bind(*args, **kwargs).arguments
+        except TypeError as error:
+            raise TraceError(f"hexir.{fn.__name__}(): {error}", *user_where()) from None
+        for name, value in arguments.items():
+            parameter = signature.parameters[name]
+            for item in value if parameter.kind is parameter.VAR_POSITIONAL else (value,):
+                try:
+                    check_type(item, hints[name])
+                except TypeCheckError:
+                    raise TraceError(f"hexir.{fn.__name__}(): argument '{name}' must be "
+                                     f"{parameter.annotation}, got {type(item).__name__}", *user_where()) from None
+        return fn(*args, **kwargs)
+    return checked
+
+
+@_checked
 def jit(fn: Callable | None = None, *, placement: str | dict | None = None,
         target: str | None = None) -> Any:
     """Compile `fn` on its first call for each argument signature, then run the compiled code.
@@ -94,7 +119,7 @@ def jit(fn: Callable | None = None, *, placement: str | dict | None = None,
     return JitFunction(fn, options)
 
 
-@typechecked
+@_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
            target: str | None = None) -> Path:
     """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs) into a .hxb file."""

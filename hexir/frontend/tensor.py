@@ -63,9 +63,12 @@ class Tensor:
         return f"Tensor({self.spec})"
 
     def _concrete(self, what: str) -> Any:
+        from hexir.frontend.trace import user_where  # trace imports this module
+
         raise TraceError(
             f"{what} needs the values of a traced {self.spec} tensor, which exist only when the "
-            "compiled function runs; use hexir ops (hexir.linear, hexir.relu, hexir.print) instead")
+            "compiled function runs; use hexir ops (hexir.linear, hexir.relu, hexir.print) instead",
+            *user_where())
 
     def __bool__(self) -> bool:
         return self._concrete("bool()")

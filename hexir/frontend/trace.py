@@ -12,7 +12,7 @@ import linecache
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,18 +48,19 @@ def user_location() -> ir.Location:
     return ir.Location.file(info.filename, info.lineno, 1)
 
 
-def user_where() -> str | None:
-    """`file:line` of the user's line, followed by the source text when it can be read."""
+def user_where() -> tuple[str | None, str | None]:
+    """`file:line` of the user's line and its source text (None for what cannot be found);
+    an error takes both: `TraceError(message, *user_where())`."""
     info = user_frame()
     if info is None:
-        return None
+        return None, None
     source = linecache.getline(info.filename, info.lineno).strip()
-    return f"{info.filename}:{info.lineno}" + (f"\n    {source}\n" if source else "")
+    return f"{info.filename}:{info.lineno}", source or None
 
 
 def _at_user_line(error: HexirError) -> HexirError:
     if error.where is None:
-        error = type(error)(error.message, user_where())
+        error = type(error)(error.message, *user_where())
     return error
 
 
@@ -71,11 +72,17 @@ def _device_stack() -> list[str]:
     return _state.devices
 
 
-@contextmanager
-def on(device: str) -> Iterator[None]:
-    """Place the ops built inside the block on `device` ("cpu" or "cuda")."""
+def on(device: str) -> AbstractContextManager[None]:
+    """Place the ops built inside the `with` block on `device` ("cpu" or "cuda")."""
+    # checked here, not in the generator, so the error's line is the user's `with` line
+    # rather than contextlib's __enter__
     if device not in hx.DEVICES:
         raise _at_user_line(PlacementError(f"on(): unknown device {device!r}; expected one of {', '.join(hx.DEVICES)}"))
+    return _placed_on(device)
+
+
+@contextmanager
+def _placed_on(device: str) -> Iterator[None]:
     stack = _device_stack()
     stack.append(device)
     try:
@@ -95,14 +102,16 @@ def current_device() -> str:
 class _Trace:
     context: ir.Context
     names: dict[int, str]                                    # id(array) -> a readable name
-    constants: dict[int, Tensor] = field(default_factory=dict)
+    # id(array) -> (array, its constant). Holding the array keeps it alive for the whole
+    # trace: a freed temporary's id would be reused by the next one, which would then get
+    # the first one's constant.
+    constants: dict[int, tuple[np.ndarray, Tensor]] = field(default_factory=dict)
 
     def constant(self, array: np.ndarray, role: str) -> Tensor:
         if id(array) not in self.constants:
             name = self.names.get(id(array), f"const{len(self.constants)}")
-            value = hx.constant(array, name)
-            self.constants[id(array)] = Tensor(TensorSpec.of(array), value)
-        return self.constants[id(array)]
+            self.constants[id(array)] = (array, Tensor(TensorSpec.of(array), hx.constant(array, name)))
+        return self.constants[id(array)][1]
 
 
 def _current() -> _Trace:
@@ -116,14 +125,23 @@ def _current() -> _Trace:
 def _captured_names(fn: Callable) -> dict[int, str]:
     """Names of the numpy arrays a function can see (closure, then globals), for the IR."""
     names: dict[int, str] = {}
-    scopes = [fn.__globals__]
-    if fn.__closure__:
-        scopes.append(dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__), strict=True)))
-    for scope in scopes:
+    for scope in (fn.__globals__, _closure_values(fn)):
         for name, value in scope.items():
             if isinstance(value, np.ndarray) and not name.startswith("_"):
                 names[id(value)] = name
     return names
+
+
+def _closure_values(fn: Callable) -> dict[str, object]:
+    """The free variables of `fn` that have a value: a cell stays empty until the enclosing
+    function assigns its variable, which may be after `fn` is traced, or never."""
+    values = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:
+            continue
+    return values
 
 
 def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str]) -> ir.Module:
@@ -160,7 +178,7 @@ def _outputs(result: object) -> list[Tensor]:
         elif not isinstance(item, Tensor):
             raise TraceError(
                 f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
-                f"output {position} is a {type(item).__name__}", user_where())
+                f"output {position} is a {type(item).__name__}", *user_where())
     return items
 
 

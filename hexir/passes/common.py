@@ -16,6 +16,17 @@ def main_function(module: ir.Module) -> ir.Operation:
     raise CompileError("the module has no func.func @main (the host program)")
 
 
+def argument_names(main: ir.Operation) -> list[str]:
+    """The names of @main's arguments: its `hexir.arg_names` (the traced function's
+    parameters) when it has one name per argument, else arg0, arg1, ..."""
+    count = len(ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+    if "hexir.arg_names" in main.attributes:
+        names = [ir.StringAttr(name).value for name in ir.ArrayAttr(main.attributes["hexir.arg_names"])]
+        if len(names) == count:
+            return names
+    return [f"arg{i}" for i in range(count)]
+
+
 def kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
     """The kernel functions of a module (tagged hextir.kernel), optionally of one device:
     `func.func`s at the top level and, once outlined, `gpu.func`s inside `gpu.module`s."""

@@ -57,9 +57,12 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
 
 
 def _consumer_device(op: ir.Operation) -> str:
-    """Where an op needs its operands: the host for print and return."""
+    """Where an op needs its operands: the host for print and return, its source device for
+    a transfer (so partitioning a partitioned module adds nothing)."""
     if op.name in ("hexir.print", "func.return"):
         return "cpu"
+    if op.name == "hexir.transfer":
+        return hx.string_attr(op, "source")
     return hx.device_of(op)
 
 

@@ -51,6 +51,10 @@ class DeviceBuffer:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+#: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
+OLDEST_TARGET = 75
+
+
 def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int]:
     """The (architecture, blob) to load on a GPU of compute capability major.minor."""
     own = major * 10 + minor
@@ -64,9 +68,11 @@ def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int
     usable = [cc for cc in ptx if cc <= own]
     if usable:
         return ptx[max(usable)]
+    advice = (f"recompile with -target=cuda:sm_{own}" if own >= OLDEST_TARGET else
+              f"hexir generates code for sm_{OLDEST_TARGET} and newer only")
     raise DeviceError(
         f"this module has CUDA code for {', '.join(sorted(images))}, none of which runs on this GPU "
-        f"(sm_{own}); recompile with -target=cuda:sm_{own}")
+        f"(sm_{own}); {advice}")
 
 
 class CudaDevice:
@@ -95,40 +101,43 @@ class CudaDevice:
         self.gpu_name = raw.split(b"\0")[0].decode()
         self.name = f"cuda ({self.gpu_name})"
         self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
-        self._make_current()
+        self.make_current()
 
-    def _make_current(self) -> None:
+    def make_current(self) -> None:
+        """Bind this device's context to the calling thread (CUDA contexts are per thread)."""
         check(self.driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def alloc(self, shape: tuple[int, ...], dtype: str) -> DeviceBuffer:
         """Device memory for an array (at least one byte, so that every buffer has an address)."""
-        self._make_current()
+        self.make_current()
         buffer = DeviceBuffer(None, shape, dtype)
         buffer.pointer = check(self.driver.cuMemAlloc(max(buffer.nbytes, 1)), "cuMemAlloc")
         return buffer
 
     def free(self, buffer: DeviceBuffer) -> None:
+        self.make_current()
         check(self.driver.cuMemFree(buffer.pointer), "cuMemFree")
 
     def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
         host = np.ascontiguousarray(array, dtype=buffer.dtype)
         if buffer.nbytes:
-            self._make_current()
+            self.make_current()
             check(self.driver.cuMemcpyHtoD(buffer.pointer, host.ctypes.data, buffer.nbytes), "cuMemcpyHtoD")
 
     def copy_out(self, buffer: DeviceBuffer) -> np.ndarray:
         host = np.empty(buffer.shape, buffer.dtype)
         if buffer.nbytes:
-            self._make_current()
+            self.make_current()
             check(self.driver.cuMemcpyDtoH(host.ctypes.data, buffer.pointer, buffer.nbytes), "cuMemcpyDtoH")
         return host
 
     def synchronize(self) -> None:
+        self.make_current()
         check(self.driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def load(self, hxb: Hxb) -> CudaProgram:
         """Load the fitting image once per module and look up every CUDA kernel in it."""
-        self._make_current()
+        self.make_current()
         modules: dict[int, Any] = {}
         kernels: dict[int, tuple[Any, dict]] = {}
         for index, kernel in enumerate(hxb.manifest["kernels"]):
@@ -161,6 +170,7 @@ class CudaProgram:
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
         function, launch = self.kernels[kernel]
+        self.device.make_current()  # the context is per thread; this one may not have it yet
         # kernelParams: an array of pointers, each to one argument's value (a device pointer).
         values = [ctypes.c_void_p(int(buffer.pointer)) for buffer in buffers]
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))

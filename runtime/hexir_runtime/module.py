@@ -81,9 +81,17 @@ class Module:
         kinds = {kernel["device"] for kernel in manifest["kernels"]}
         kinds |= {spec["device"] for entry in manifest["entries"] for spec in entry["buffers"]}
         candidates = _device_objects(device, kinds)
+        try:
+            devices, loaded = _load_on(hxb, kinds, candidates)
+        except DeviceError as error:
+            if device != "auto" or "cuda" not in candidates[0].kinds:
+                raise
+            # a GPU is there but cannot run this module (e.g. no image for its architecture)
+            warnings.warn(f"the GPU cannot run this module ({error}); running the CUDA kernels on the cpu",
+                          RuntimeWarning, stacklevel=3)
+            candidates = [CpuDevice()]
+            devices, loaded = _load_on(hxb, kinds, candidates)
         self.device_name = candidates[0].name
-        devices = _place(kinds, candidates)
-        loaded = {place: place.load(hxb) for place in devices.values()}  # each device loads once
         programs = [loaded[devices[kernel["device"]]] for kernel in manifest["kernels"]]
         constants = Constants(hxb)
         self._signatures: dict[str, Signature] = {}
@@ -148,6 +156,12 @@ def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> tuple[np.
             raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
         checked.append(np.ascontiguousarray(array))
     return tuple(checked)
+
+
+def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Any]]:
+    """Which device runs each manifest device, and each device's loaded program (loaded once)."""
+    devices = _place(kinds, candidates)
+    return devices, {place: place.load(hxb) for place in devices.values()}
 
 
 def _place(kinds: set[str], candidates: list[Device]) -> dict[str, Device]:

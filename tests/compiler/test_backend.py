@@ -16,7 +16,7 @@ from hexir.backend.toolchain import llvm_tool, run_tool
 from hexir.errors import CompileError, TargetError
 from hexir.passes.pipeline import Options, compile_module, parse_target
 
-from .conftest import LLVM_BIN
+from .conftest import LLVM_BIN, parse
 
 W1 = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
 W2 = np.random.default_rng(6).standard_normal((16, 4)).astype(np.float32)
@@ -105,6 +105,13 @@ def test_bad_target_is_a_target_error(text, message):
 def test_compile_kernels_refuses_an_unknown_level():
     with pytest.raises(TargetError, match=r"cpu target 'pentium4' is not supported; expected one of x86-64, "):
         cpu_backend.compile_kernels(None, "pentium4")
+
+
+def test_llvm_ir_refuses_ops_outside_the_llvm_dialect():
+    module = parse("func.func @kernel() { return }")
+    with pytest.raises(CompileError, match=r"cannot translate to LLVM IR: 'func.func' at .* is not in the LLVM "
+                                           r"dialect; expected a module of llvm.\* ops only"):
+        cpu_backend.llvm_ir(module)
 
 
 def test_parse_target_keeps_the_placement():

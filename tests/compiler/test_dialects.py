@@ -192,6 +192,12 @@ def test_splat_constant_from_text():
     np.testing.assert_array_equal(back, np.full((2, 3), 1.5))
 
 
+def test_constant_array_and_dtype_need_no_active_context():
+    (value, _) = _in_function(lambda: hx.constant(np.full((2,), 0.25, np.float64), "W"))
+    assert hx.dtype_of(value.type) == "float64"
+    np.testing.assert_array_equal(hx.constant_array(value.owner), [0.25, 0.25])
+
+
 # ---- hextir: schedules and kernel tags --------------------------------------------------
 
 @pytest.mark.parametrize("kind", ht.LOOP_KINDS)

@@ -3,6 +3,8 @@ input is a HexirError naming the op or argument, expected vs actual, and the use
 
 from __future__ import annotations
 
+import linecache
+
 import numpy as np
 import pytest
 from mlir import ir
@@ -29,9 +31,10 @@ def ops_of(module: ir.Module) -> list[ir.Operation]:
 
 
 def assert_at(error: HexirError, tag: str) -> None:
-    """The error's `where` is this file's line that ends in `# tag`."""
-    expected = f"{__file__}:{line_of(__file__, tag)}"
-    assert error.where is not None and error.where.startswith(expected), (error.where, expected)
+    """The error's `where` is this file's line that ends in `# tag`, and `source` is its text."""
+    line = line_of(__file__, tag)
+    assert error.where == f"{__file__}:{line}"
+    assert error.source == linecache.getline(__file__, line).strip()
 
 
 # ---- what a trace builds -----------------------------------------------------------------
@@ -99,9 +102,6 @@ def test_an_array_used_twice_is_one_constant():
     assert len(constants) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="trace.py _Trace.constant keys constants by id(array) without keeping "
-                   "the array alive: a temporary weight is freed after its op and the next temporary reuses "
-                   "its id, so it silently gets the first one's constant")
 def test_temporary_weights_are_distinct_constants():
     @hexir.jit
     def f(x):
@@ -116,8 +116,6 @@ def test_temporary_weights_are_distinct_constants():
     assert values == [float(value) for value in range(1, 21)]
 
 
-@pytest.mark.xfail(strict=True, reason="trace.py _captured_names reads every closure cell: a free variable not "
-                   "assigned yet (and not used on this path) makes tracing fail with ValueError: Cell is empty")
 def test_closure_variable_assigned_later_does_not_break_tracing():
     use_bias = False
 
@@ -192,12 +190,9 @@ def test_linear_of_wrong_rank():
                                          r"\(float32\[2, 8, 1\]\)") as caught:
         f.trace(TensorSpec((2, 8, 1), "float32"))
     assert_at(caught.value, "rank")
-    assert "return hexir.linear(x, W1)  # rank" in caught.value.where
+    assert caught.value.source == "return hexir.linear(x, W1)  # rank"
 
 
-@pytest.mark.xfail(strict=True, reason="errors.py joins where and message as f'{where}: {message}', but "
-                   "trace.py user_where() ends with the source line and a newline, so the message starts a line "
-                   "with ': ' (e.g. 'mlp.py:17\\n    h = ...\\n: linear: inner dimensions differ')")
 def test_error_text_reads_file_line_message_then_source():
     @hexir.jit
     def f(x):
@@ -296,8 +291,6 @@ def test_on_an_unknown_device_is_a_placement_error():
         f.trace(X)
 
 
-@pytest.mark.xfail(strict=True, reason="trace.py on() is a @contextmanager generator: user_frame() stops at "
-                   "contextlib.py's __enter__ frame, so `where` names contextlib.py, not the user's line")
 def test_on_an_unknown_device_points_at_the_with_line():
     @hexir.jit
     def f(x):
@@ -327,8 +320,6 @@ def test_concrete_use_of_a_tensor_is_a_trace_error(use, message):
         JitFunction(use, hexir.jit(lambda x: x).options).trace(X)
 
 
-@pytest.mark.xfail(strict=True, reason="tensor.py Tensor._concrete raises TraceError without `where`: an `if` "
-                   "on a tensor does not name the user's line (STYLE: converting a tensor names the line)")
 def test_concrete_use_of_a_tensor_names_the_line():
     @hexir.jit
     def f(x):
@@ -359,8 +350,6 @@ def test_bad_call_arguments(args, message):
         one_arg.trace(*args)
 
 
-@pytest.mark.xfail(strict=True, reason="jit.py JitFunction.specs_of raises TraceError without `where`, so a bad "
-                   "argument (a list, an int array, a wrong count) does not name the calling line")
 def test_bad_call_arguments_name_the_calling_line():
     with pytest.raises(TraceError) as caught:
         one_arg.trace([1.0, 2.0])  # list-argument
@@ -375,6 +364,19 @@ def test_bad_call_arguments_name_the_calling_line():
 def test_bad_tensor_spec(shape, dtype, message):
     with pytest.raises(TraceError, match=message):
         TensorSpec(shape, dtype)
+
+
+def test_wrong_argument_types_of_the_api_are_trace_errors():
+    with pytest.raises(TraceError, match=r"hexir.jit\(\): argument 'placement' must be str \| dict \| None, "
+                                         r"got int") as caught:
+        hexir.jit(placement=3)  # jit-placement-type
+    assert_at(caught.value, "jit-placement-type")
+    with pytest.raises(TraceError, match=r"hexir.jit\(\): argument 'fn' must be Callable \| None, got str"):
+        hexir.jit("mlp")
+    with pytest.raises(TraceError, match=r"hexir.export\(\): argument 'path' must be str \| Path, got int"):
+        hexir.export(mlp, 3, X)
+    with pytest.raises(TraceError, match=r"hexir.jit\(\): too many positional arguments"):
+        hexir.jit(mlp, "hexir.linear=cuda")
 
 
 def test_keyword_only_parameters_are_refused_at_decoration():

@@ -160,9 +160,6 @@ def test_partitioning_a_cpu_graph_twice_changes_nothing():
     assert lower(once, "mlir-hetero") == once
 
 
-@pytest.mark.xfail(strict=True, reason="partition.py _consumer_device treats a hexir.transfer as reading on its "
-                   "target device: re-partitioning saved -emit=mlir-hetero output inserts a transfer of every "
-                   "transfer (source='cpu' for a value already on cuda) and moves constants read by transfers")
 def test_partitioning_a_split_graph_twice_changes_nothing():
     once = lower(MLP.format(linear="cuda", relu="cpu"), "mlir-hetero")
     assert lower(once, "mlir-hetero") == once

@@ -121,13 +121,18 @@ def test_integer_constant_is_rejected():
         lower(text, "mlir")
 
 
-@pytest.mark.xfail(strict=True, reason="verify.py checks @main's argument dtypes outside its try block: the "
-                   "TraceError has no location (where is None) and does not say which argument")
 def test_integer_argument_is_reported_at_main():
     text = _linear("tensor<2x8xi32>", "tensor<8x4xi32>", "tensor<2x4xi32>")
-    with pytest.raises(TraceError, match=r"element type i32 is not supported; expected f32 or f64") as caught:
+    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': element type i32 is not supported; "
+                                         r"expected f32 or f64$"):
         lower(text, "mlir")
-    assert caught.value.where is not None and caught.value.where.startswith("-:2:")
+
+
+def test_argument_is_named_by_its_traced_name():
+    text = graph("  return", args="%x: tensor<2xi32>").replace(
+        "{", 'attributes {hexir.arg_names = ["x"]} {', 1)
+    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'x': element type i32 is not supported"):
+        lower(text, "mlir")
 
 
 def test_foreign_op_in_main_is_rejected_by_name():
@@ -151,42 +156,57 @@ def test_every_stage_verifies_first(stage):
 
 # ---- inputs verify lets through, which later stages crash on --------------------------------
 
-@pytest.mark.xfail(strict=True, reason="verify.py accepts dynamic dimensions: lower-to-tir then loops to "
-                   "-2**63 and -emit=llvm / -emit=hxb segfaults in translate_module_to_llvmir")
-def test_dynamic_shape_is_rejected():
+@pytest.mark.parametrize("stage", ["mlir", "llvm"])
+def test_dynamic_shape_is_rejected(stage):
     text = _linear("tensor<?x8xf32>", "tensor<8x4xf32>", "tensor<?x4xf32>")
-    with pytest.raises(TraceError, match=r"dynamic|static"):
+    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': tensor<\?x8xf32> has a dynamic shape; "
+                                         r"expected a static shape$"):
+        lower(text, stage)
+
+
+def test_dynamic_shape_inside_main_is_reported_at_its_op():
+    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<?x4xf32>
+  "hexir.print"(%1) : (tensor<?x4xf32>) -> ()
+  return""")
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: result 0: tensor<\?x4xf32> has a dynamic shape; "
+                                         r"expected a static shape$"):
         lower(text, "mlir")
 
 
-@pytest.mark.xfail(strict=True, reason="verify.py does not require @main's arguments and results to be tensors: "
-                   "an f32 result raises a bare ValueError from shape_of in _check(func.return); an f32 "
-                   "argument passes (dtype_of reads it as float32) and packaging raises the ValueError")
 @pytest.mark.parametrize("body, results", [("  return %s : f32", "f32"), ("  return", "")],
                          ids=["returned", "unused"])
 def test_scalar_argument_is_rejected(body, results):
-    with pytest.raises(TraceError, match=r"tensor"):
+    with pytest.raises(TraceError, match=r"^-:2:1: main: (argument 'arg0'|result 0): f32 is not a tensor; "
+                                         r"expected a tensor of f32 or f64$"):
         lower(graph(body, args="%s: f32", results=results), "mlir")
 
 
-@pytest.mark.xfail(strict=True, reason="verify.py checks only a constant's result dtype, not that its value "
-                   "has the result's type: -emit=hxb then fails with a numpy ValueError (shape) or silently "
-                   "rounds f64 values to f32 (dtype)")
 @pytest.mark.parametrize("value, result", [("dense<[1.0, 2.0, 3.0]> : tensor<3xf32>", "tensor<2xf32>"),
                                            ("dense<[1.0, 2.0]> : tensor<2xf64>", "tensor<2xf32>")],
                          ids=["shape", "dtype"])
 def test_constant_value_must_have_the_result_type(value, result):
     text = graph(f'  %0 = "hexir.constant"() {{device = "auto", name = "c", value = {value}}} : () -> {result}\n'
                  f"  return %0 : {result}", args="", results=result)
-    with pytest.raises(TraceError, match=r"constant"):
+    with pytest.raises(TraceError, match=rf"^-:3:8: constant: value has type {value.split(' : ')[1]}, expected the "
+                                         rf"result type {result}$"):
         lower(text, "mlir")
 
 
-@pytest.mark.xfail(strict=True, reason="verify.py does not check that a hexir.call's callee is a kernel of the "
-                   "module: packaging raises KeyError: 'nope'")
 def test_call_of_an_unknown_kernel_is_rejected():
     text = graph('  %0 = "hexir.call"(%x) {callee = @nope, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>} '
                  ": (tensor<2xf32>) -> tensor<2xf32>\n  return %0 : tensor<2xf32>",
                  args="%x: tensor<2xf32>", results="tensor<2xf32>")
-    with pytest.raises(TraceError, match=r"nope"):
+    with pytest.raises(TraceError, match=r"^-:3:8: call: @nope is not a kernel of this module; expected a "
+                                         r"func.func with hextir.kernel or a gpu.func in a gpu.module$"):
+        lower(text, "mlir")
+
+
+def test_call_of_a_cpu_twin_is_rejected():
+    """A cuda kernel's cpu twin runs only in its place; the manifest has no entry of its own for it."""
+    twin = ('func.func public @relu_0_cpu(%arg0: memref<2xf32>, %arg1: memref<2xf32>) attributes '
+            '{hextir.fallback_of = @relu_0, hextir.kernel = #hextir.kernel<"cpu", "relu">} {\n  return\n}\n')
+    text = twin + graph('  %0 = "hexir.call"(%x) {callee = @relu_0_cpu, device = "cpu", '
+                        'operandSegmentSizes = array<i32: 1, 0, 0>} : (tensor<2xf32>) -> tensor<2xf32>\n'
+                        '  return %0 : tensor<2xf32>', args="%x: tensor<2xf32>", results="tensor<2xf32>")
+    with pytest.raises(TraceError, match=r"call: @relu_0_cpu is not a kernel of this module"):
         lower(text, "mlir")

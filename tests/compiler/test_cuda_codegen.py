@@ -1,0 +1,491 @@
+"""The compiler's CUDA output, checked without a GPU: the scheduled and outlined IR, the manifest
+of a cuda-placed module (launch geometry, images, cpu fallbacks, transfers), the CUBIN (an ELF
+for EM_CUDA of the requested SM, holding the kernels) and the PTX, bad targets refused before
+any pass runs, and the cuda module's cpu fallbacks and reference run compared with numpy.
+
+The launch geometry is computed here from the shapes and the schedule's tile sizes
+(`hexir.passes.gpu_schedule`), never copied from the compiler's output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import hexir_runtime
+import numpy as np
+import pytest
+from hexir_runtime import format as hxb
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import hexir
+import hexir.cli
+from hexir.backend import cuda as cuda_backend
+from hexir.errors import TargetError
+from hexir.passes import gpu_schedule
+from hexir.passes.pipeline import CUDA_ARCHS
+
+from .conftest import LLVM_BIN, filecheck, lower
+
+ON_CUDA = (("hexir.linear", "cuda"), ("hexir.relu", "cuda"))
+EM_CUDA = 190
+
+# x[3, 5] @ W[5, 7], then relu: sizes no block divides, distinct from the schedule's constants
+PROGRAM = """\
+func.func @main(%arg0: tensor<3x5xf32>) -> tensor<3x7xf32> {
+  %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>} : () -> tensor<5x7xf32>
+  %1 = "hexir.linear"(%arg0, %0) {device = "auto"} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
+  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<3x7xf32>) -> tensor<3x7xf32>
+  return %2 : tensor<3x7xf32>
+}
+"""
+
+RELU_3D = """\
+func.func @main(%arg0: tensor<2x3x5xf64>) -> tensor<2x3x5xf64> {
+  %0 = "hexir.relu"(%arg0) {device = "auto"} : (tensor<2x3x5xf64>) -> tensor<2x3x5xf64>
+  return %0 : tensor<2x3x5xf64>
+}
+"""
+
+
+# ---- the scheduled and the outlined IR --------------------------------------------------------
+
+
+def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
+    filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), """
+        CHECK-LABEL: func.func public @linear_0(
+        CHECK-SAME: %{{.+}}: memref<3x5xf32>, %{{.+}}: memref<5x7xf32>, %{{.+}}: memref<3x7xf32>)
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">
+        CHECK: arith.cmpi ult, %{{.+}}, %c3{{(_[0-9]+)?}} : index
+        CHECK: arith.cmpi ult, %{{.+}}, %c7{{(_[0-9]+)?}} : index
+        CHECK: scf.if
+        CHECK: #hextir.loop<"parallel", "threadIdx.x">
+        CHECK-NEXT: #hextir.loop<"parallel", "threadIdx.y">
+        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
+        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.y">
+        CHECK-NEXT: return
+
+        CHECK-LABEL: func.func public @linear_0_cpu(
+        CHECK-SAME: hextir.fallback_of = @linear_0, hextir.kernel = #hextir.kernel<"cpu", "linear">
+        CHECK-NOT: Idx
+        CHECK: #hextir.loop<"parallel", "">
+        CHECK-NEXT: return
+
+        CHECK-LABEL: func.func public @relu_1(
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "relu">
+        CHECK: arith.cmpi ult, %{{.+}}, %c21{{(_[0-9]+)?}} : index
+        CHECK: #hextir.loop<"parallel", "threadIdx.x">
+        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
+        CHECK-NEXT: return
+
+        CHECK-LABEL: func.func @main(
+        CHECK: "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
+        CHECK: "hexir.call"({{.+}}) {callee = @linear_0, device = "cuda"
+        CHECK: "hexir.call"({{.+}}) {callee = @relu_1, device = "cuda"
+        CHECK: "hexir.transfer"({{.+}}) {source = "cuda", target = "cpu"}
+    """)
+
+
+def test_tir_relu_of_any_rank_is_one_flat_guarded_axis():
+    filecheck(lower(RELU_3D, "mlir-tir", placement=ON_CUDA), """
+        CHECK-LABEL: func.func public @relu_0(
+        CHECK: memref.collapse_shape %arg0 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
+        CHECK: memref.collapse_shape %arg1 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
+        CHECK: arith.cmpi ult, %{{.+}}, %c30{{(_[0-9]+)?}} : index
+        CHECK: arith.maximumf
+        CHECK: #hextir.loop<"parallel", "threadIdx.x">
+        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
+    """)
+
+
+def test_gpu_stage_outlines_the_cuda_kernels_into_one_gpu_module():
+    text = lower(PROGRAM, "mlir-gpu", placement=ON_CUDA)
+    threads = gpu_schedule.TILE // gpu_schedule.PER
+    filecheck(text, f"""
+        CHECK: module attributes {{gpu.container_module}}
+        CHECK: func.func public @linear_0_cpu(
+        CHECK: gpu.module @hexir_cuda {{
+        CHECK: gpu.func @linear_0(%{{{{[a-z0-9]+}}}}: memref<3x5xf32>, %{{{{[a-z0-9]+}}}}: memref<5x7xf32>,
+        CHECK-SAME: %{{{{[a-z0-9]+}}}}: memref<3x7xf32>)
+        CHECK-SAME: kernel
+        CHECK-SAME: hextir.block = array<i64: {threads}, {threads}, 1>, hextir.grid = array<i64: 1, 1, 1>
+        CHECK-DAG: gpu.block_id y
+        CHECK-DAG: gpu.block_id x
+        CHECK-DAG: gpu.thread_id y
+        CHECK-DAG: gpu.thread_id x
+        CHECK: arith.cmpi ult
+        CHECK: gpu.return
+        CHECK: gpu.func @relu_1(%{{{{[a-z0-9]+}}}}: memref<3x7xf32>, %{{{{[a-z0-9]+}}}}: memref<3x7xf32>) kernel
+        CHECK-SAME: hextir.block = array<i64: {gpu_schedule.ELEMENTWISE_BLOCK}, 1, 1>, hextir.grid = array<i64: 1, 1, 1>
+        CHECK: gpu.block_id x
+        CHECK: gpu.thread_id x
+        CHECK: gpu.return
+        CHECK: func.func @main(
+    """)
+    gpu_module = text[text.index("gpu.module @hexir_cuda"):text.index("func.func @main(")]
+    for leftover in ("hextir.schedule", "hextir.load", "hextir.store", "hextir.alloc_local", "hextir.barrier"):
+        assert leftover not in gpu_module, f"the gpu.module still has {leftover!r}"
+    assert "func.func public @linear_0(" not in text and "func.func public @relu_1(" not in text
+
+
+# ---- compiling modules --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """`build(chain, dtype, m, k, n, linear=..., relu=..., target=...)`: the path of a compiled
+    module whose inputs are x (and the weights, as arguments), made once per module."""
+    directory = tmp_path_factory.mktemp("cuda-codegen")
+    _compiled: dict[tuple, Path] = {}
+
+    def make(chain: str, dtype: str, m: int, k: int, n: int, linear: str = "cuda", relu: str = "cuda",
+             target: str | None = None) -> Path:
+        key = (chain, dtype, m, k, n, linear, relu, target)
+        if key not in _compiled:
+            specs, fn = case(chain, dtype, m, k, n)
+            path = directory / f"module{len(_compiled)}.hxb"
+            _compiled[key] = hexir.export(fn, path, *specs, placement={"hexir.linear": linear, "hexir.relu": relu},
+                                          target=target)
+        return _compiled[key]
+
+    return make
+
+
+def case(chain: str, dtype: str, m: int, k: int, n: int):
+    """The specs and function of a chain; `relu3` is a rank-3 relu of [m, k, n], `relu1` of [m]."""
+    spec = hexir.TensorSpec
+    if chain == "relu1":
+        return (spec((m,), dtype),), lambda x: hexir.relu(x)
+    if chain == "relu3":
+        return (spec((m, k, n), dtype),), lambda x: hexir.relu(x)
+    if chain == "linear_bias":
+        return (spec((m, k), dtype), spec((k, n), dtype), spec((n,), dtype)), lambda x, w, b: hexir.linear(x, w, b)
+    if chain == "linear_relu":
+        return (spec((m, k), dtype), spec((k, n), dtype)), lambda x, w: hexir.relu(hexir.linear(x, w))
+    return (spec((m, k), dtype), spec((k, n), dtype)), lambda x, w: hexir.linear(x, w)
+
+
+def numpy_of(chain: str, arrays: list[np.ndarray]) -> np.ndarray:
+    wide = [array.astype(np.float64) for array in arrays]
+    if chain.startswith("relu"):
+        return np.maximum(wide[0], 0)
+    result = wide[0] @ wide[1]
+    if chain == "linear_bias":
+        result = result + wide[2]
+    return np.maximum(result, 0) if chain == "linear_relu" else result
+
+
+def read(path: Path) -> tuple[dict, hxb.Hxb]:
+    module = hxb.read(path)
+    return module.manifest, module
+
+
+def ceil_div(a: int, b: int) -> int:
+    return max(1, math.ceil(a / b))
+
+
+# ---- the manifest ------------------------------------------------------------------------------
+
+LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031)]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), LINEAR_SHAPES, ids=lambda d: str(d))
+def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
+    (kernel,) = read(build("linear", "float32", m, k, n))[0]["kernels"]
+    tile, threads = gpu_schedule.TILE, gpu_schedule.TILE // gpu_schedule.PER
+    assert kernel["launch"] == {"grid": [ceil_div(n, tile), ceil_div(m, tile), 1], "block": [threads, threads, 1],
+                                "shared_bytes": 0}
+    grid, block = kernel["launch"]["grid"], kernel["launch"]["block"]
+    assert grid[0] * tile >= n > (grid[0] - 1) * tile and grid[1] * tile >= m > (grid[1] - 1) * tile
+    assert math.prod(block) <= 1024
+
+
+@pytest.mark.parametrize("shape", [(1,), (256,), (257,), (2, 3, 67), (1000, 33)], ids=str)
+def test_relu_launch_is_the_element_count_ceil_divided_by_the_block(build, shape):
+    chain, dims = ("relu1", (shape[0], 1, 1)) if len(shape) == 1 else ("relu3", (*shape, 1)[:3])
+    (kernel,) = read(build(chain, "float32", *dims))[0]["kernels"]
+    block = gpu_schedule.ELEMENTWISE_BLOCK
+    total = math.prod(kernel["args"][0]["shape"])
+    assert total == math.prod(shape)
+    assert kernel["launch"] == {"grid": [ceil_div(total, block), 1, 1], "block": [block, 1, 1], "shared_bytes": 0}
+
+
+def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
+    manifest, _ = read(build("linear_relu", "float32", 9, 4, 5))
+    linear, relu = manifest["kernels"]
+    assert [(k["name"], k["op"], k["device"], k["symbol"]) for k in (linear, relu)] == [
+        ("linear_0", "linear", "cuda", "linear_0"), ("relu_1", "relu", "cuda", "relu_1")]
+    assert "parallel_extent" not in linear
+    assert linear["images"] == relu["images"]  # one binary per architecture for the whole module
+    assert set(linear["images"]) == {"sm_90", "compute_90"}
+    blobs = manifest["blobs"]
+    assert blobs[linear["images"]["sm_90"]]["name"] == "cuda:sm_90.cubin"
+    assert blobs[linear["images"]["compute_90"]]["name"] == "cuda:compute_90.ptx"
+    assert linear["cpu_fallback"] == {"symbol": "linear_0_cpu", "parallel_extent": 9}
+    assert relu["cpu_fallback"] == {"symbol": "relu_1_cpu", "parallel_extent": 9}
+    assert blobs[manifest["cpu"]["library"]]["name"] == "cpu.so"
+    assert [arg["access"] for arg in linear["args"]] == ["read", "read", "write"]
+    assert [arg["shape"] for arg in linear["args"]] == [[9, 4], [4, 5], [9, 5]]
+
+
+def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):
+    manifest, module = read(build("linear_relu", "float32", 9, 4, 5))
+    library = tmp_path / "cpu.so"
+    library.write_bytes(bytes(module.blob(manifest["cpu"]["library"])))
+    symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", str(library)],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert {"linear_0_cpu", "relu_1_cpu"} <= set(symbols)
+    assert "linear_0" not in symbols  # the GPU kernels live only in the CUBIN/PTX
+
+
+# ---- the CUBIN and the PTX ---------------------------------------------------------------------
+
+
+def cubin_sm(image: bytes) -> int:
+    """The SM of a CUBIN as LLVM's ELFObjectFileBase::getNVPTXCPUName reads it: the low byte of
+    e_flags under the CUDA ELF ABI version 7, bits 8-15 under version 8."""
+    flags = struct.unpack_from("<I", image, 48)[0]
+    return flags & 0xFF if image[8] == 7 else (flags & 0xFF00) >> 8
+
+
+def elf_symbols(image: bytes) -> dict[str, tuple[int, int]]:
+    """name -> (type, binding) of every symbol of a 64-bit little-endian ELF."""
+    shoff = struct.unpack_from("<Q", image, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", image, 58)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+    symbols = {}
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[link][4]
+        for start in range(offset, offset + size, entsize):
+            name, info = struct.unpack_from("<IB", image, start)
+            text = image[strings + name:image.index(b"\0", strings + name)].decode()
+            symbols[text] = (info & 0xF, info >> 4)
+    return symbols
+
+
+def elf_sections(image: bytes) -> dict[str, int]:
+    """name -> size of every section of a 64-bit little-endian ELF."""
+    shoff = struct.unpack_from("<Q", image, 40)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 58)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+    names = sections[shstrndx][4]
+    return {image[names + s[0]:image.index(b"\0", names + s[0])].decode(): s[5] for s in sections}
+
+
+def images_of(path: Path) -> dict[str, bytes]:
+    manifest, module = read(path)
+    return {arch: bytes(module.blob(blob)) for arch, blob in manifest["kernels"][0]["images"].items()}
+
+
+@pytest.fixture(scope="module")
+def two_archs(build) -> Path:
+    return build("linear_relu", "float64", 33, 17, 65, target="cuda:sm_80,cuda:sm_90")
+
+
+def test_the_cubin_is_an_elf_for_em_cuda_of_the_requested_sm(build, tmp_path):
+    cubin = images_of(build("linear_relu", "float32", 9, 4, 5))["sm_90"]
+    assert cubin[:4] == b"\x7fELF"
+    assert cubin[4:6] == b"\x02\x01"  # 64-bit, little-endian
+    assert struct.unpack_from("<HH", cubin, 16) == (2, EM_CUDA)  # ET_EXEC for NVIDIA CUDA
+    assert cubin_sm(cubin) == 90
+    path = tmp_path / "kernels.cubin"
+    path.write_bytes(cubin)
+    header = subprocess.run([str(LLVM_BIN / "llvm-readelf"), "-h", str(path)], capture_output=True, text=True,
+                            check=True).stdout
+    assert re.search(r"Machine:\s+NVIDIA CUDA architecture", header)
+    assert re.search(r"Flags:\s+0x[0-9a-f]+, sm_90$", header, re.MULTILINE)
+
+
+def test_the_cubins_of_two_archs_differ_in_their_sm(two_archs):
+    images = images_of(two_archs)
+    assert set(images) == {"sm_80", "sm_90", "compute_80"}
+    assert (cubin_sm(images["sm_80"]), cubin_sm(images["sm_90"])) == (80, 90)
+    flags = [struct.unpack_from("<I", images[arch], 48)[0] for arch in ("sm_80", "sm_90")]
+    assert flags[0] != flags[1]
+    assert re.search(rb"^\.target sm_80$", images["compute_80"], re.MULTILINE)
+    blobs = [blob["name"] for blob in read(two_archs)[0]["blobs"]]
+    assert {"cuda:sm_80.cubin", "cuda:sm_90.cubin", "cuda:compute_80.ptx"} <= set(blobs)
+    assert not any("compute_90" in name for name in blobs)  # PTX for the lowest architecture only
+
+
+def test_the_cubin_holds_every_kernel_as_a_global_function(two_archs):
+    for arch in ("sm_80", "sm_90"):
+        symbols = elf_symbols(images_of(two_archs)[arch])
+        for name in ("linear_0", "relu_1"):
+            assert symbols.get(name) == (2, 1), f"{arch}: {name} is not a global function"  # STT_FUNC, STB_GLOBAL
+        assert "linear_0_cpu" not in symbols
+
+
+def test_static_shared_memory_fits_the_default_limit(two_archs):
+    """The launch asks for no dynamic shared memory; what the kernels declare must fit the 48 KiB
+    a launch gets without opting in (float64 tiles are the largest)."""
+    (kernel, _) = read(two_archs)[0]["kernels"]
+    sections = elf_sections(images_of(two_archs)["sm_90"])
+    static = sections.get(".nv.shared.linear_0", 0)
+    tile, step = gpu_schedule.TILE, gpu_schedule.STEP
+    assert static >= 2 * tile * step * 8  # the x and w tiles, float64, staged through shared memory
+    assert static + kernel["launch"]["shared_bytes"] <= 48 * 1024
+
+
+def test_the_ptx_is_text_for_the_lowest_arch_with_every_entry(build):
+    path = build("linear_relu", "float32", 9, 4, 5)
+    ptx = images_of(path)["compute_90"]
+    assert b"\0" not in ptx  # the runtime adds the NUL the driver needs
+    text = ptx.decode("ascii")
+    assert re.search(r"^\.version \d+\.\d+$", text, re.MULTILINE)
+    assert re.search(r"^\.target sm_90$", text, re.MULTILINE)
+    assert re.search(r"^\.address_size 64$", text, re.MULTILINE)
+    assert re.search(r"^\.visible \.entry linear_0\($", text, re.MULTILINE)
+    assert re.search(r"^\.visible \.entry relu_1\($", text, re.MULTILINE)
+    # each entry's thread limit is the block the manifest launches it with
+    limits = [tuple(map(int, found)) for found in re.findall(r"^\.maxntid (\d+), (\d+), (\d+)$", text, re.MULTILINE)]
+    assert limits == [tuple(kernel["launch"]["block"]) for kernel in read(path)[0]["kernels"]]
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
+def test_the_ptx_assembles_for_its_arch_and_newer_ones(build, tmp_path, arch):
+    """What a newer GPU's driver does with the PTX (JIT), done here by ptxas."""
+    ptx = tmp_path / "kernels.ptx"
+    ptx.write_bytes(images_of(build("linear_relu", "float32", 9, 4, 5))["compute_90"])
+    ptxas = Path(cuda_backend.cuda_toolkit()) / "bin" / "ptxas"
+    result = subprocess.run([str(ptxas), f"-arch={arch}", str(ptx), "-o", str(tmp_path / "out.cubin")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert cubin_sm((tmp_path / "out.cubin").read_bytes()) == int(arch[3:])
+
+
+# ---- targets -----------------------------------------------------------------------------------
+
+
+def test_the_compiler_and_the_backend_agree_on_the_cuda_archs():
+    assert tuple(cuda_backend.PTX_FEATURES) == CUDA_ARCHS
+
+
+@pytest.mark.parametrize("arch", ["sm_1", "sm_35", "sm_70", "compute_90"])
+def test_an_unsupported_arch_is_a_target_error_before_any_pass_runs(arch, tmp_path, capsys, monkeypatch):
+    source = tmp_path / "program.mlir"
+    source.write_text(PROGRAM)
+    ran = []
+    monkeypatch.setattr(hexir.cli, "run_stage", lambda *args: ran.append(args))
+    code = hexir.cli.main([str(source), "-emit=hxb", "-placement=hexir.linear=cuda", f"-target=cuda:{arch}",
+                           "-o", str(tmp_path / "out.hxb")])
+    assert (code, ran) == (2, [])
+    assert capsys.readouterr().err == (f"hexir: error: target 'cuda:{arch}': '{arch}' is not a supported CUDA "
+                                       f"architecture; expected one of {', '.join(CUDA_ARCHS)}\n")
+    assert not (tmp_path / "out.hxb").exists()
+
+
+@pytest.mark.parametrize("arch", ["sm_1", "sm_35"])
+def test_export_refuses_an_unsupported_arch_without_tracing(arch, tmp_path):
+    traced = []
+
+    def f(x):
+        traced.append(x)
+        return hexir.relu(x)
+
+    with pytest.raises(TargetError, match=rf"^target 'cuda:{arch}': '{arch}' is not a supported CUDA architecture"):
+        hexir.export(f, tmp_path / "out.hxb", hexir.TensorSpec((2,), "float32"), placement={"hexir.relu": "cuda"},
+                     target=f"cuda:{arch}")
+    assert traced == []
+    with pytest.raises(TargetError, match=rf"^'{arch}' is not a supported CUDA architecture; expected one of sm_75"):
+        cuda_backend.check_archs((arch,))
+
+
+# ---- the host program: transfers between devices -----------------------------------------------
+
+
+def timeline(manifest: dict) -> list[tuple[str, str, str]]:
+    """The transfers (source and destination device) and calls (op and device), in program order."""
+    kernels, entry = manifest["kernels"], manifest["entries"][0]
+    devices = [buffer["device"] for buffer in entry["buffers"]]
+    steps = []
+    for command in entry["program"]:
+        if command["op"] == "transfer":
+            steps.append(("transfer", devices[command["src"]], devices[command["dst"]]))
+        elif command["op"] == "call":
+            kernel = kernels[command["kernel"]]
+            steps.append(("call", kernel["op"], kernel["device"]))
+    return steps
+
+
+TO_GPU, TO_CPU = ("transfer", "cpu", "cuda"), ("transfer", "cuda", "cpu")
+
+
+@pytest.mark.parametrize(("linear", "relu", "expected"), [
+    ("cuda", "cuda", [TO_GPU, TO_GPU, ("call", "linear", "cuda"), ("call", "relu", "cuda"), TO_CPU]),
+    ("cuda", "cpu", [TO_GPU, TO_GPU, ("call", "linear", "cuda"), TO_CPU, ("call", "relu", "cpu")]),
+    ("cpu", "cuda", [("call", "linear", "cpu"), TO_GPU, ("call", "relu", "cuda"), TO_CPU]),
+    ("cpu", "cpu", [("call", "linear", "cpu"), ("call", "relu", "cpu")]),
+])
+def test_placements_put_transfers_where_the_device_changes(build, linear, relu, expected):
+    path = build("linear_relu", "float32", 6, 5, 7, linear=linear, relu=relu)
+    manifest, _ = read(path)
+    assert timeline(manifest) == expected
+    entry = manifest["entries"][0]
+    devices = [buffer["device"] for buffer in entry["buffers"]]
+    for command in entry["program"]:
+        if command["op"] == "call":  # every argument already on the kernel's device
+            kernel = manifest["kernels"][command["kernel"]]
+            assert {devices[arg] for arg in command["args"]} == {kernel["device"]}
+        if command["op"] == "return":
+            assert {devices[src] for src in command["srcs"]} == {"cpu"}
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    for device in ("cpu", "reference"):
+        np.testing.assert_allclose(hexir_runtime.load(path, device=device).main(x, w), numpy_of("linear_relu", [x, w]),
+                                   rtol=1e-5, atol=1e-5, err_msg=f"on {device}")
+
+
+# ---- the cpu fallbacks and the reference device compute what numpy does ------------------------
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+awkward = st.sampled_from([1, 2, 3, 7, 13, 31, 33, 63, 65, 97, 127, 257])
+dims = awkward | st.integers(1, 150)
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(chain=st.sampled_from(["linear", "linear_bias", "relu1", "relu3", "linear_relu"]),
+       dtype=st.sampled_from(["float32", "float64"]), m=dims, k=dims, n=dims, seed=st.integers(0, 2**16))
+@example(chain="linear", dtype="float32", m=1, k=1, n=1, seed=0)
+@example(chain="linear_bias", dtype="float64", m=1000, k=3, n=33, seed=1)
+@example(chain="relu3", dtype="float32", m=2, k=3, n=67, seed=2)
+@example(chain="linear_relu", dtype="float32", m=65, k=257, n=31, seed=3)
+def test_cuda_modules_run_on_the_cpu_and_the_reference_as_numpy(build, chain, dtype, m, k, n, seed):
+    if chain == "relu3":
+        m, k, n = (min(d, 20) for d in (m, k, n))  # keep the rank-3 tensors small
+    if chain == "relu1":
+        k = n = 1  # unused: one module per length
+    path = build(chain, dtype, m, k, n)
+    manifest, _ = read(path)
+    assert {kernel["device"] for kernel in manifest["kernels"]} == {"cuda"}  # so the cpu runs the fallbacks
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(spec["shape"]).astype(dtype) for spec in manifest["entries"][0]["inputs"]]
+    expected = numpy_of(chain, arrays)
+    for device in ("cpu", "reference"):
+        actual = hexir_runtime.load(path, device=device).main(*arrays)
+        assert actual.dtype == np.dtype(dtype) and actual.shape == expected.shape
+        if chain.startswith("relu"):
+            np.testing.assert_array_equal(actual, expected.astype(dtype))
+        else:
+            np.testing.assert_allclose(actual, expected, rtol=TOLERANCE[dtype],
+                                       atol=TOLERANCE[dtype] * math.sqrt(k), err_msg=f"on {device}")
+
+
+@pytest.mark.parametrize(("m", "k", "n", "culprit"), [(2, 0, 3, r"'x' is float32\[2, 0\]"),
+                                                      (2, 4, 0, r"'w' is float32\[4, 0\]")])
+def test_a_linear_with_an_empty_inner_axis_is_refused_at_trace_time(build, m, k, n, culprit):
+    message = f"linear: argument {culprit}; only the first axis of a tensor may be empty"
+    with pytest.raises(hexir.TraceError, match=message):
+        build("linear", "float32", m, k, n)
+
+
+def test_a_linear_with_no_rows_runs(build):
+    path = build("linear", "float32", 0, 4, 3)
+    x, w = np.ones((0, 4), np.float32), np.ones((4, 3), np.float32)
+    assert hexir_runtime.load(path, device="cpu").main(x, w).shape == (0, 3)

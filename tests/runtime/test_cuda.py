@@ -1,0 +1,763 @@
+"""The runtime's CUDA device, driven through a fake `cuda.bindings.driver` (no GPU needed).
+
+`FakeDriver` stands in for cuda-python's driver module: it answers the calls the runtime makes
+with the same tuples (`(CUresult, value...)`), keeps device memory in host bytearrays keyed by
+fake device pointers, loads images the way the driver does (a CUBIN only on its own major
+version at an equal or lower minor, PTX only NUL-terminated and not above the GPU), and
+"executes" a launch by decoding `kernelParams` (an array of `void*`, each pointing at a device
+pointer) and computing the kernel's op in numpy on the bytes those pointers name. So a module
+compiled by the real compiler runs end to end through `CudaDevice`, and a wrong pointer, order
+or size gives wrong numbers or a driver error; each launch's geometry is recorded and compared
+with the manifest's (whether that geometry covers the output is the compiler tests' business,
+tests/compiler/test_cuda_codegen.py). Like the real driver, the fake tracks the current context
+per thread.
+
+The modules are compiled by hexir (its CUBIN/PTX need ptxas); tests that need them skip where
+MLIR is not installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import math
+import re
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import hexir_runtime
+import hexir_runtime.cuda
+import hexir_runtime.module
+import numpy as np
+import pytest
+from hexir_runtime import DeviceError, KernelError, load
+from hexir_runtime import format as hxb
+from hexir_runtime.cli import main as hexir_run
+from hexir_runtime.cuda import CudaDevice, pick_image
+
+# ---- the fake driver ----------------------------------------------------------------------
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_NOT_INITIALIZED = 3
+    CUDA_ERROR_NO_DEVICE = 100
+    CUDA_ERROR_INVALID_DEVICE = 101
+    CUDA_ERROR_INVALID_IMAGE = 200
+    CUDA_ERROR_INVALID_CONTEXT = 201
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+    CUDA_ERROR_INVALID_PTX = 218
+    CUDA_ERROR_INVALID_HANDLE = 400
+    CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_LAUNCH_FAILED = 719
+
+
+ERROR_STRINGS = {  # as the real driver's cuGetErrorString spells them
+    CUresult.CUDA_SUCCESS: b"no error",
+    CUresult.CUDA_ERROR_INVALID_VALUE: b"invalid argument",
+    CUresult.CUDA_ERROR_OUT_OF_MEMORY: b"out of memory",
+    CUresult.CUDA_ERROR_NOT_INITIALIZED: b"initialization error",
+    CUresult.CUDA_ERROR_NO_DEVICE: b"no CUDA-capable device is detected",
+    CUresult.CUDA_ERROR_INVALID_DEVICE: b"invalid device ordinal",
+    CUresult.CUDA_ERROR_INVALID_IMAGE: b"device kernel image is invalid",
+    CUresult.CUDA_ERROR_INVALID_CONTEXT: b"invalid device context",
+    CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU: b"no kernel image is available for execution on the device",
+    CUresult.CUDA_ERROR_INVALID_PTX: b"a PTX JIT compilation failed",
+    CUresult.CUDA_ERROR_INVALID_HANDLE: b"invalid resource handle",
+    CUresult.CUDA_ERROR_NOT_FOUND: b"named symbol not found",
+    CUresult.CUDA_ERROR_ILLEGAL_ADDRESS: b"an illegal memory access was encountered",
+    CUresult.CUDA_ERROR_LAUNCH_FAILED: b"unspecified launch failure",
+}
+
+
+class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+class Handle:
+    """An opaque driver object (CUdevice, CUcontext, CUmodule, CUfunction, CUdeviceptr)."""
+
+    def __init__(self, kind: str, value: int, **details: Any) -> None:
+        self.kind, self.value, self.details = kind, value, details
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.value:#x}>"
+
+
+def cubin_arch(image: bytes) -> int:
+    """The SM number of a CUBIN, from e_flags as LLVM's getNVPTXCPUName reads it: the low byte
+    under ELF ABI version 7, bits 8-15 under version 8 (what CUDA 12.8+ ptxas writes)."""
+    flags = struct.unpack_from("<I", image, 48)[0]
+    return flags & 0xFF if image[8] == 7 else (flags >> 8) & 0xFF
+
+
+def elf_functions(image: bytes) -> set[str]:
+    """The names of the STT_FUNC symbols of a 64-bit little-endian ELF."""
+    shoff = struct.unpack_from("<Q", image, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", image, 58)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[link][4]
+        for start in range(offset, offset + size, entsize):
+            name, info = struct.unpack_from("<IB", image, start)
+            if info & 0xF == 2:  # STT_FUNC
+                end = image.index(b"\0", strings + name)
+                names.add(image[strings + name:end].decode())
+    return names
+
+
+class FakeDriver:
+    """What the runtime sees of `cuda.bindings.driver`, for one fake GPU."""
+
+    CUresult = CUresult
+    CUdevice_attribute = CUdevice_attribute
+
+    def __init__(self, capability: tuple[int, int] = (9, 0), count: int = 1, name: bytes = b"NVIDIA FakeGPU",
+                 memory: int = 1 << 30) -> None:
+        self.capability, self.count, self.gpu_name, self.memory = capability, count, name, memory
+        self.fail: dict[str, CUresult] = {}        # call name -> the error it returns
+        self.init_raises: Exception | None = None  # what cuInit raises (cuda-python without libcuda)
+        self.kernels: dict[str, dict] = {}         # symbol -> its manifest kernel (the op the code computes)
+        self.calls: list[str] = []
+        self.allocations: dict[int, bytearray] = {}
+        self.loaded: list[bytes] = []              # images given to cuModuleLoadData
+        self.copies_in: list[tuple[int, bytes]] = []
+        self.launches: list[dict] = []
+        self.initialized = False
+        self._next_pointer = 0x7F00_0000_0000
+        self._context = Handle("CUcontext", 0xC0)
+        self._current = threading.local()
+
+    def know(self, path: Path) -> None:
+        """Learn what each CUDA kernel of a module computes (the fake GPU's 'machine code')."""
+        for kernel in hxb.read(path).manifest["kernels"]:
+            self.kernels[kernel["symbol"]] = kernel
+
+    def _enter(self, call: str, needs_context: bool = True) -> CUresult:
+        self.calls.append(call)
+        if call in self.fail:
+            return self.fail[call]
+        if call != "cuInit" and not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED
+        if needs_context and getattr(self._current, "context", None) is not self._context:
+            return CUresult.CUDA_ERROR_INVALID_CONTEXT
+        return CUresult.CUDA_SUCCESS
+
+    def _memory(self, pointer: Any, size: int) -> memoryview | None:
+        """The `size` bytes of device memory at `pointer`, or None if they are not allocated."""
+        address = int(pointer)
+        for base, block in self.allocations.items():
+            if base <= address and address + size <= base + len(block):
+                return memoryview(block)[address - base:address - base + size]
+        return None
+
+    def cuGetErrorString(self, status: CUresult) -> tuple:
+        return CUresult.CUDA_SUCCESS, ERROR_STRINGS[status]
+
+    def cuInit(self, flags: int) -> tuple:
+        if self.init_raises is not None:
+            raise self.init_raises
+        status = self._enter("cuInit", needs_context=False)
+        self.initialized = status == CUresult.CUDA_SUCCESS
+        return (status,)
+
+    def cuDeviceGetCount(self) -> tuple:
+        return self._enter("cuDeviceGetCount", needs_context=False), self.count
+
+    def cuDeviceGet(self, ordinal: int) -> tuple:
+        status = self._enter("cuDeviceGet", needs_context=False)
+        if status == CUresult.CUDA_SUCCESS and not 0 <= ordinal < self.count:
+            status = CUresult.CUDA_ERROR_INVALID_DEVICE
+        return status, Handle("CUdevice", ordinal)
+
+    def cuDeviceGetAttribute(self, attribute: CUdevice_attribute, device: Handle) -> tuple:
+        status = self._enter("cuDeviceGetAttribute", needs_context=False)
+        major, minor = self.capability
+        return status, major if attribute == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR else minor
+
+    def cuDeviceGetName(self, length: int, device: Handle) -> tuple:
+        return self._enter("cuDeviceGetName", needs_context=False), self.gpu_name.ljust(length, b"\0")[:length]
+
+    def cuDevicePrimaryCtxRetain(self, device: Handle) -> tuple:
+        return self._enter("cuDevicePrimaryCtxRetain", needs_context=False), self._context
+
+    def cuCtxSetCurrent(self, context: Handle) -> tuple:
+        status = self._enter("cuCtxSetCurrent", needs_context=False)
+        if status == CUresult.CUDA_SUCCESS:
+            self._current.context = context
+        return (status,)
+
+    def cuMemAlloc(self, size: int) -> tuple:
+        status = self._enter("cuMemAlloc")
+        if status != CUresult.CUDA_SUCCESS:
+            return status, None
+        if size <= 0:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if sum(map(len, self.allocations.values())) + size > self.memory:
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
+        pointer = self._next_pointer
+        self._next_pointer += (size + 511) // 256 * 256  # aligned, with a gap between blocks
+        self.allocations[pointer] = bytearray(size)
+        return status, Handle("CUdeviceptr", pointer)
+
+    def cuMemFree(self, pointer: Any) -> tuple:
+        status = self._enter("cuMemFree")
+        if status == CUresult.CUDA_SUCCESS and self.allocations.pop(int(pointer), None) is None:
+            status = CUresult.CUDA_ERROR_INVALID_VALUE
+        return (status,)
+
+    def cuMemcpyHtoD(self, destination: Any, source: int, size: int) -> tuple:
+        status = self._enter("cuMemcpyHtoD")
+        memory = self._memory(destination, size)
+        if status == CUresult.CUDA_SUCCESS and memory is None:
+            status = CUresult.CUDA_ERROR_INVALID_VALUE
+        if status == CUresult.CUDA_SUCCESS:
+            target = (ctypes.c_char * size).from_buffer(memory)
+            ctypes.memmove(ctypes.addressof(target), int(source), size)
+            del target
+            self.copies_in.append((int(destination), bytes(memory)))
+        return (status,)
+
+    def cuMemcpyDtoH(self, destination: int, source: Any, size: int) -> tuple:
+        status = self._enter("cuMemcpyDtoH")
+        memory = self._memory(source, size)
+        if status == CUresult.CUDA_SUCCESS and memory is None:
+            status = CUresult.CUDA_ERROR_INVALID_VALUE
+        if status == CUresult.CUDA_SUCCESS:
+            origin = (ctypes.c_char * size).from_buffer(memory)
+            ctypes.memmove(int(destination), ctypes.addressof(origin), size)
+            del origin
+        return (status,)
+
+    def cuModuleLoadData(self, image: bytes) -> tuple:
+        status = self._enter("cuModuleLoadData")
+        if status != CUresult.CUDA_SUCCESS:
+            return status, None
+        image = bytes(image)
+        self.loaded.append(image)
+        gpu = self.capability[0] * 10 + self.capability[1]
+        if image.startswith(b"\x7fELF"):
+            if struct.unpack_from("<H", image, 18)[0] != 190:  # EM_CUDA
+                return CUresult.CUDA_ERROR_INVALID_IMAGE, None
+            arch = cubin_arch(image)
+            if arch // 10 != gpu // 10 or arch > gpu:
+                return CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, None
+            symbols = elf_functions(image)
+        else:
+            target = re.search(rb"^\.target sm_(\d+)", image, re.MULTILINE)
+            if not image.endswith(b"\0") or target is None:  # the driver reads PTX as a C string
+                return CUresult.CUDA_ERROR_INVALID_PTX, None
+            if int(target.group(1)) > gpu:
+                return CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, None
+            symbols = {name.decode() for name in re.findall(rb"\.entry (\w+)\(", image)}
+        return status, Handle("CUmodule", len(self.loaded), symbols=symbols)
+
+    def cuModuleGetFunction(self, module: Handle, name: bytes) -> tuple:
+        status = self._enter("cuModuleGetFunction")
+        if status == CUresult.CUDA_SUCCESS and name.decode() not in module.details["symbols"]:
+            status = CUresult.CUDA_ERROR_NOT_FOUND
+        return status, Handle("CUfunction", id(name), name=name.decode())
+
+    def cuLaunchKernel(self, function: Handle, grid_x: int, grid_y: int, grid_z: int, block_x: int, block_y: int,
+                       block_z: int, shared: int, stream: Any, params: int, extra: Any) -> tuple:
+        status = self._enter("cuLaunchKernel")
+        if status != CUresult.CUDA_SUCCESS:
+            return (status,)
+        if block_x * block_y * block_z > 1024 or shared > 48 * 1024 or min(grid_x, grid_y, grid_z) < 1:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        kernel = self.kernels[function.details["name"]]
+        # kernelParams: void*[n], each pointing at the argument's value, here a device pointer
+        slots = (ctypes.c_void_p * len(kernel["args"])).from_address(params)
+        pointers = [ctypes.c_void_p.from_address(slot).value for slot in slots]
+        arrays = []
+        for pointer, arg in zip(pointers, kernel["args"], strict=True):
+            itemsize = np.dtype(arg["dtype"]).itemsize
+            memory = self._memory(pointer or 0, max(math.prod(arg["shape"]) * itemsize, 1))
+            if memory is None:
+                return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+            arrays.append(np.frombuffer(memory, arg["dtype"], math.prod(arg["shape"])).reshape(arg["shape"]))
+        self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z),
+                              "block": (block_x, block_y, block_z), "shared": shared, "pointers": pointers,
+                              "inputs": [array.copy() for array in arrays[:-1]]})
+        _execute(kernel["op"], arrays)
+        return (status,)
+
+    def cuCtxSynchronize(self) -> tuple:
+        return (self._enter("cuCtxSynchronize"),)
+
+
+def _execute(op: str, arrays: list[np.ndarray]) -> None:
+    """What the kernel computes, from its manifest `op`, in float64 then stored in its dtype."""
+    *inputs, out = arrays
+    if op == "relu":
+        out[...] = np.maximum(inputs[0], 0)
+        return
+    result = inputs[0].astype(np.float64) @ inputs[1]
+    out[...] = result + inputs[2] if op == "linear_bias" else result
+
+
+# ---- fixtures -----------------------------------------------------------------------------
+
+rng = np.random.default_rng(7)
+W = rng.standard_normal((5, 7)).astype(np.float32)
+B = rng.standard_normal(7).astype(np.float32)
+W64 = rng.standard_normal((11, 33))
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeDriver:
+    """A fake GPU of compute capability 9.0, plugged in as the runtime's driver."""
+    driver = FakeDriver()
+    monkeypatch.setattr(hexir_runtime.cuda, "_driver", lambda: driver)
+    monkeypatch.setattr(hexir_runtime.module, "_cuda_devices", [])
+    return driver
+
+
+@pytest.fixture
+def no_cuda_python(monkeypatch) -> None:
+    """A machine without cuda-python: importing it fails."""
+    monkeypatch.setattr(hexir_runtime.module, "_cuda_devices", [])
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, Path]:
+    """Modules compiled by hexir with their linear and relu on cuda (CUBIN sm_90 + PTX)."""
+    hexir = pytest.importorskip("hexir", reason="compiling the test modules needs hexir and MLIR")
+    directory = tmp_path_factory.mktemp("cuda-modules")
+    spec = hexir.TensorSpec
+    both = {"hexir.linear": "cuda", "hexir.relu": "cuda"}
+
+    def mlp(x):
+        y = hexir.relu(hexir.linear(x, W, B))
+        hexir.print(y)
+        return y
+
+    def wide(x):
+        return hexir.linear(x, W64)
+
+    def relu(x):
+        return hexir.relu(x)
+
+    def constants_only():
+        return hexir.linear(W.T.copy(), W)
+
+    modules = {
+        "mlp": hexir.export(mlp, directory / "mlp.hxb", spec((3, 5), "float32"), placement=both),
+        "mlp_two_archs": hexir.export(mlp, directory / "mlp2.hxb", spec((3, 5), "float32"), placement=both,
+                                      target="cuda:sm_80,cuda:sm_90"),
+        "wide": hexir.export(wide, directory / "wide.hxb", spec((37, 11), "float64"), placement=both),
+        "relu": hexir.export(relu, directory / "relu.hxb", spec((2, 3, 67), "float32"), placement=both),
+        "constants_only": hexir.export(constants_only, directory / "constants.hxb", placement=both),
+    }
+    return modules
+
+
+@pytest.fixture
+def module_file(compiled, fake) -> Any:
+    """`module_file(name)`: the path of a compiled module, its kernels taught to the fake GPU."""
+
+    def get(name: str) -> Path:
+        fake.know(compiled[name])
+        return compiled[name]
+
+    return get
+
+
+def mlp_numpy(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x.astype(np.float64) @ W + B, 0)
+
+
+def x_of(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def reencoded(path: Path, edit) -> bytes:
+    """The module at `path` with `edit(manifest)` applied, written again by the format's encoder."""
+    module = hxb.read(path)
+    manifest = {key: value for key, value in module.manifest.items() if key != "blobs"}
+    blobs = [(blob["name"], bytes(module.blob(i))) for i, blob in enumerate(module.manifest["blobs"])]
+    edit(manifest)
+    return hxb.encode(manifest, blobs)
+
+
+# ---- opening the device: every failure names its cause ----------------------------------------
+
+
+def test_without_cuda_python_the_device_says_what_to_install(no_cuda_python):
+    with pytest.raises(DeviceError, match=r"^CUDA support needs cuda-python: pip install 'hexir-runtime\[cuda\]'$"):
+        CudaDevice()
+
+
+def test_without_a_driver_cuinit_raising_is_a_device_error(fake):
+    fake.init_raises = RuntimeError("Failed to dlopen libcuda.so.1")
+    with pytest.raises(DeviceError, match=r"^no CUDA driver on this machine \(Failed to dlopen libcuda\.so\.1\)$"):
+        CudaDevice()
+
+
+def test_cuinit_failing_names_the_call_and_the_driver_message(fake):
+    fake.fail["cuInit"] = CUresult.CUDA_ERROR_NO_DEVICE
+    with pytest.raises(DeviceError,
+                       match=r"^cuInit failed: CUDA_ERROR_NO_DEVICE \(no CUDA-capable device is detected\)$"):
+        CudaDevice()
+
+
+def test_zero_devices(fake):
+    fake.count = 0
+    with pytest.raises(DeviceError, match=r"^no CUDA device 0: this machine has 0$"):
+        CudaDevice()
+
+
+@pytest.mark.parametrize("call", ["cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetName",
+                                  "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"])
+def test_every_setup_call_is_checked(fake, call):
+    fake.fail[call] = CUresult.CUDA_ERROR_INVALID_DEVICE
+    with pytest.raises(DeviceError, match=rf"^{call} failed: CUDA_ERROR_INVALID_DEVICE \(invalid device ordinal\)$"):
+        CudaDevice()
+
+
+def test_the_device_names_the_gpu_and_its_capability(fake):
+    fake.capability = (8, 6)
+    device = CudaDevice()
+    assert device.name == "cuda (NVIDIA FakeGPU)"
+    assert device.capability == (8, 6)
+    assert fake.calls[0] == "cuInit"
+
+
+def test_buffers_round_trip_through_device_memory(fake):
+    device = CudaDevice()
+    array = x_of((3, 4), "float64")
+    buffer = device.alloc((3, 4), "float64")
+    assert len(fake.allocations[int(buffer.pointer)]) == array.nbytes
+    device.copy_in(buffer, array)
+    assert fake.copies_in[-1][1] == array.tobytes()
+    np.testing.assert_array_equal(device.copy_out(buffer), array)
+    device.free(buffer)
+    assert int(buffer.pointer) not in fake.allocations
+
+
+def test_an_empty_buffer_still_gets_an_address_and_copies_nothing(fake):
+    device = CudaDevice()
+    buffer = device.alloc((0, 3), "float32")
+    assert len(fake.allocations[int(buffer.pointer)]) == 1  # cuMemAlloc(0) is an error in the driver
+    device.copy_in(buffer, np.zeros((0, 3), np.float32))
+    assert device.copy_out(buffer).shape == (0, 3)
+    assert "cuMemcpyHtoD" not in fake.calls and "cuMemcpyDtoH" not in fake.calls
+
+
+def test_out_of_memory_names_cumemalloc(module_file, fake):
+    fake.memory = 64  # not even the 5x7 weights (140 bytes) fit
+    with pytest.raises(DeviceError, match=r"^cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY \(out of memory\)$"):
+        load(module_file("mlp"), "cuda")
+
+
+def test_a_missing_kernel_is_a_kernel_error_naming_it(module_file):
+    def rename(manifest):
+        manifest["kernels"][0]["symbol"] = "not_in_the_image"
+
+    with pytest.raises(KernelError, match=r"^kernels\[0\] \(linear_0\): cuModuleGetFunction failed: "
+                                          r"CUDA_ERROR_NOT_FOUND \(named symbol not found\)$"):
+        load(reencoded(module_file("mlp"), rename), "cuda")
+
+
+def test_a_failing_module_load_names_the_call_and_the_image(module_file, fake):
+    fake.fail["cuModuleLoadData"] = CUresult.CUDA_ERROR_INVALID_IMAGE
+    with pytest.raises(DeviceError, match=r"^cuModuleLoadData \(sm_90\) failed: CUDA_ERROR_INVALID_IMAGE "
+                                          r"\(device kernel image is invalid\)$"):
+        load(module_file("mlp"), "cuda")
+
+
+def test_a_failing_launch_names_culaunchkernel(module_file, fake):
+    module = load(module_file("mlp"), "cuda")
+    fake.fail["cuLaunchKernel"] = CUresult.CUDA_ERROR_LAUNCH_FAILED
+    with pytest.raises(DeviceError, match=r"^cuLaunchKernel failed: CUDA_ERROR_LAUNCH_FAILED "
+                                          r"\(unspecified launch failure\)$"):
+        module.main(x_of((3, 5)))
+
+
+def test_an_error_surfacing_at_synchronize_names_cuctxsynchronize(module_file, fake):
+    module = load(module_file("mlp"), "cuda")
+    fake.fail["cuCtxSynchronize"] = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(DeviceError, match=r"^cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS "
+                                          r"\(an illegal memory access was encountered\)$"):
+        module.main(x_of((3, 5)))
+
+
+# ---- choosing the image ----------------------------------------------------------------------
+
+IMAGES = {"sm_80": 0, "sm_90": 1, "compute_80": 2}
+
+
+@pytest.mark.parametrize(("images", "capability", "chosen"), [
+    (IMAGES, (9, 0), ("sm_90", 1)),               # the GPU's own architecture
+    (IMAGES, (8, 0), ("sm_80", 0)),
+    (IMAGES, (8, 6), ("sm_80", 0)),               # same major, lower minor
+    (IMAGES, (8, 9), ("sm_80", 0)),
+    ({"sm_80": 0, "sm_86": 1, "compute_80": 2}, (8, 9), ("sm_86", 1)),  # the closest of those
+    (IMAGES, (10, 0), ("compute_80", 2)),         # newer major: JIT the PTX
+    (IMAGES, (12, 1), ("compute_80", 2)),
+    ({"sm_90": 0, "compute_90": 1}, (10, 3), ("compute_90", 1)),
+    ({"sm_90": 0, "compute_90": 1}, (9, 0), ("sm_90", 0)),  # a CUBIN is preferred to PTX
+    ({"compute_75": 4}, (8, 0), ("compute_75", 4)),
+    ({"sm_100": 0, "compute_100": 1}, (10, 3), ("sm_100", 0)),
+], ids=lambda value: str(value))
+def test_pick_image(images, capability, chosen):
+    assert pick_image(images, *capability) == chosen
+
+
+@pytest.mark.parametrize(("images", "capability", "message"), [
+    ({"sm_90": 0, "compute_90": 1}, (8, 6),
+     "this module has CUDA code for compute_90, sm_90, none of which runs on this GPU (sm_86); "
+     "recompile with -target=cuda:sm_86"),
+    ({"sm_86": 0, "compute_86": 1}, (8, 0),       # a higher minor does not run, nor newer PTX
+     "this module has CUDA code for compute_86, sm_86, none of which runs on this GPU (sm_80); "
+     "recompile with -target=cuda:sm_80"),
+    ({"sm_90": 0}, (10, 0),                        # no PTX to JIT on a newer major
+     "this module has CUDA code for sm_90, none of which runs on this GPU (sm_100); "
+     "recompile with -target=cuda:sm_100"),
+])
+def test_pick_image_refuses_when_nothing_fits(images, capability, message):
+    with pytest.raises(DeviceError) as error:
+        pick_image(images, *capability)
+    assert str(error.value) == message
+
+
+def test_pick_image_suggests_only_targets_the_compiler_accepts():
+    with pytest.raises(DeviceError) as error:
+        pick_image({"sm_90": 0, "compute_90": 1}, 7, 0)
+    assert "-target=cuda:sm_70" not in str(error.value)
+
+
+# ---- loading and running compiled modules ----------------------------------------------------
+
+
+def test_a_module_runs_end_to_end_on_the_fake_gpu(module_file, fake, capsys):
+    module = load(module_file("mlp"), "cuda")
+    assert module.device_name == "cuda (NVIDIA FakeGPU)"
+    x = x_of((3, 5))
+    y = module.main(x)
+    np.testing.assert_allclose(y, mlp_numpy(x), rtol=1e-5, atol=1e-6)
+    assert y.dtype == np.float32
+    assert [launch["kernel"] for launch in fake.launches] == ["linear_0", "relu_1"]
+    assert capsys.readouterr().out == "".join("".join(f"{v:f} " for v in row) + "\n" for row in y.tolist())
+
+
+def test_launches_pass_the_right_buffers_in_order_with_the_recorded_geometry(module_file, fake):
+    path = module_file("mlp")
+    module = load(path, "cuda")
+    x = x_of((3, 5), seed=3)
+    module.main(x)
+    kernels = hxb.read(path).manifest["kernels"]
+    linear, relu = fake.launches
+    np.testing.assert_array_equal(linear["inputs"][0], x)
+    np.testing.assert_array_equal(linear["inputs"][1], W)
+    np.testing.assert_array_equal(linear["inputs"][2], B)
+    assert relu["pointers"][0] == linear["pointers"][3]  # the relu reads what the linear wrote
+    assert len(set(linear["pointers"])) == 4 and len(set(relu["pointers"])) == 2
+    for launch, kernel in zip(fake.launches, kernels, strict=True):
+        assert launch["grid"] == tuple(kernel["launch"]["grid"])
+        assert launch["block"] == tuple(kernel["launch"]["block"])
+        assert launch["shared"] == kernel["launch"]["shared_bytes"] == 0
+
+
+@pytest.mark.parametrize("name", ["wide", "relu"])
+def test_float64_and_rank_3_modules_run_end_to_end(module_file, fake, name):
+    path = module_file(name)
+    manifest = hxb.read(path).manifest
+    shape = tuple(manifest["entries"][0]["inputs"][0]["shape"])
+    x = x_of(shape, "float64" if name == "wide" else "float32")
+    y = load(path, "cuda").main(x)
+    expected = x @ W64 if name == "wide" else np.maximum(x, 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    assert y.dtype == x.dtype and y.shape == expected.shape
+    (launch,), (kernel,) = fake.launches, manifest["kernels"]
+    assert (list(launch["grid"]), list(launch["block"])) == (kernel["launch"]["grid"], kernel["launch"]["block"])
+
+
+def test_one_image_is_loaded_once_for_all_kernels(module_file, fake):
+    load(module_file("mlp_two_archs"), "cuda")
+    assert fake.calls.count("cuModuleLoadData") == 1
+    assert fake.calls.count("cuModuleGetFunction") == 2
+    assert cubin_arch(fake.loaded[0]) == 90  # of sm_80 and sm_90, the GPU's own
+
+
+def test_a_same_major_gpu_loads_the_lower_minor_cubin(module_file, fake):
+    fake.capability = (8, 9)
+    x = x_of((3, 5))
+    np.testing.assert_allclose(load(module_file("mlp_two_archs"), "cuda").main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+    assert len(fake.loaded) == 1 and cubin_arch(fake.loaded[0]) == 80
+
+
+def test_a_newer_gpu_jits_the_ptx_with_a_trailing_nul(module_file, fake):
+    fake.capability = (10, 0)
+    path = module_file("mlp")
+    module = load(path, "cuda")
+    images = hxb.read(path).manifest["kernels"][0]["images"]
+    ptx = bytes(hxb.read(path).blob(images["compute_90"]))
+    assert not ptx.endswith(b"\0")
+    assert fake.loaded == [ptx + b"\0"]
+    x = x_of((3, 5))
+    np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+
+
+def test_an_older_gpu_is_refused_before_any_image_is_loaded(module_file, fake):
+    fake.capability = (7, 5)
+    with pytest.raises(DeviceError, match=r"^this module has CUDA code for compute_90, sm_90, none of which runs on "
+                                          r"this GPU \(sm_75\); recompile with -target=cuda:sm_75$"):
+        load(module_file("mlp"), "cuda")
+    assert fake.loaded == []
+
+
+def test_weights_are_uploaded_once_and_buffers_reused_across_calls(module_file, fake):
+    module = load(module_file("mlp"), "cuda")
+    allocations = fake.calls.count("cuMemAlloc")
+    assert allocations == 5  # x, W, b, linear out, relu out on the GPU
+    pointers = None
+    for seed in range(3):
+        x = x_of((3, 5), seed=seed)
+        np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+        launched = [launch["pointers"] for launch in fake.launches[-2:]]
+        assert pointers in (None, launched)
+        pointers = launched
+    assert fake.calls.count("cuMemAlloc") == allocations
+    uploads = [data for _, data in fake.copies_in]
+    assert uploads.count(W.tobytes()) == 1 and uploads.count(B.tobytes()) == 1
+    assert len(uploads) == 2 + 3  # the weights once, then x once per call
+
+
+def test_a_module_loaded_on_one_thread_runs_on_another(module_file, fake):
+    module = load(module_file("mlp"), "cuda")
+    results = []
+    worker = threading.Thread(target=lambda: results.append(module.main(x_of((3, 5)))))
+    worker.start()
+    worker.join()
+    np.testing.assert_allclose(results[0], mlp_numpy(x_of((3, 5))), rtol=1e-5, atol=1e-6)
+
+
+def test_an_entry_without_inputs_runs_on_another_thread(module_file, fake):
+    module = load(module_file("constants_only"), "cuda")
+    results: list[Any] = []
+
+    def call() -> None:
+        try:
+            results.append(module.main())
+        except DeviceError as error:
+            results.append(error)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join()
+    if isinstance(results[0], DeviceError):
+        raise results[0]
+    np.testing.assert_allclose(results[0], W.T @ W, rtol=1e-5, atol=1e-5)
+
+
+# ---- hexir-run -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def x_file(tmp_path) -> tuple[Path, np.ndarray]:
+    x = x_of((3, 5), seed=11)
+    np.save(tmp_path / "x.npy", x)
+    return tmp_path / "x.npy", x
+
+
+def printed(array: np.ndarray) -> str:
+    return "".join("".join(f"{value:f} " for value in row) + "\n" for row in array.tolist())
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_hexir_run_names_the_gpu(module_file, x_file, capsys, device):
+    path, x = x_file
+    assert hexir_run([str(module_file("mlp")), f"--device={device}", "--input", f"x={path}"]) == 0
+    out, err = capsys.readouterr()
+    header, _, body = out.partition("--\n")
+    assert "device        : cuda (NVIDIA FakeGPU)\n" in header
+    assert body == printed(mlp_numpy(x).astype(np.float32))
+    assert err == ""
+
+
+def _no_driver(fake: FakeDriver) -> None:
+    fake.init_raises = RuntimeError("Failed to dlopen libcuda.so.1")
+
+
+def _no_device(fake: FakeDriver) -> None:
+    fake.fail["cuInit"] = CUresult.CUDA_ERROR_NO_DEVICE
+
+
+def _zero_devices(fake: FakeDriver) -> None:
+    fake.count = 0
+
+
+NO_GPU = [
+    (None, "CUDA support needs cuda-python: pip install 'hexir-runtime[cuda]'"),
+    (_no_driver, "no CUDA driver on this machine (Failed to dlopen libcuda.so.1)"),
+    (_no_device, "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)"),
+    (_zero_devices, "no CUDA device 0: this machine has 0"),
+]
+NO_GPU_IDS = ["no cuda-python", "no driver", "cuInit no device", "zero devices"]
+
+
+@pytest.fixture
+def without_gpu(request, compiled, monkeypatch) -> str:
+    """The machine of the parameter (None: no cuda-python); returns why there is no GPU."""
+    breaks, reason = request.param
+    if breaks is None:
+        request.getfixturevalue("no_cuda_python")
+    else:
+        breaks(request.getfixturevalue("fake"))
+    return reason
+
+
+@pytest.mark.parametrize("without_gpu", NO_GPU, ids=NO_GPU_IDS, indirect=True)
+def test_hexir_run_auto_without_gpu_falls_back_to_the_cpu_with_a_note(compiled, x_file, capsys, without_gpu):
+    path, x = x_file
+    assert hexir_run([str(compiled["mlp"]), "--device=auto", "--input", f"x={path}"]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"hexir-run: note: no usable GPU ({without_gpu}); running the CUDA kernels on the cpu\n"
+    header, _, body = out.partition("--\n")
+    assert "device        : cpu\n" in header
+    assert body == printed(mlp_numpy(x).astype(np.float32))
+
+
+@pytest.mark.parametrize("without_gpu", NO_GPU, ids=NO_GPU_IDS, indirect=True)
+def test_hexir_run_cuda_without_gpu_exits_1(compiled, x_file, capsys, without_gpu):
+    path, _ = x_file
+    assert hexir_run([str(compiled["mlp"]), "--device=cuda", "--input", f"x={path}"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"hexir-run: {without_gpu}\n"
+
+
+@pytest.mark.parametrize("without_gpu", NO_GPU[:1], ids=NO_GPU_IDS[:1], indirect=True)
+def test_load_auto_without_gpu_warns_and_runs_the_cpu_fallbacks(compiled, without_gpu):
+    with pytest.warns(RuntimeWarning, match=re.escape(f"no usable GPU ({without_gpu}); running the CUDA kernels "
+                                                      "on the cpu")):
+        module = load(compiled["mlp"], "auto")
+    assert module.device_name == "cpu"
+    x = x_of((3, 5))
+    np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_on_a_gpu_no_image_fits_falls_back_to_the_cpu_with_a_note(module_file, fake):
+    fake.capability = (7, 5)  # the module carries sm_90 code only
+    with pytest.warns(RuntimeWarning, match=r"the GPU cannot run this module \(this module has CUDA code for "
+                                            r"compute_90, sm_90, none of which runs on this GPU \(sm_75\)"):
+        module = load(module_file("mlp"), "auto")
+    assert module.device_name == "cpu" and fake.loaded == []
+    x = x_of((3, 5))
+    np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
