@@ -3,6 +3,7 @@
 #   PYTHONPATH=runtime:. python tests/gpu/suite.py build bench/gpu_cases --examples 150
 #   PYTHONPATH=runtime:. python bench/linear.py build bench/modules
 #   (cd bench/gpu_cases/example && python ../../../examples/split.py)
+#   python examples/custom_kernel/run.py && cp examples/custom_kernel/{custom.hxb,expected.npy} bench/gpu_cases/example/ && cp examples/custom_kernel/x.npy bench/gpu_cases/example/custom_x.npy
 # Run there with the device tool, carrying bench/gpu_cases and bench/modules:
 #   bash bench/gpu_run.sh "$OUT"
 set -uo pipefail
@@ -19,6 +20,13 @@ echo "== GPU property suite: cuda vs cpu vs numpy"
 python3 tests/gpu/suite.py run bench/gpu_cases --devices cuda,cpu 2>&1 | tee "$out/suite.txt" || status=1
 echo "== split example on the GPU"
 (cd bench/gpu_cases/example && python3 -m hexir_runtime split.hxb --device=cuda --input x=x.npy) 2>&1 | tee "$out/split.txt" || status=1
+echo "== custom kernel example on the GPU (relu6.cu between two generated linears)"
+(cd bench/gpu_cases/example && python3 -m hexir_runtime custom.hxb --device=cuda --input x=custom_x.npy --output y.npz --quiet \
+  && python3 -c "import numpy as n; y=n.load('y.npz')['output0']; e=n.load('expected.npy'); \
+print('custom.hxb on cuda: max abs difference from numpy', float(abs(y-e).max())); assert n.allclose(y, e, rtol=1e-4, atol=1e-4)") \
+  2>&1 | tee "$out/custom.txt" || status=1
 echo "== benchmark: linear on cuda vs cuBLAS"
 python3 bench/linear.py run bench/modules --device cuda --repeats 10 2>&1 | tee "$out/bench_cuda.txt" || status=1
+echo "== benchmark: linear on the host cpu vs numpy ($(nproc) cores)"
+python3 bench/linear.py run bench/modules --device cpu --repeats 5 --max-gflop 20 2>&1 | tee "$out/bench_cpu.txt" || status=1
 exit $status

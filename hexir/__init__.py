@@ -16,11 +16,12 @@ from hexir.errors import (  # noqa: E402
     TargetError,
     TraceError,
 )
+from hexir.frontend.custom import CustomKernel, kernel  # noqa: E402
 from hexir.frontend.jit import export, jit  # noqa: E402
 from hexir.frontend.tensor import Tensor, TensorSpec  # noqa: E402
 from hexir.frontend.trace import linear, on, print, relu  # noqa: E402, A004
 
 __all__ = [
-    "jit", "export", "on", "linear", "relu", "print", "Tensor", "TensorSpec",
+    "jit", "export", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
     "HexirError", "TraceError", "PlacementError", "TargetError", "CompileError", "__version__",
 ]

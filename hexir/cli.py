@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", dest="output", help="write the result here (default: stdout; out.hxb for hxb)")
     parser.add_argument("-placement", default="", help="op=device,... e.g. hexir.linear=cuda,hexir.relu=cpu")
     parser.add_argument("-target", default="", help="cpu:x86-64[-v2|-v3|-v4], cuda:sm_XX (comma separated)")
+    parser.add_argument("--kernel-search-path", "-kernel-search-path", action="append", default=[],
+                        metavar="DIR", help="where custom kernels' files are looked for (repeatable)")
     parser.add_argument("-spec", action="append", default=[],
                         help="argument shapes of a Python function: [name=]2x8xf32 (repeat per argument)")
     return parser
@@ -92,7 +94,8 @@ def _load_mlir(path_text: str) -> ir.Module:
 
 
 def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:
-    options = parse_target(args.target, Options(placement=parse_placement(args.placement)))
+    options = parse_target(args.target, Options(placement=parse_placement(args.placement),
+                                                kernel_search_path=tuple(args.kernel_search_path)))
     if args.input.endswith(".mlir"):
         module = _load_mlir(args.input)
     elif ":" in args.input:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,17 +62,21 @@ def llvm_ir(llvm_module: ir.Module) -> str:
     return str(llvm_dialect.translate_module_to_llvmir(llvm_module.operation))
 
 
-def compile_kernels(llvm_module: ir.Module, cpu: str = "x86-64") -> CpuLibrary:
-    """Optimise and compile the cpu kernels into one position-independent shared library."""
+def compile_kernels(llvm_module: ir.Module | None, cpu: str = "x86-64",
+                    extra_objects: Sequence[str] = ()) -> CpuLibrary:
+    """Optimise and compile the cpu kernels, link them with `extra_objects` (custom kernels'
+    objects), into one position-independent shared library."""
     check_cpu(cpu)
     target = ["-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={cpu}"]
     with tempfile.TemporaryDirectory(prefix="hexir-cpu-") as scratch:
         work = Path(scratch)
-        (work / "kernels.ll").write_text(llvm_ir(llvm_module))
-        run_tool([llvm_tool("opt"), "-O3", *target, str(work / "kernels.ll"),
-                  "-o", str(work / "kernels.bc")], "opt (LLVM optimiser)")
-        run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",
-                  str(work / "kernels.bc"), "-o", str(work / "kernels.o")], "llc (LLVM code generator)")
-        run_tool([c_compiler(), "-shared", "-o", str(work / "kernels.so"),
-                  str(work / "kernels.o")], "linking the cpu kernels")
+        objects = list(extra_objects)
+        if llvm_module is not None:
+            (work / "kernels.ll").write_text(llvm_ir(llvm_module))
+            run_tool([llvm_tool("opt"), "-O3", *target, str(work / "kernels.ll"),
+                      "-o", str(work / "kernels.bc")], "opt (LLVM optimiser)")
+            run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",
+                      str(work / "kernels.bc"), "-o", str(work / "kernels.o")], "llc (LLVM code generator)")
+            objects.insert(0, str(work / "kernels.o"))
+        run_tool([c_compiler(), "-shared", "-o", str(work / "kernels.so"), *objects], "linking the cpu kernels")
         return CpuLibrary((work / "kernels.so").read_bytes(), cpu, CPU_LEVELS[cpu])

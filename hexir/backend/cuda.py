@@ -18,7 +18,7 @@ from mlir import ir, passmanager
 from mlir.dialects import gpu
 
 from hexir.errors import CompileError, TargetError
-from hexir.passes.common import kernels
+from hexir.passes.common import generated_kernels
 from hexir.passes.to_gpu import GPU_MODULE
 
 #: Lowest PTX ISA version able to express each architecture (PTX ISA release notes).
@@ -104,7 +104,7 @@ def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
     cubins = _device_objects(module, archs, "bin")
     ptx = _device_objects(module, archs[:1], "isa")[archs[0]]
     launches = {}
-    for kernel in kernels(module, "cuda"):
+    for kernel in generated_kernels(module, "cuda"):
         name = ir.StringAttr(kernel.attributes["sym_name"]).value
         launches[name] = {"grid": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.grid"])),
                           "block": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.block"])),

@@ -10,6 +10,7 @@ returns. The format itself belongs to the runtime (`hexir_runtime.format`).
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from hexir_runtime import format as hxb
 from mlir import ir
@@ -17,6 +18,7 @@ from mlir import ir
 from hexir import __version__
 from hexir.backend.cpu import CpuLibrary
 from hexir.backend.cuda import CudaBinary
+from hexir.backend.custom import CustomBuild, custom_info
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.passes.common import argument_names, kernels, main_function
@@ -38,6 +40,13 @@ class _Packer:
         self.blobs.append((name, data))
         return len(self.blobs) - 1
 
+    def blob_once(self, name: str, data: bytes) -> int:
+        """A blob shared by everything that names it (a custom kernel's code used by several calls)."""
+        for index, (existing, _) in enumerate(self.blobs):
+            if existing == name:
+                return index
+        return self.blob(name, data)
+
     def constant(self, op: ir.Operation) -> int:
         array = hx.constant_array(op)
         digest = hashlib.sha256(array.tobytes() + repr((array.shape, array.dtype.name)).encode()).hexdigest()
@@ -58,9 +67,26 @@ def _kernel_entry(kernel: ir.Operation) -> dict:
     args = [{**_spec(t), "access": "read"} for t in buffers]
     args[-1]["access"] = "write"
     entry = {"name": name, "op": op, "device": device, "symbol": name, "args": args}
-    if device == "cpu":
+    if op == "custom":
+        info = custom_info(kernel)
+        entry.update(symbol=info["symbol"], source=Path(info["file"]).name,
+                     scalars=[d for a in args for d in a["shape"]])
+    elif device == "cpu":
         entry["parallel_extent"] = ir.IntegerAttr(kernel.attributes[WORK_ITEMS]).value
     return entry
+
+
+def _custom_fields(kernel: ir.Operation, entry: dict, custom: CustomBuild, packer: _Packer) -> dict:
+    """A custom kernel's own code: its images (cuda) or prebuilt library (cpu), each stored once."""
+    file = custom_info(kernel)["file"]
+    if entry["device"] == "cuda":
+        images = {arch: packer.blob_once(f"{Path(file).name}:{arch}", data)
+                  for arch, data in custom.cuda_images[file].items()}
+        info = custom_info(kernel)
+        return {"launch": {"grid": info["grid"], "block": info["block"], "shared_bytes": 0}, "images": images}
+    if file in custom.shared_objects:
+        return {"library": packer.blob_once(Path(file).name, custom.shared_objects[file])}
+    return {}
 
 
 def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> dict:
@@ -100,24 +126,38 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
     return {"name": "main", "inputs": inputs, "outputs": outputs, "buffers": buffers, "program": program}
 
 
-def package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None = None) -> bytes:
+def package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None = None,
+            custom: CustomBuild | None = None) -> bytes:
     """Encode the .hxb bytes of a module whose kernels have been compiled."""
     with module.context:
-        return _package(module, cpu_library, cuda_binary)
+        return _package(module, cpu_library, cuda_binary, custom or CustomBuild())
 
 
-def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None) -> bytes:
+def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None,
+             custom: CustomBuild) -> bytes:
     packer = _Packer()
     manifest: dict = {"producer": f"hexir {__version__}"}
-    fallbacks = {ir.FlatSymbolRefAttr(k.attributes[FALLBACK_OF]).value: _kernel_entry(k)
-                 for k in kernels(module, "cpu") if FALLBACK_OF in k.attributes}
-    kernel_entries = [_kernel_entry(k) for k in kernels(module) if FALLBACK_OF not in k.attributes]
-    for entry in kernel_entries:
-        if entry["device"] == "cuda":
+    fallbacks = {}
+    for kernel in kernels(module, "cpu"):
+        if FALLBACK_OF in kernel.attributes:
+            entry = _kernel_entry(kernel)
+            if entry["op"] == "custom":
+                entry.update(_custom_fields(kernel, entry, custom, packer))
+            fallbacks[ir.FlatSymbolRefAttr(kernel.attributes[FALLBACK_OF]).value] = entry
+    kernel_entries = []
+    for kernel in kernels(module):
+        if FALLBACK_OF in kernel.attributes:
+            continue
+        entry = _kernel_entry(kernel)
+        if entry["op"] == "custom":
+            entry.update(_custom_fields(kernel, entry, custom, packer))
+        elif entry["device"] == "cuda":
             entry.update(cuda_binary.manifest_fields(entry["name"], packer.blob))
-            fallback = fallbacks[entry["name"]]
-            entry["cpu_fallback"] = {"symbol": fallback["symbol"],
-                                     "parallel_extent": fallback["parallel_extent"]}
+        fallback = fallbacks.get(entry["name"])
+        if fallback is not None:
+            keys = ("symbol", "source", "library") if fallback["op"] == "custom" else ("symbol", "parallel_extent")
+            entry["cpu_fallback"] = {key: fallback[key] for key in keys if key in fallback}
+        kernel_entries.append(entry)
     if cpu_library is not None:
         manifest["cpu"] = {"arch": cpu_library.arch, "cpu": cpu_library.cpu,
                            "features": list(cpu_library.features),

@@ -7,7 +7,9 @@ Ops (generic form, as IRDL prints them):
     %r = "hexir.relu"(%y) {device = "auto"}               // max(y, 0)
     "hexir.print"(%r)                                      // host I/O, always on the cpu
     %t = "hexir.transfer"(%y) {source = "cuda", target = "cpu"}  // inserted by partition
-    %z = "hexir.call"(%x, %w) {callee = @linear_0, device = "cpu"} // after lower-to-tir (1-3 args)
+    %z = "hexir.call"(%x, %w) {callee = @linear_0, device = "cpu"} // after lower-to-tir (1-4 args)
+    %c = "hexir.custom_call"(%x) {kernel = "relu6", objects = {cuda = "/abs/relu6.cu"},
+                                  grid = array<i64: 4, 1, 1>, block = array<i64: 256, 1, 1>, device = "auto"}
 
 `device` is "auto" until the partition pass decides "cpu" or "cuda". The shape rules live
 here (`linear_shape`, ...) and are shared by the tracer and the verifier, so a `.mlir` file
@@ -26,7 +28,7 @@ from hexir.errors import TraceError
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float64")
 #: Ops a `-placement=` or an `on()` context may move between devices.
-PLACEABLE_OPS = ("hexir.linear", "hexir.relu")
+PLACEABLE_OPS = ("hexir.linear", "hexir.relu", "hexir.custom_call")
 
 IRDL = """
 irdl.dialect @hexir {
@@ -82,14 +84,34 @@ irdl.dialect @hexir {
     %arg0 = irdl.base "!builtin.tensor"
     %arg1 = irdl.base "!builtin.tensor"
     %arg2 = irdl.base "!builtin.tensor"
+    %arg3 = irdl.base "!builtin.tensor"
     %result = irdl.base "!builtin.tensor"
-    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2)
+    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2, arg3: optional %arg3)
     irdl.results(result: %result)
     %callee = irdl.base "#builtin.symbol_ref"
     %cpu = irdl.is "cpu"
     %cuda = irdl.is "cuda"
     %device = irdl.any_of(%cpu, %cuda)
     irdl.attributes {"callee" = %callee, "device" = %device}
+  }
+  irdl.operation @custom_call {
+    %arg0 = irdl.base "!builtin.tensor"
+    %arg1 = irdl.base "!builtin.tensor"
+    %arg2 = irdl.base "!builtin.tensor"
+    %arg3 = irdl.base "!builtin.tensor"
+    %result = irdl.base "!builtin.tensor"
+    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2, arg3: optional %arg3)
+    irdl.results(result: %result)
+    %kernel = irdl.base "#builtin.string"
+    %objects = irdl.base "#builtin.dictionary"
+    %grid = irdl.base "#builtin.dense_array"
+    %block = irdl.base "#builtin.dense_array"
+    %auto = irdl.is "auto"
+    %cpu = irdl.is "cpu"
+    %cuda = irdl.is "cuda"
+    %device = irdl.any_of(%auto, %cpu, %cuda)
+    irdl.attributes {"kernel" = %kernel, "objects" = %objects, "grid" = %grid, "block" = %block,
+                     "device" = %device}
   }
 }
 """
@@ -219,17 +241,41 @@ def transfer(x: ir.Value, source: str, target: str) -> ir.Value:
     return op.result
 
 
+#: IRDL gives every operand of a variadic group one type, so calls take up to four operands
+#: of their own types, as one required and three optional groups.
+MAX_CALL_ARGS = 4
+
+
+def _segments(op: str, args: Sequence[ir.Value]) -> ir.Attribute:
+    if not 1 <= len(args) <= MAX_CALL_ARGS:
+        raise TraceError(f"{op} takes 1 to {MAX_CALL_ARGS} tensors, got {len(args)}")
+    return ir.DenseI32ArrayAttr.get([1] + [int(len(args) > i) for i in range(1, MAX_CALL_ARGS)])
+
+
 def call(callee: str, args: Sequence[ir.Value], result_type: ir.Type, device: str) -> ir.Value:
-    # IRDL gives every operand of a variadic group one type, so a call takes up to three
-    # operands of its own types, as one required and two optional groups.
-    if not 1 <= len(args) <= 3:
-        raise TraceError(f"hexir.call takes 1 to 3 operands, got {len(args)}")
-    segments = ir.DenseI32ArrayAttr.get([1, int(len(args) > 1), int(len(args) > 2)])
     op = ir.Operation.create(
         "hexir.call", results=[result_type], operands=list(args),
         attributes={"callee": ir.FlatSymbolRefAttr.get(callee), "device": _str(device),
-                    "operandSegmentSizes": segments})
+                    "operandSegmentSizes": _segments("hexir.call", args)})
     return op.result
+
+
+def custom_call(kernel: str, args: Sequence[ir.Value], result_type: ir.Type, objects: dict[str, str],
+                grid: Sequence[int], block: Sequence[int], device: str = "auto") -> ir.Value:
+    """A user-supplied kernel: `objects` maps each device it can run on to its source/object file."""
+    op = ir.Operation.create(
+        "hexir.custom_call", results=[result_type], operands=list(args),
+        attributes={"kernel": _str(kernel), "device": _str(device),
+                    "objects": ir.DictAttr.get({d: _str(path) for d, path in objects.items()}),
+                    "grid": ir.DenseI64ArrayAttr.get(list(grid)), "block": ir.DenseI64ArrayAttr.get(list(block)),
+                    "operandSegmentSizes": _segments(f"custom kernel {kernel}", args)})
+    return op.result
+
+
+def objects_of(op: ir.Operation) -> dict[str, str]:
+    """device -> file of a hexir.custom_call."""
+    objects = ir.DictAttr(op.attributes["objects"])
+    return {named.name: ir.StringAttr(named.attr).value for named in objects}
 
 
 # ---- accessors -----------------------------------------------------------------------

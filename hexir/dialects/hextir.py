@@ -32,7 +32,7 @@ from mlir.dialects import arith, scf
 
 LOOP_KINDS = ("serial", "parallel", "unrolled")
 BINDINGS = ("", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-KERNEL_OPS = ("linear", "linear_bias", "relu")
+KERNEL_OPS = ("linear", "linear_bias", "relu", "custom")
 
 
 def _any_of(name: str, values: Sequence[str]) -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,7 @@ class JitFunction:
         """The hexir module of this function for these arguments (arrays or TensorSpecs)."""
         specs = self.specs_of(args)
         self.trace_count += 1
-        return trace(self.fn, specs, self.arg_names)
+        return trace(self.fn, specs, self.arg_names, self.options.kernel_search_path)
 
     def compile(self, *args: Any) -> bytes:
         """The .hxb bytes of this function for these arguments (arrays or TensorSpecs)."""
@@ -107,13 +109,15 @@ def _checked(fn: Callable) -> Callable:
 
 @_checked
 def jit(fn: Callable | None = None, *, placement: str | dict | None = None,
-        target: str | None = None) -> Any:
+        target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = ()) -> Any:
     """Compile `fn` on its first call for each argument signature, then run the compiled code.
 
     `placement` ("hexir.linear=cuda,...") overrides `on()` blocks; `target` chooses the code
-    generation targets ("cpu:x86-64-v3,cuda:sm_90").
+    generation targets ("cpu:x86-64-v3,cuda:sm_90"); `kernel_search_path` is where custom
+    kernels' files are looked for after their own folders.
     """
-    options = parse_target(target, Options(placement=parse_placement(placement)))
+    options = parse_target(target, Options(placement=parse_placement(placement),
+                                           kernel_search_path=tuple(map(os.fspath, kernel_search_path))))
     if fn is None:
         return lambda f: JitFunction(f, options)
     return JitFunction(fn, options)
@@ -121,12 +125,13 @@ def jit(fn: Callable | None = None, *, placement: str | dict | None = None,
 
 @_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
-           target: str | None = None) -> Path:
+           target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = ()) -> Path:
     """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs) into a .hxb file."""
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
-    if placement is not None or target is not None:
-        base = Options(placement=parse_placement(placement) or jitted.options.placement,
-                       cpu=jitted.options.cpu, cuda_archs=jitted.options.cuda_archs)
+    if placement is not None or target is not None or kernel_search_path:
+        base = replace(jitted.options, placement=parse_placement(placement) or jitted.options.placement,
+                       kernel_search_path=jitted.options.kernel_search_path
+                       + tuple(map(os.fspath, kernel_search_path)))
         jitted = JitFunction(jitted.fn, parse_target(target, base))
     path = Path(path)
     path.write_bytes(jitted.compile(*example_args))

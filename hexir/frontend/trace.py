@@ -106,6 +106,7 @@ class _Trace:
     # trace: a freed temporary's id would be reused by the next one, which would then get
     # the first one's constant.
     constants: dict[int, tuple[np.ndarray, Tensor]] = field(default_factory=dict)
+    kernel_search_path: tuple[str, ...] = ()                 # for custom kernels' files
 
     def constant(self, array: np.ndarray, role: str) -> Tensor:
         if id(array) not in self.constants:
@@ -144,7 +145,8 @@ def _closure_values(fn: Callable) -> dict[str, object]:
     return values
 
 
-def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str]) -> ir.Module:
+def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
+          kernel_search_path: Sequence[str] = ()) -> ir.Module:
     """Run `fn` on symbolic tensors of `specs` and return the hexir module it builds."""
     context = make_context()
     with context, user_location():
@@ -157,7 +159,7 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str]) -
             main.operation.attributes["hexir.source"] = ir.StringAttr.get(fn.__qualname__)
             entry = main.add_entry_block()
         args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments, strict=True)]
-        _state.trace = _Trace(context, _captured_names(fn))
+        _state.trace = _Trace(context, _captured_names(fn), kernel_search_path=tuple(kernel_search_path))
         try:
             with ir.InsertionPoint(entry):
                 result = fn(*args)

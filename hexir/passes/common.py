@@ -42,3 +42,14 @@ def kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
         if tag is not None and (device is None or tag[0] == device):
             found.append(op)
     return found
+
+
+def generated_kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
+    """The kernels hexir writes the body of (not the declarations of custom kernels)."""
+    return [k for k in kernels(module, device) if len(k.regions[0].blocks) > 0]
+
+
+def location_of(op: ir.Operation) -> str:
+    """`file:line:col` of an op, as errors print it."""
+    text = str(op.location)
+    return text[len("loc("):-1].strip('"').replace('":', ":") if text.startswith("loc(") else text

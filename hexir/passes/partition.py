@@ -4,10 +4,11 @@ Input: a hexir module straight from the tracer (or a .mlir file); ops carry
 `device = "auto" | "cpu" | "cuda"`. Output: every op carries "cpu" or "cuda", and every
 value used on a device other than the one that made it goes through `hexir.transfer`.
 
-Rules, in order of precedence, for the placeable ops (linear, relu):
+Rules, in order of precedence, for the placeable ops (linear, relu, custom_call):
   1. `-placement=hexir.linear=cuda` (the `placement` option) names the op's kind;
   2. the op's own device, recorded by a `with hexir.on(...)` block;
-  3. "cpu".
+  3. "cpu" (a custom kernel with no cpu file: "cuda").
+A custom kernel placed on a device it has no file for is a PlacementError at its line.
 Function arguments arrive on the host and results return to it; print runs on the host.
 A constant lives on the device of its users (one upload of the weights), or on the host
 when users on several devices share it.
@@ -26,7 +27,8 @@ from collections.abc import Mapping
 from mlir import ir
 
 from hexir.dialects import hexir as hx
-from hexir.passes.common import main_function
+from hexir.errors import PlacementError
+from hexir.passes.common import location_of, main_function
 
 
 def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
@@ -35,8 +37,7 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
     ops = list(body.operations)
     for op in ops:
         if op.name in hx.PLACEABLE_OPS:
-            chosen = placement.get(op.name) or hx.device_of(op)
-            hx.set_device(op, "cpu" if chosen == "auto" else chosen)
+            hx.set_device(op, _choose(op, placement.get(op.name) or hx.device_of(op)))
     for op in ops:
         if op.name == "hexir.constant":
             user_devices = {_consumer_device(use.owner) for use in op.result.uses}
@@ -54,6 +55,21 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
                 with ir.InsertionPoint(op), op.location:
                     transfers[key] = hx.transfer(operand, have, wanted)
             op.operands[position] = transfers[key]
+
+
+def _choose(op: ir.Operation, wanted: str) -> str:
+    """The device for a placeable op: a custom kernel can only run where it has a file."""
+    if op.name != "hexir.custom_call":
+        return "cpu" if wanted == "auto" else wanted
+    available = hx.objects_of(op)
+    if wanted == "auto":
+        return "cpu" if "cpu" in available else "cuda"
+    if wanted not in available:
+        kernel = hx.string_attr(op, "kernel")
+        raise PlacementError(f"custom kernel {kernel} is placed on {wanted} but has no {wanted} file "
+                             f"(it has: {', '.join(available)}); it can only run on {' or '.join(available)}",
+                             location_of(op))
+    return wanted
 
 
 def _consumer_device(op: ir.Operation) -> str:

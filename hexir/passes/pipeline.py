@@ -12,15 +12,17 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from mlir import ir, passmanager
 
 from hexir.backend import cpu as cpu_backend
 from hexir.backend.package import package
 from hexir.errors import HexirError, PlacementError
-from hexir.passes.common import kernels
+from hexir.passes.common import generated_kernels
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.partition import partition
 from hexir.passes.tir_to_loops import tir_to_loops
@@ -37,7 +39,7 @@ class Options:
     placement: tuple[tuple[str, str], ...] = ()     # (op name, device), e.g. ("hexir.linear", "cuda")
     cpu: str = "x86-64"
     cuda_archs: tuple[str, ...] = ("sm_90",)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    kernel_search_path: tuple[str, ...] = ()            # where custom kernels' files are looked for
 
     def placement_map(self) -> dict[str, str]:
         return dict(self.placement)
@@ -82,20 +84,26 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
         _run(module, [("hexir-lower-to-tir", lower_to_tir), "cse"])
     if reached >= STAGES.index("mlir-linalg"):
         _run(module, [("hextir-to-loops", tir_to_loops)])
-    if reached >= STAGES.index("mlir-gpu") and kernels(module, "cuda"):
+    if reached >= STAGES.index("mlir-gpu") and generated_kernels(module, "cuda"):
         from hexir.passes.to_gpu import cuda_kernels_to_gpu
         cuda_kernels_to_gpu(module, options)
     if reached <= STAGES.index("mlir-gpu"):
         return module
-    cpu_module = cpu_kernels_to_llvm(module) if kernels(module, "cpu") else None
+    cpu_module = cpu_kernels_to_llvm(module) if generated_kernels(module, "cpu") else None
     if stage == "llvm":
         return cpu_backend.llvm_ir(cpu_module) if cpu_module is not None else "; no cpu kernels\n"
-    library = cpu_backend.compile_kernels(cpu_module, options.cpu) if cpu_module is not None else None
-    cuda_images = None
-    if kernels(module, "cuda"):
-        from hexir.backend import cuda as cuda_backend
-        cuda_images = cuda_backend.compile_kernels(module, options.cuda_archs)
-    return package(module, library, cuda_images)
+    from hexir.backend import cuda as cuda_backend
+    from hexir.backend.custom import build_custom
+
+    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
+        custom = build_custom(module, options.cpu, options.cuda_archs, Path(scratch))
+        library = None
+        if cpu_module is not None or custom.cpu_objects:
+            library = cpu_backend.compile_kernels(cpu_module, options.cpu, custom.cpu_objects)
+    cuda_binary = None
+    if generated_kernels(module, "cuda"):
+        cuda_binary = cuda_backend.compile_kernels(module, options.cuda_archs)
+    return package(module, library, cuda_binary, custom)
 
 
 def compile_module(module: ir.Module, options: Options) -> bytes:
@@ -151,4 +159,4 @@ def parse_target(text: str | None, base: Options | None = None) -> Options:
             archs.append(arch)
         else:
             raise TargetError(f"target {part!r}: unknown device {device!r}; expected cpu or cuda")
-    return Options(base.placement, cpu, tuple(dict.fromkeys(archs)) or base.cuda_archs)
+    return replace(base, cpu=cpu, cuda_archs=tuple(dict.fromkeys(archs)) or base.cuda_archs)

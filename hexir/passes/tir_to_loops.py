@@ -23,14 +23,14 @@ from mlir.dialects import memref
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import kernels
+from hexir.passes.common import generated_kernels
 
 #: The trip count of a cpu kernel's work range, recorded for the manifest.
 WORK_ITEMS = "hextir.work_items"
 
 def tir_to_loops(module: ir.Module) -> None:
     """Lower hextir memory ops everywhere and give cpu kernels their work-range arguments."""
-    for kernel in kernels(module):
+    for kernel in generated_kernels(module):
         if ht.kernel_of(kernel)[0] == "cpu" and WORK_ITEMS not in kernel.attributes:  # not yet lowered
             _add_work_range(kernel)
         _lower_memory_ops(kernel)

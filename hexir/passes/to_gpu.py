@@ -32,7 +32,7 @@ from mlir.dialects import gpu
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import kernels, main_function
+from hexir.passes.common import generated_kernels, main_function
 
 GPU_MODULE = "hexir_cuda"
 _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
@@ -40,7 +40,7 @@ _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
 
 def cuda_kernels_to_gpu(module: ir.Module, options: object = None) -> None:
     """Move every cuda kernel into `gpu.module @hexir_cuda` as a bound `gpu.func`."""
-    cuda_kernels = [k for k in kernels(module, "cuda") if k.name == "func.func"]
+    cuda_kernels = [k for k in generated_kernels(module, "cuda") if k.name == "func.func"]
     if not cuda_kernels:
         return
     with module.context, ir.Location.unknown():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mlir import ir, passmanager
 
-from hexir.passes.common import kernels
+from hexir.passes.common import generated_kernels
 
 UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-arith-to-llvm, "
             "finalize-memref-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
@@ -26,9 +26,21 @@ def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
     with module.context, ir.Location.unknown():
         lowered = ir.Module.create()
         with ir.InsertionPoint(lowered.body):
-            for kernel in kernels(module, "cpu"):
+            for kernel in generated_kernels(module, "cpu"):
                 clone = kernel.clone()
                 for attribute in [name for name in clone.attributes if name.startswith("hextir.")]:
                     del clone.attributes[attribute]
+                _mark_noalias(clone)
         passmanager.PassManager.parse(UPSTREAM).run(lowered.operation)
     return lowered
+
+
+def _mark_noalias(kernel: ir.Operation) -> None:
+    """Every buffer argument is `noalias`: the runtime gives each call a fresh destination
+    that no input shares (inputs may share a buffer, but are only read). Without this LLVM
+    must assume a store to `out` can change `x` or `w`, and cannot keep their loads in
+    registers or vectorize without run-time overlap checks."""
+    inputs = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs
+    noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [noalias if isinstance(t, ir.MemRefType) else ir.DictAttr.get({}) for t in inputs])

@@ -18,15 +18,10 @@ from mlir import ir
 
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
-from hexir.passes.common import argument_names, kernels, main_function
+from hexir.passes.common import argument_names, kernels, location_of, main_function
 
 _GRAPH_OPS = ("hexir.constant", "hexir.linear", "hexir.relu", "hexir.print", "hexir.transfer",
-              "hexir.call", "func.return")
-
-
-def _where(op: ir.Operation) -> str:
-    text = str(op.location)
-    return text[len("loc("):-1].strip('"').replace('":', ":") if text.startswith("loc(") else text
+              "hexir.call", "hexir.custom_call", "func.return")
 
 
 def verify(module: ir.Module) -> None:
@@ -34,7 +29,7 @@ def verify(module: ir.Module) -> None:
     the first breach."""
     main = main_function(module)
     if not main.regions[0].blocks:
-        raise TraceError("main has no body; expected the host program", _where(main))
+        raise TraceError("main has no body; expected the host program", location_of(main))
     _check_signature(main)
     # a cpu twin (hextir.fallback_of) is reached through its cuda kernel, never called directly
     kernel_names = {ir.StringAttr(k.attributes["sym_name"]).value for k in kernels(module)
@@ -43,11 +38,11 @@ def verify(module: ir.Module) -> None:
         op = op.operation
         if op.name not in _GRAPH_OPS:
             raise TraceError(f"'{op.name}' is not a hexir graph op; expected one of {', '.join(_GRAPH_OPS)}",
-                             _where(op))
+                             location_of(op))
         try:
             _check(op, kernel_names)
         except TraceError as error:
-            raise TraceError(error.message, _where(op)) from None
+            raise TraceError(error.message, location_of(op)) from None
 
 
 def _check_static_tensor(type_: ir.Type) -> None:
@@ -68,7 +63,7 @@ def _check_signature(main: ir.Operation) -> None:
             _check_static_tensor(type_)
             hx.dtype_of(type_)
         except TraceError as error:
-            raise TraceError(f"main: {what}: {error.message}", _where(main)) from None
+            raise TraceError(f"main: {what}: {error.message}", location_of(main)) from None
 
 
 def _check(op: ir.Operation, kernel_names: set[str]) -> None:

@@ -115,7 +115,8 @@ def _field(label: str, value: Any) -> str:
 
 
 def describe(hxb: Hxb, path: str) -> str:
-    """A readable account of a checked module: entries and their programs, kernels, constants, blobs."""
+    """A readable account of a checked module: entries and their programs, kernels (a custom one
+    with its source file and where its cpu code is), constants, blobs."""
     manifest = hxb.manifest
     lines = [_field("module", path), _field("version", hxb.version), _field("producer", manifest["producer"])]
     lines.append(_field("size", f"{len(hxb.data)} bytes"))
@@ -144,17 +145,24 @@ def describe(hxb: Hxb, path: str) -> str:
     for i, kernel in enumerate(kernels):
         args = ", ".join(f"{arg['access']} {TensorType(tuple(arg['shape']), arg['dtype'])}" for arg in kernel["args"])
         lines.append(f"  [{i}] {kernel['name']}: {kernel['device']} {kernel['op']}({args})")
+        custom = kernel["op"] == "custom"
         if kernel["device"] == "cpu":
-            lines.append(f"      symbol {kernel['symbol']}, parallel_extent {kernel['parallel_extent']}")
+            where = _library(kernel) if custom else f"parallel_extent {kernel['parallel_extent']}"
+            lines.append(f"      symbol {kernel['symbol']}, {where}")
         else:
             launch = kernel["launch"]
             lines.append(f"      symbol {kernel['symbol']}, grid {launch['grid']}, block {launch['block']}, "
                          f"shared {launch['shared_bytes']} bytes")
+        if custom:
+            lines.append(f"      source {kernel['source']}, scalars {kernel['scalars']}")
+        if kernel["device"] == "cuda":
             images = ", ".join(f"{arch} in blob {blob}" for arch, blob in kernel["images"].items())
             lines.append(f"      images: {images}")
-            if "cpu_fallback" in kernel:
-                fallback = kernel["cpu_fallback"]
-                lines.append(f"      cpu fallback: {fallback['symbol']}, parallel_extent {fallback['parallel_extent']}")
+        if "cpu_fallback" in kernel:
+            fallback = kernel["cpu_fallback"]
+            where = (f"from {fallback['source']}, {_library(fallback)}" if custom
+                     else f"parallel_extent {fallback['parallel_extent']}")
+            lines.append(f"      cpu fallback: {fallback['symbol']}, {where}")
     if "cpu" in manifest:
         cpu = manifest["cpu"]
         lines += ["", "cpu", f"  {cpu['arch']} ({cpu['cpu']}), features: {' '.join(cpu['features']) or 'none'}"]
@@ -168,6 +176,11 @@ def describe(hxb: Hxb, path: str) -> str:
         where = f"{blob['size']} bytes at {blob['offset']}"
         lines.append(f"  [{i}] {blob['name']}: {where}, sha256 {blob['sha256'][:16]}...")
     return "\n".join(lines) + "\n"
+
+
+def _library(code: dict[str, Any]) -> str:
+    """Where a custom kernel's cpu code is: its own library blob or the module's."""
+    return f"library in blob {code['library']}" if "library" in code else "in the cpu library"
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int64_t first,
 int64_t last)` computes iterations [first, last) of the kernel's outermost parallel loop, whose
 trip count is the kernel's `parallel_extent`. Big launches are split over a thread pool; ctypes
-releases the GIL during a foreign call, so the chunks really run in parallel.
+releases the GIL during a foreign call, so the chunks really run in parallel. A custom kernel
+is called once, as `void symbol(T0 *arg0, ..., TN *argN, int64_t scalar0, ...)`, from the
+module's library or from a shared object of its own (its `library` blob).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .errors import DeviceError, KernelError
 from .format import Hxb
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+# ELF e_machine -> architecture, for the clear error; dlopen refuses other foreign objects itself.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64", 243: "riscv64"}
 
 # Loaded libraries by the sha256 of their bytes. ctypes never unloads a library, so loading the
 # same module twice must not map its code twice.
@@ -48,6 +52,17 @@ def check_host(cpu: dict[str, Any], machine: str | None = None, flags: set[str] 
         )
 
 
+def check_library(blob: memoryview, what: str, machine: str | None = None) -> None:
+    """Raise DeviceError if the shared object `blob` is an ELF for another architecture than this machine's."""
+    header = bytes(blob[:20])
+    if len(header) < 20 or not header.startswith(b"\x7fELF"):
+        return  # not an ELF at all: dlopen says so
+    arch = ELF_MACHINES.get(int.from_bytes(header[18:20], "little" if header[5] == 1 else "big"))
+    machine = machine or platform.machine()
+    if arch is not None and _arch(arch) != _arch(machine):
+        raise DeviceError(f"{what} is for {arch}, but this machine is {machine}")
+
+
 def _arch(name: str) -> str:
     return ARCH_ALIASES.get(name.lower(), name.lower())
 
@@ -65,7 +80,7 @@ def _cpu_flags() -> set[str] | None:
     return None
 
 
-def _open_library(blob: memoryview, digest: str) -> ctypes.CDLL:
+def _open_library(blob: memoryview, digest: str, what: str) -> ctypes.CDLL:
     with _libraries_lock:
         if digest not in _libraries:
             try:
@@ -74,7 +89,7 @@ def _open_library(blob: memoryview, digest: str) -> ctypes.CDLL:
                 try:
                     _libraries[digest] = _open_from_temporary_file(blob)
                 except OSError as error:
-                    raise DeviceError(f"cannot load the module's CPU library: {error}") from None
+                    raise DeviceError(f"cannot load {what}: {error}") from None
         return _libraries[digest]
 
 
@@ -122,7 +137,7 @@ class CpuDevice(HostMemory):
 
     def load(self, hxb: Hxb) -> CpuProgram:
         """Check the host, load the library (no file left behind), look up every kernel's code."""
-        codes = {}  # kernel index -> its cpu code: symbol and parallel_extent
+        codes = {}  # kernel index -> its cpu code: symbol, and parallel_extent or library
         for index, kernel in enumerate(hxb.manifest["kernels"]):
             if kernel["device"] in self.kinds:
                 codes[index] = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
@@ -131,30 +146,39 @@ class CpuDevice(HostMemory):
                         f"kernels[{index}] ({kernel['name']}) runs on cuda and has no cpu_fallback: "
                         "run this module with --device=cuda or --device=reference"
                     )
-        if not codes:
-            return CpuProgram({}, self)
-        cpu = hxb.manifest["cpu"]
-        check_host(cpu)
-        library = _open_library(hxb.blob(cpu["library"]), hxb.manifest["blobs"][cpu["library"]]["sha256"])
+        if any("library" not in code for code in codes.values()):
+            check_host(hxb.manifest["cpu"])
         functions = {}
         for index, code in codes.items():
             kernel = hxb.manifest["kernels"][index]
+            if "library" in code:  # a custom kernel's prebuilt shared object
+                blob = code["library"]
+                where = f"its library (blob {blob}, {hxb.manifest['blobs'][blob]['name']})"
+                check_library(hxb.blob(blob), f"kernels[{index}] ({kernel['name']}): {where}")
+                what = f"the library of kernels[{index}] ({kernel['name']}) (blob {blob})"
+            else:
+                blob, where, what = hxb.manifest["cpu"]["library"], "the CPU library", "the module's CPU library"
+            library = _open_library(hxb.blob(blob), hxb.manifest["blobs"][blob]["sha256"], what)
             try:
                 function = library[code["symbol"]]  # a fresh function object, unlike getattr
             except AttributeError:
                 raise KernelError(
-                    f"kernels[{index}] ({kernel['name']}): symbol {code['symbol']!r} is not in the CPU library"
+                    f"kernels[{index}] ({kernel['name']}): symbol {code['symbol']!r} is not in {where}"
                 ) from None
-            function.argtypes = [ctypes.c_void_p] * len(kernel["args"]) + [ctypes.c_int64] * 2
+            custom = kernel["op"] == "custom"
+            scalars = tuple(kernel["scalars"]) if custom else ()
+            integers = len(scalars) if custom else 2  # the dimensions, or first and last
+            function.argtypes = [ctypes.c_void_p] * len(kernel["args"]) + [ctypes.c_int64] * integers
             function.restype = None
-            functions[index] = (function, code["parallel_extent"])
+            functions[index] = (function, None if custom else code["parallel_extent"], scalars)
         return CpuProgram(functions, self)
 
 
 class CpuProgram:
-    """The module's CPU kernels as ctypes functions, with their parallel extents."""
+    """The module's CPU kernels as ctypes functions, with their parallel extents (None for a
+    custom kernel) and scalars (a custom kernel's dimensions)."""
 
-    def __init__(self, kernels: dict[int, tuple[Any, int]], device: CpuDevice) -> None:
+    def __init__(self, kernels: dict[int, tuple[Any, int | None, tuple[int, ...]]], device: CpuDevice) -> None:
         self.kernels = kernels
         self.device = device
 
@@ -162,8 +186,11 @@ class CpuProgram:
         """Run kernels[kernel] on C-contiguous `buffers`, in chunks of its parallel loop if big."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
-        function, extent = self.kernels[kernel]
+        function, extent, scalars = self.kernels[kernel]
         pointers = [buffer.ctypes.data for buffer in buffers]
+        if extent is None:  # a custom kernel: called once, with every dimension after the pointers
+            function(*pointers, *scalars)
+            return
         chunks = 1
         if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
             chunks = min(self.device.threads, extent)

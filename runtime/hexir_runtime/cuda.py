@@ -4,7 +4,9 @@ Only the driver API (`cuda.bindings.driver`) is used, and every call goes throug
 which turns a failing CUresult into a DeviceError naming the call and the driver's message.
 The image that fits the GPU is chosen from the kernel's `images` (docs/hxb-format.md): the
 CUBIN of its own architecture, else one of the same major version and a lower minor, else
-the PTX (JIT-compiled by the driver) if its virtual architecture is not above the GPU's.
+the PTX (JIT-compiled by the driver) if its virtual architecture is not above the GPU's, else
+a custom kernel's fatbin (the driver picks inside it). A custom kernel takes its arguments'
+dimensions as 64-bit integers after its device pointers.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int
     usable = [cc for cc in ptx if cc <= own]
     if usable:
         return ptx[max(usable)]
+    if "fatbin" in images:  # last: we cannot tell what it holds, the driver can
+        return "fatbin", images["fatbin"]
     advice = (f"recompile with -target=cuda:sm_{own}" if own >= OLDEST_TARGET else
               f"hexir generates code for sm_{OLDEST_TARGET} and newer only")
     raise DeviceError(
@@ -136,10 +140,10 @@ class CudaDevice:
         check(self.driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def load(self, hxb: Hxb) -> CudaProgram:
-        """Load the fitting image once per module and look up every CUDA kernel in it."""
+        """Load each fitting image once per module and look up every CUDA kernel in its image."""
         self.make_current()
         modules: dict[int, Any] = {}
-        kernels: dict[int, tuple[Any, dict]] = {}
+        kernels: dict[int, tuple[Any, dict, tuple[int, ...]]] = {}
         for index, kernel in enumerate(hxb.manifest["kernels"]):
             if kernel["device"] != "cuda":
                 continue
@@ -154,14 +158,14 @@ class CudaDevice:
                                  "cuModuleGetFunction")
             except DeviceError as error:
                 raise KernelError(f"kernels[{index}] ({kernel['name']}): {error}") from None
-            kernels[index] = (function, kernel["launch"])
+            kernels[index] = (function, kernel["launch"], tuple(kernel.get("scalars", ())))
         return CudaProgram(self, kernels)
 
 
 class CudaProgram:
     """The module's CUDA kernels, ready to launch with their recorded geometry."""
 
-    def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, dict]]) -> None:
+    def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, dict, tuple[int, ...]]]) -> None:
         self.device = device
         self.kernels = kernels
 
@@ -169,10 +173,12 @@ class CudaProgram:
         """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here)."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
-        function, launch = self.kernels[kernel]
+        function, launch, scalars = self.kernels[kernel]
         self.device.make_current()  # the context is per thread; this one may not have it yet
-        # kernelParams: an array of pointers, each to one argument's value (a device pointer).
+        # kernelParams: an array of pointers, each to one argument's value: the device pointers,
+        # then a custom kernel's dimensions as 64-bit integers.
         values = [ctypes.c_void_p(int(buffer.pointer)) for buffer in buffers]
+        values += [ctypes.c_int64(scalar) for scalar in scalars]
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         driver = self.device.driver
         check(driver.cuLaunchKernel(function, *launch["grid"], *launch["block"], launch["shared_bytes"],

@@ -33,6 +33,7 @@ KERNEL_OPS = {  # op -> its args in call order (destination last)
     "linear": ("x[M, K]", "w[K, N]", "out[M, N]"),
     "linear_bias": ("x[M, K]", "w[K, N]", "bias[N]", "out[M, N]"),
     "relu": ("x", "out of the same shape"),
+    "custom": ("1 to 4 inputs of any shapes", "out"),
 }
 COMMANDS = {  # host program op -> its other fields
     "input": ("index", "dst"),
@@ -44,9 +45,15 @@ COMMANDS = {  # host program op -> its other fields
 }
 _COMMAND_FIELDS = tuple(sorted({field for fields in COMMANDS.values() for field in fields}))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_IMAGE = re.compile(r"(sm|compute)_[0-9]+")
-# Keys a kernel has on one device only: (required, optional).
-_DEVICE_KEYS = {"cpu": (("parallel_extent",), ()), "cuda": (("launch", "images"), ("cpu_fallback",))}
+_IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
+# A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
+_KERNEL_KEYS = {
+    ("cpu", False): (("parallel_extent",), ()),
+    ("cpu", True): (("scalars", "source"), ("library",)),
+    ("cuda", False): (("launch", "images"), ("cpu_fallback",)),
+    ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
+}
+_OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -247,12 +254,13 @@ def _check_meaning(manifest: dict[str, Any]) -> None:
     kernels = _list(manifest["kernels"], "kernels")
     for i, kernel in enumerate(kernels):
         _check_kernel(kernel, f"kernels[{i}]", len(blob_sizes))
-    cpu_code = [i for i, kernel in enumerate(kernels) if kernel["device"] == "cpu" or "cpu_fallback" in kernel]
+    cpu_code = [i for i, kernel in enumerate(kernels) if _uses_cpu_library(kernel)]
     if cpu_code and "cpu" not in manifest:
-        _fail("cpu", f"missing, but kernels[{cpu_code[0]}] has cpu code")
+        _fail("cpu", f"missing, but kernels[{cpu_code[0]}] has cpu code and no library of its own")
     if "cpu" in manifest:
         if not cpu_code:
-            _fail("cpu", "present, but no kernel has cpu code (a cpu kernel or a cpu_fallback)")
+            _fail("cpu", "present, but no kernel has cpu code in cpu.library (a cpu kernel or a cpu_fallback "
+                         "without a library of its own)")
         cpu = _object(manifest["cpu"], "cpu", ("arch", "cpu", "features", "library"))
         _str(cpu["arch"], "cpu.arch")
         _str(cpu["cpu"], "cpu.cpu")
@@ -267,22 +275,37 @@ def _check_meaning(manifest: dict[str, Any]) -> None:
         _check_entry(entry, f"entries[{i}]", manifest, names)
 
 
+def _uses_cpu_library(kernel: dict[str, Any]) -> bool:
+    """Whether a (checked) kernel has cpu code in `cpu.library` rather than in a library of its own."""
+    code = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
+    return code is not None and "library" not in code
+
+
 def _check_kernel(kernel: Any, path: str, blob_count: int) -> None:
-    device_keys = tuple(key for keys in _DEVICE_KEYS.values() for key in sum(keys, ()))
-    _object(kernel, path, ("name", "op", "device", "symbol", "args"), device_keys)
+    _object(kernel, path, ("name", "op", "device", "symbol", "args"), _OPTIONAL_KERNEL_KEYS)
     _str(kernel["name"], f"{path}.name")
     op = _choice(kernel["op"], f"{path}.op", tuple(KERNEL_OPS))
     device = _choice(kernel["device"], f"{path}.device", DEVICES)
-    for other, (required, optional) in _DEVICE_KEYS.items():
-        for key in required + optional:
-            if other != device and key in kernel:
-                _fail(f"{path}.{key}", f"only {other} kernels have this key")
-            if other == device and key in required and key not in kernel:
-                _fail(f"{path}.{key}", f"missing ({device} kernels need it)")
+    custom = op == "custom"
+    required, optional = _KERNEL_KEYS[device, custom]
+    for key in _OPTIONAL_KERNEL_KEYS:
+        if key in kernel and key not in required + optional:
+            _fail(f"{path}.{key}", f"only {_kernels_with(key)} have this key")
+        if key in required and key not in kernel:
+            _fail(f"{path}.{key}", f"missing ({_kernels_with(key)} need it)")
     _identifier(kernel["symbol"], f"{path}.symbol")
     _check_args(op, _list(kernel["args"], f"{path}.args"), f"{path}.args")
+    if custom:  # its code takes every dimension of every arg, in order, after the pointers
+        _check_custom_code(kernel, path, blob_count)
+        dims = [size for arg in kernel["args"] for size in arg["shape"]]
+        scalars = _list(kernel["scalars"], f"{path}.scalars")
+        for j, scalar in enumerate(scalars):
+            _int(scalar, f"{path}.scalars[{j}]")
+        if scalars != dims:
+            _fail(f"{path}.scalars", f"expected the dimensions of every arg in order, {dims}, got {scalars}")
     if device == "cpu":
-        _int(kernel["parallel_extent"], f"{path}.parallel_extent")
+        if not custom:
+            _int(kernel["parallel_extent"], f"{path}.parallel_extent")
         return
     launch = _object(kernel["launch"], f"{path}.launch", ("grid", "block", "shared_bytes"))
     for key in ("grid", "block"):
@@ -297,12 +320,39 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> None:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     for arch, blob in images.items():
         if not _IMAGE.fullmatch(arch):
-            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN) or compute_<number> (PTX)")
+            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX) or fatbin")
+        if arch == "fatbin" and not custom:
+            _fail(f"{path}.images.fatbin", "only custom kernels have a fatbin image")
         _index(blob, f"{path}.images.{arch}", blob_count, "blob")
     if "cpu_fallback" in kernel:
-        fallback = _object(kernel["cpu_fallback"], f"{path}.cpu_fallback", ("symbol", "parallel_extent"))
-        _identifier(fallback["symbol"], f"{path}.cpu_fallback.symbol")
-        _int(fallback["parallel_extent"], f"{path}.cpu_fallback.parallel_extent")
+        where = f"{path}.cpu_fallback"
+        keys = (("symbol", "source"), ("library",)) if custom else (("symbol", "parallel_extent"), ())
+        fallback = _object(kernel["cpu_fallback"], where, *keys)
+        _identifier(fallback["symbol"], f"{where}.symbol")
+        if custom:
+            _check_custom_code(fallback, where, blob_count)
+        else:
+            _int(fallback["parallel_extent"], f"{where}.parallel_extent")
+
+
+def _kernels_with(key: str) -> str:
+    """Which kernels have `key`, in words: "cuda kernels", "custom kernels", "generated cpu kernels"."""
+    kinds = [kind for kind, keys in _KERNEL_KEYS.items() if key in sum(keys, ())]
+    devices, customs = {device for device, _ in kinds}, {custom for _, custom in kinds}
+    words = []
+    if len(customs) == 1:
+        words.append("custom" if customs.pop() else "generated")
+    if len(devices) == 1:
+        words.append(devices.pop())
+    return " ".join([*words, "kernels"])
+
+
+def _check_custom_code(code: dict[str, Any], path: str, blob_count: int) -> None:
+    """The `source` of a custom kernel (or of its cpu_fallback) and its own `library`, if any."""
+    if not isinstance(code["source"], str) or not code["source"]:
+        _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
+    if "library" in code:
+        _index(code["library"], f"{path}.library", blob_count, "blob")
 
 
 def _check_args(op: str, specs: list[Any], path: str) -> None:
@@ -310,6 +360,10 @@ def _check_args(op: str, specs: list[Any], path: str) -> None:
     args = [_tensor(arg, f"{path}[{j}]", ("access",)) for j, arg in enumerate(specs)]
     for j, arg in enumerate(specs):
         _choice(arg["access"], f"{path}[{j}].access", ("write",) if j == len(args) - 1 else ("read",))
+    if op == "custom":  # any shapes; float32 and float64 may mix
+        if not 2 <= len(args) <= 5:
+            _fail(path, f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
+        return
     expected = ", ".join(KERNEL_OPS[op])
     if len(args) != len(KERNEL_OPS[op]):
         _fail(path, f"{op} takes {len(KERNEL_OPS[op])} args ({expected}), got {len(args)}")

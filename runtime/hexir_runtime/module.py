@@ -84,7 +84,7 @@ class Module:
         try:
             devices, loaded = _load_on(hxb, kinds, candidates)
         except DeviceError as error:
-            if device != "auto" or "cuda" not in candidates[0].kinds:
+            if device != "auto" or not candidates[0].name.startswith("cuda"):
                 raise
             # a GPU is there but cannot run this module (e.g. no image for its architecture)
             warnings.warn(f"the GPU cannot run this module ({error}); running the CUDA kernels on the cpu",

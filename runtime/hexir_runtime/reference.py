@@ -1,7 +1,8 @@
 """The reference device: numpy computes every kernel from its `op`.
 
 It is the executable definition of each op and the oracle the other devices are compared
-with. It runs the kernels of every manifest device (cpu and cuda) and never loads native code.
+with. It runs the kernels of every manifest device (cpu and cuda) and never loads native code,
+so it refuses a module with custom kernels (the user's code has no numpy twin) when it loads.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ class ReferenceDevice(HostMemory):
     kinds = ("cpu", "cuda")
 
     def load(self, hxb: Hxb) -> ReferenceProgram:
-        """Prepare the module's kernels (all of them, whatever their device)."""
+        """Prepare the module's kernels (all of them, whatever their device); KernelError for a custom one."""
+        for index, kernel in enumerate(hxb.manifest["kernels"]):
+            if kernel["op"] not in OPS:
+                raise KernelError(f"kernels[{index}] ({kernel['name']}) is a {kernel['op']} kernel: "
+                                  "the reference device has no numpy version of it")
         return ReferenceProgram([OPS[kernel["op"]] for kernel in hxb.manifest["kernels"]])
 
 

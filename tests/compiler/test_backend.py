@@ -14,6 +14,7 @@ import hexir
 from hexir.backend import cpu as cpu_backend
 from hexir.backend.toolchain import llvm_tool, run_tool
 from hexir.errors import CompileError, TargetError
+from hexir.passes.lower_to_tir import CPU_ROWS
 from hexir.passes.pipeline import Options, compile_module, parse_target
 
 from .conftest import LLVM_BIN, parse
@@ -140,7 +141,9 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
     assert relu["op"] == "relu" and [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
     assert linear_bias["op"] == "linear_bias"
     assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [16, 4], [4], [2, 4]]
-    assert {k["parallel_extent"] for k in baseline.manifest["kernels"]} == {2}
+    # linear: the rows in blocks of CPU_ROWS (one short block here); relu: the rows
+    rows, row_blocks = X.shape[0], -(-X.shape[0] // CPU_ROWS)
+    assert [k["parallel_extent"] for k in (linear, relu, linear_bias)] == [row_blocks, rows, row_blocks]
 
 
 def test_constants_hold_the_weights_by_name(baseline):

@@ -27,6 +27,7 @@ import hexir.cli
 from hexir.backend import cuda as cuda_backend
 from hexir.errors import TargetError
 from hexir.passes import gpu_schedule
+from hexir.passes.lower_to_tir import CPU_ROWS
 from hexir.passes.pipeline import CUDA_ARCHS
 
 from .conftest import LLVM_BIN, filecheck, lower
@@ -214,7 +215,8 @@ def test_relu_launch_is_the_element_count_ceil_divided_by_the_block(build, shape
 
 
 def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
-    manifest, _ = read(build("linear_relu", "float32", 9, 4, 5))
+    m = 9
+    manifest, _ = read(build("linear_relu", "float32", m, 4, 5))
     linear, relu = manifest["kernels"]
     assert [(k["name"], k["op"], k["device"], k["symbol"]) for k in (linear, relu)] == [
         ("linear_0", "linear", "cuda", "linear_0"), ("relu_1", "relu", "cuda", "relu_1")]
@@ -224,11 +226,12 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     blobs = manifest["blobs"]
     assert blobs[linear["images"]["sm_90"]]["name"] == "cuda:sm_90.cubin"
     assert blobs[linear["images"]["compute_90"]]["name"] == "cuda:compute_90.ptx"
-    assert linear["cpu_fallback"] == {"symbol": "linear_0_cpu", "parallel_extent": 9}
-    assert relu["cpu_fallback"] == {"symbol": "relu_1_cpu", "parallel_extent": 9}
+    # the cpu twins keep the cpu schedules: linear over blocks of CPU_ROWS rows, relu over the rows
+    assert linear["cpu_fallback"] == {"symbol": "linear_0_cpu", "parallel_extent": ceil_div(m, CPU_ROWS)}
+    assert relu["cpu_fallback"] == {"symbol": "relu_1_cpu", "parallel_extent": m}
     assert blobs[manifest["cpu"]["library"]]["name"] == "cpu.so"
     assert [arg["access"] for arg in linear["args"]] == ["read", "read", "write"]
-    assert [arg["shape"] for arg in linear["args"]] == [[9, 4], [4, 5], [9, 5]]
+    assert [arg["shape"] for arg in linear["args"]] == [[m, 4], [4, 5], [m, 5]]
 
 
 def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):

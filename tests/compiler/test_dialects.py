@@ -98,13 +98,33 @@ def test_transfer_endpoints_are_real_devices():
 def test_call_needs_a_callee():
     text = """
     func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-      %1 = "hexir.call"(%arg0) {device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>}
+      %1 = "hexir.call"(%arg0) {device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}
           : (tensor<4xf32>) -> tensor<4xf32>
       return %1 : tensor<4xf32>
     }
     """
     with pytest.raises(ir.MLIRError, match=r'\'hexir.call\' op attribute "callee" is expected but not provided'):
         parse(text)
+
+
+@pytest.mark.parametrize("op", ["hexir.call", "hexir.custom_call"])
+def test_call_operand_segments_have_one_entry_per_operand_group(op):
+    """Calls have one required and MAX_CALL_ARGS - 1 optional operand groups; three entries no longer do."""
+    attributes = ('callee = @k, device = "cpu"' if op == "hexir.call" else
+                  'kernel = "k", objects = {cpu = "k.c"}, grid = array<i64: 1, 1, 1>, block = array<i64: 1, 1, 1>, '
+                  'device = "cpu"')
+    text = """
+    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {{
+      %1 = "{op}"(%arg0) {{{attributes}, operandSegmentSizes = array<i32: {segments}>}}
+          : (tensor<4xf32>) -> tensor<4xf32>
+      return %1 : tensor<4xf32>
+    }}
+    """
+    assert hx.MAX_CALL_ARGS == 4
+    parse(text.format(op=op, attributes=attributes, segments="1, 0, 0, 0"))
+    with pytest.raises(ir.MLIRError, match=r"'operandSegmentSizes' attribute for specifying operand segments must "
+                                           r"have 4 elements, but got 3"):
+        parse(text.format(op=op, attributes=attributes, segments="1, 0, 0"))
 
 
 # ---- hexir: typed builders --------------------------------------------------------------
@@ -137,9 +157,36 @@ def test_linear_builder_applies_the_shape_rules():
         _in_function(lambda x, w: hx.linear(x, w), "tensor<3x5xf32>", "tensor<4x7xf32>")
 
 
-def test_call_builder_takes_one_to_three_operands():
-    with pytest.raises(TraceError, match=r"hexir.call takes 1 to 3 operands, got 4"):
-        _in_function(lambda *args: hx.call("k", list(args), args[0].type, "cpu"), *["tensor<2xf32>"] * 4)
+def _call(*args):
+    return hx.call("k", list(args), ir.RankedTensorType.get([2], ir.F32Type.get()), "cpu")
+
+
+def _custom_call(*args):
+    return hx.custom_call("k", list(args), ir.RankedTensorType.get([2], ir.F32Type.get()), {"cpu": "k.c"},
+                          grid=(1, 1, 1), block=(1, 1, 1))
+
+
+@pytest.mark.parametrize("count", range(1, hx.MAX_CALL_ARGS + 1))
+@pytest.mark.parametrize("build", [_call, _custom_call], ids=["call", "custom_call"])
+def test_call_builders_take_one_to_four_operands(build, count):
+    # distinct operand types: each operand is a group of its own, whatever its type
+    types = [f"tensor<{i + 1}xf32>" for i in range(count)]
+    (value, module) = _in_function(build, *types)
+    assert module.operation.verify()
+    op = value.owner
+    assert [str(v.type) for v in op.operands] == types
+    segments = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    assert segments == [1] * count + [0] * (4 - count)
+    assert f"operandSegmentSizes = array<i32: {', '.join(map(str, segments))}>" in str(module)
+
+
+@pytest.mark.parametrize("count", [0, hx.MAX_CALL_ARGS + 1, hx.MAX_CALL_ARGS + 2])
+@pytest.mark.parametrize(("build", "what"), [(_call, "hexir.call"), (_custom_call, "custom kernel k")],
+                         ids=["call", "custom_call"])
+def test_call_builders_refuse_other_operand_counts(build, what, count):
+    assert hx.MAX_CALL_ARGS == 4
+    with pytest.raises(TraceError, match=rf"^{re.escape(what)} takes 1 to 4 tensors, got {count}$"):
+        _in_function(build, *["tensor<2xf32>"] * count)
 
 
 # ---- hexir.constant: the numpy value round-trips -----------------------------------------

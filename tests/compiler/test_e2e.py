@@ -66,7 +66,9 @@ def test_threads_split_the_rows_correctly(tmp_path):
     mlp, expected = two_layers("float64", k=5, hidden=7, n=3, seed=4)
     x = np.random.default_rng(5).standard_normal((37, 5))
     path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
-    module = hexir_runtime.load(path, device=CpuDevice(threads=4))
+    # split_bytes=0: split every launch, however small (by default only launches of 1 MiB or more
+    # are, and these are a few KiB): 37 rows, in linear's blocks of CPU_ROWS, split unevenly over 4 threads
+    module = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
     np.testing.assert_allclose(module.main(x), expected(x), **TOLERANCE["float64"])
 
 

@@ -6,18 +6,22 @@ each checked on the printed IR of small cpu graphs."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hexir.errors import CompileError
+from hexir.passes.lower_to_tir import CPU_ROWS
 
 from .conftest import filecheck, lower
 
-LINEAR = """
-func.func @main(%arg0: tensor<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> {
-  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
-  return %1 : tensor<2x4xf32>
-}
+LINEAR_OF_M = """
+func.func @main(%arg0: tensor<{m}x8xf32>, %w: tensor<8x4xf32>) -> tensor<{m}x4xf32> {{
+  %1 = "hexir.linear"(%arg0, %w) {{device = "auto"}} : (tensor<{m}x8xf32>, tensor<8x4xf32>) -> tensor<{m}x4xf32>
+  return %1 : tensor<{m}x4xf32>
+}}
 """
+LINEAR = LINEAR_OF_M.format(m=2)
 
 LINEAR_BIAS_RELU = """
 func.func @main(%arg0: tensor<3x5xf64>) -> tensor<3x7xf64> {
@@ -46,49 +50,80 @@ def test_linear_becomes_a_kernel_and_a_call():
         CHECK-SAME:      attributes {hextir.kernel = #hextir.kernel<"cpu", "linear">}
         CHECK-NOT:   hexir.linear
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>)
-        CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0>}
+        CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0>}
         CHECK-SAME:      : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
         CHECK-NEXT:    return %[[Y]]
     """)
 
 
-def test_linear_schedule_is_parallel_outside_serial_inside():
-    filecheck(lower(LINEAR, "mlir-tir"), """
+def row_blocks(m: int) -> int:
+    """The trip count of a cpu linear's parallel loop: M rows in blocks of CPU_ROWS, the last one short."""
+    return -(-m // CPU_ROWS)
+
+
+def test_row_blocks_cover_every_row_once():
+    assert CPU_ROWS > 1
+    for m in range(1, 4 * CPU_ROWS + 2):
+        rows = [min(CPU_ROWS, m - CPU_ROWS * block) for block in range(row_blocks(m))]
+        assert sum(rows) == m and all(1 <= r <= CPU_ROWS for r in rows)
+
+
+# m = 2: one block, shorter than CPU_ROWS; m = 9: several blocks, the last one short
+@pytest.mark.parametrize("m", [2, 9])
+def test_linear_schedule_is_parallel_over_row_blocks_serial_inside(m):
+    assert m not in (CPU_ROWS, 4, 8, row_blocks(m))  # its constant is printed as %c<m>, not shared
+    filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-tir"), f"""
         CHECK-LABEL: func.func public @linear_0
-        CHECK:       scf.for %[[I:.+]] = %c0 to %c2 step %c1 {
-        CHECK:         scf.for %[[J:.+]] = %c0 to %c4 step %c1 {
-        CHECK:           "hextir.store"(%{{.+}}, %arg2, %[[I]], %[[J]]) : (f32, memref<2x4xf32>, index, index) -> ()
-        CHECK-NEXT:    } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK:         scf.for %[[K:.+]] = %c0 to %c8 step %c1 {
-        CHECK-NEXT:      %[[A:.+]] = "hextir.load"(%arg0, %[[I]], %[[K]]) : (memref<2x8xf32>, index, index) -> f32
-        CHECK:           scf.for %[[J2:.+]] = %c0 to %c4 step %c1 {
-        CHECK-NEXT:        %[[B:.+]] = "hextir.load"(%arg1, %[[K]], %[[J2]])
-        CHECK-NEXT:        %[[P:.+]] = arith.mulf %[[A]], %[[B]] : f32
-        CHECK-NEXT:        %[[O:.+]] = "hextir.load"(%arg2, %[[I]], %[[J2]])
-        CHECK-NEXT:        %[[S:.+]] = arith.addf %[[O]], %[[P]] : f32
-        CHECK-NEXT:        "hextir.store"(%[[S]], %arg2, %[[I]], %[[J2]])
-        CHECK-NEXT:      } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK-NEXT:    } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK-NEXT:  } {hextir.schedule = #hextir.loop<"parallel", "">}
+        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{row_blocks(m)} step %c1 {{
+        CHECK-NEXT:    %[[CPU_ROWS:.+]] = arith.constant {CPU_ROWS} : index
+        CHECK-NEXT:    %[[FIRST:.+]] = arith.muli %[[BLOCK]], %[[CPU_ROWS]] : index
+        CHECK-NEXT:    %[[M:.+]] = arith.constant {m} : index
+        CHECK-NEXT:    %[[LEFT:.+]] = arith.subi %[[M]], %[[FIRST]] : index
+        CHECK-NEXT:    %[[ROWS:.+]] = arith.minui %[[CPU_ROWS]], %[[LEFT]] : index
+        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
+        CHECK-NEXT:      scf.for %[[J:.+]] = %c0 to %c4 step %c1 {{
+        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
+        CHECK-NEXT:        %[[ZERO:.+]] = arith.constant 0.000000e+00 : f32
+        CHECK-NEXT:        "hextir.store"(%[[ZERO]], %arg2, %[[I]], %[[J]]) : (f32, memref<{m}x4xf32>, index, index) -> ()
+        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK:         scf.for %[[K:.+]] = %c0 to %c8 step %c1 {{
+        CHECK-NEXT:      scf.for %[[R2:.+]] = %c0 to %[[ROWS]] step %c1 {{
+        CHECK-NEXT:        %[[I2:.+]] = arith.addi %[[FIRST]], %[[R2]] : index
+        CHECK-NEXT:        %[[A:.+]] = "hextir.load"(%arg0, %[[I2]], %[[K]]) : (memref<{m}x8xf32>, index, index) -> f32
+        CHECK-NEXT:        scf.for %[[J2:.+]] = %c0 to %c4 step %c1 {{
+        CHECK-NEXT:          %[[B:.+]] = "hextir.load"(%arg1, %[[K]], %[[J2]])
+        CHECK-NEXT:          %[[P:.+]] = arith.mulf %[[A]], %[[B]] : f32
+        CHECK-NEXT:          %[[O:.+]] = "hextir.load"(%arg2, %[[I2]], %[[J2]])
+        CHECK-NEXT:          %[[S:.+]] = arith.addf %[[O]], %[[P]] : f32
+        CHECK-NEXT:          "hextir.store"(%[[S]], %arg2, %[[I2]], %[[J2]])
+        CHECK-NEXT:        }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:  }} {{hextir.schedule = #hextir.loop<"parallel", "">}}
         CHECK-NEXT:  return
     """)
 
 
 def test_linear_with_bias_starts_each_row_from_the_bias():
-    filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), """
+    filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK-LABEL: func.func public @linear_0(%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
-        CHECK-SAME:      attributes {hextir.kernel = #hextir.kernel<"cpu", "linear_bias">}
-        CHECK:       scf.for %[[I:.+]] = %c0 to %c3 step %c1 {
-        CHECK:         scf.for %[[J:.+]] = %c0 to %c7 step %c1 {
-        CHECK-NEXT:      %[[B:.+]] = "hextir.load"(%arg2, %[[J]]) : (memref<7xf64>, index) -> f64
-        CHECK-NEXT:      "hextir.store"(%[[B]], %arg3, %[[I]], %[[J]])
+        CHECK-SAME:      attributes {{hextir.kernel = #hextir.kernel<"cpu", "linear_bias">}}
+        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{row_blocks(3)} step %c1 {{
+        CHECK:         %[[FIRST:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
+        CHECK:         %[[ROWS:.+]] = arith.minui
+        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
+        CHECK:           scf.for %[[J:.+]] = %c0 to %c7 step %c1 {{
+        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
+        CHECK-NEXT:        %[[B:.+]] = "hextir.load"(%arg2, %[[J]]) : (memref<7xf64>, index) -> f64
+        CHECK-NEXT:        "hextir.store"(%[[B]], %arg3, %[[I]], %[[J]])
         CHECK-LABEL: func.func public @relu_1(%arg0: memref<3x7xf64>, %arg1: memref<3x7xf64>)
-        CHECK-SAME:      attributes {hextir.kernel = #hextir.kernel<"cpu", "relu">}
+        CHECK-SAME:      attributes {{hextir.kernel = #hextir.kernel<"cpu", "relu">}}
         CHECK-LABEL: func.func @main
-        CHECK:         %[[W:.+]] = "hexir.constant"() {device = "cpu", name = "W"
-        CHECK:         %[[BIAS:.+]] = "hexir.constant"() {device = "cpu", name = "b"
-        CHECK:         %[[Y:.+]] = "hexir.call"(%arg0, %[[W]], %[[BIAS]]) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 1>}
-        CHECK-NEXT:    %[[R:.+]] = "hexir.call"(%[[Y]]) {callee = @relu_1, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>}
+        CHECK:         %[[W:.+]] = "hexir.constant"() {{device = "cpu", name = "W"
+        CHECK:         %[[BIAS:.+]] = "hexir.constant"() {{device = "cpu", name = "b"
+        CHECK:         %[[Y:.+]] = "hexir.call"(%arg0, %[[W]], %[[BIAS]]) {{callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 1, 0>}}
+        CHECK-NEXT:    %[[R:.+]] = "hexir.call"(%[[Y]]) {{callee = @relu_1, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}}
         CHECK-NEXT:    "hexir.print"(%[[R]])
         CHECK-NEXT:    return %[[R]]
     """)
@@ -142,13 +177,16 @@ def test_kernels_are_numbered_in_program_order():
 # ---- tir-to-loops ----------------------------------------------------------------------
 
 def test_loops_use_memref_and_take_a_work_range():
-    filecheck(lower(LINEAR, "mlir-linalg"), """
+    filecheck(lower(LINEAR, "mlir-linalg"), f"""
         CHECK:       func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
-        CHECK-SAME:      attributes {hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.work_items = 2 : i64}
-        CHECK:       scf.for %[[I:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {
-        CHECK:         memref.store %{{.+}}, %arg2[%[[I]], %{{.+}}] : memref<2x4xf32>
-        CHECK:         memref.load %arg0[%[[I]], %{{.+}}] : memref<2x8xf32>
-        CHECK:         memref.load %arg1[%{{.+}}, %{{.+}}] : memref<8x4xf32>
+        CHECK-SAME:      attributes {{hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.work_items = {row_blocks(2)} : i64}}
+        CHECK:       scf.for %[[BLOCK:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
+        CHECK:         %[[ROW0:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
+        CHECK:         %[[I:.+]] = arith.addi %[[ROW0]], %{{{{.+}}}} : index
+        CHECK:         memref.store %{{{{.+}}}}, %arg2[%[[I]], %{{{{.+}}}}] : memref<2x4xf32>
+        CHECK:         %[[I2:.+]] = arith.addi %[[ROW0]], %{{{{.+}}}} : index
+        CHECK-NEXT:    memref.load %arg0[%[[I2]], %{{{{.+}}}}] : memref<2x8xf32>
+        CHECK:         memref.load %arg1[%{{{{.+}}}}, %{{{{.+}}}}] : memref<8x4xf32>
         CHECK-LABEL: func.func @main
     """)
 
@@ -159,6 +197,17 @@ def test_loops_leave_no_hextir_ops_or_schedules_in_cpu_kernels():
         CHECK-NOT: hextir.store
         CHECK-NOT: hextir.schedule
         CHECK:     func.func @main
+    """)
+
+
+@pytest.mark.parametrize("m", [1, 3, CPU_ROWS, CPU_ROWS + 1, 2 * CPU_ROWS, 37])
+def test_linear_work_items_are_the_row_blocks(m):
+    filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-linalg"), f"""
+        CHECK:      func.func public @linear_0(%arg0: memref<{m}x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<{m}x4xf32>, %arg3: index, %arg4: index)
+        CHECK-SAME: hextir.work_items = {row_blocks(m)} : i64
+        CHECK:      scf.for %[[BLOCK:.+]] = %arg3 to %arg4 step %c1
+        CHECK:      arith.muli %[[BLOCK]], %{{{{.+}}}} : index
+        CHECK:      arith.minui
     """)
 
 
@@ -184,7 +233,7 @@ def test_kernel_without_an_outer_parallel_loop_is_refused():
       return
     }
     func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-      %0 = "hexir.call"(%arg0) {callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0>} : (tensor<4xf32>) -> tensor<4xf32>
+      %0 = "hexir.call"(%arg0) {callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>} : (tensor<4xf32>) -> tensor<4xf32>
       return %0 : tensor<4xf32>
     }
     """
@@ -195,8 +244,9 @@ def test_kernel_without_an_outer_parallel_loop_is_refused():
 # ---- to-llvm -----------------------------------------------------------------------------
 
 def test_llvm_kernel_takes_bare_pointers_and_a_work_range():
-    filecheck(lower(LINEAR, "llvm"), """
-        CHECK: define void @linear_0(ptr %0, ptr %1, ptr %2, i64 %3, i64 %4)
+    filecheck(lower(LINEAR, "llvm"), f"""
+        CHECK: define void @linear_0(ptr noalias %0, ptr noalias %1, ptr noalias %2, i64 %3, i64 %4)
+        CHECK: call i64 @llvm.umin.i64(i64 %{{{{.+}}}}, i64 {CPU_ROWS})
         CHECK: fmul float
         CHECK: fadd float
     """)
@@ -204,12 +254,32 @@ def test_llvm_kernel_takes_bare_pointers_and_a_work_range():
 
 def test_llvm_has_one_function_per_kernel_and_no_host_program():
     filecheck(lower(LINEAR_BIAS_RELU, "llvm"), """
-        CHECK:     define void @linear_0(ptr %0, ptr %1, ptr %2, ptr %3, i64 %4, i64 %5)
+        CHECK:     define void @linear_0(ptr noalias %0, ptr noalias %1, ptr noalias %2, ptr noalias %3, i64 %4, i64 %5)
         CHECK:     fmul double
-        CHECK:     define void @relu_1(ptr %0, ptr %1, i64 %2, i64 %3)
+        CHECK:     define void @relu_1(ptr noalias %0, ptr noalias %1, i64 %2, i64 %3)
         CHECK:     @llvm.maximum.f64
         CHECK-NOT: @main
     """)
+
+
+DEFINE = re.compile(r"^define void @(\w+)\((.*)\)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("placement", [(), (("hexir.linear", "cuda"), ("hexir.relu", "cuda"))], ids=["cpu", "cuda fallbacks"])
+def test_llvm_buffer_arguments_are_noalias_and_the_work_range_is_not(placement):
+    """The runtime gives every call a fresh output buffer, so each pointer may be noalias; the
+    two i64s (first, last) are plain integers."""
+    text = lower(LINEAR_BIAS_RELU, "llvm", placement=placement)
+    suffix = "_cpu" if placement else ""
+    buffers = {f"linear_0{suffix}": 4, f"relu_1{suffix}": 2}  # x, w, b, out / x, out
+    defines = {name: [p.strip() for p in params.split(",")] for name, params in DEFINE.findall(text)}
+    assert set(defines) == set(buffers), text
+    for name, params in defines.items():
+        count = buffers[name]
+        assert len(params) == count + 2, (name, params)
+        assert params[:count] == [f"ptr noalias %{i}" for i in range(count)], (name, params)
+        assert params[count:] == [f"i64 %{count}", f"i64 %{count + 1}"], (name, params)
+        assert not any("noalias" in p for p in params[count:])
 
 
 def test_llvm_of_a_graph_without_kernels_says_so():

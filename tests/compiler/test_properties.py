@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import hexir
+from hexir.passes.lower_to_tir import CPU_ROWS
 from hexir.passes.pipeline import Options, compile_module
 
 from .conftest import manifest
@@ -36,9 +37,12 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype):
     assert [a["shape"] for a in linear["args"]] == expected_linear
     assert relu["op"] == "relu"
     assert [a["shape"] for a in relu["args"]] == [[m, n], [m, n]]
+    # linear runs in blocks of CPU_ROWS rows (the last one may be short), relu row by row
+    assert linear["parallel_extent"] == -(-m // CPU_ROWS)
+    assert (linear["parallel_extent"] - 1) * CPU_ROWS < m <= linear["parallel_extent"] * CPU_ROWS
+    assert relu["parallel_extent"] == m
     for kernel in (linear, relu):
         assert kernel["device"] == "cpu"
-        assert kernel["parallel_extent"] == m
         assert {a["dtype"] for a in kernel["args"]} == {dtype}
         assert [a["access"] for a in kernel["args"]][-1] == "write"
     entry = found["entries"][0]

@@ -3,7 +3,8 @@ way the compiler does, and a C shared object with their kernels, compiled once p
 
 Nothing here needs MLIR or the compiler. Fixtures:
 - `modules`: the `Builder` class and factories of ready-made modules (see `Modules`);
-- `c_library`: the bytes of a .so holding every kernel of `KERNELS` (skips without `cc`);
+- `compile_c`: builds C source into the bytes of a .so (skips without `cc`);
+- `c_library`: the bytes of a .so holding every kernel of `KERNELS`;
 - `mlp_file`: the MLP module with the real library, written to a temporary .hxb file.
 """
 
@@ -13,6 +14,7 @@ import math
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -63,6 +65,9 @@ def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
 """
 
 
+KERNELS_SOURCE = "\n".join(c_source(*kernel) for kernel in KERNELS)
+
+
 class Builder:
     """Assembles a manifest (without `blobs`) and its blob list, as the compiler's packager does."""
 
@@ -101,6 +106,20 @@ class Builder:
         self.kernels.append(kernel)
         return len(self.kernels) - 1
 
+    def custom(self, symbol: str, specs: list[tuple[list[int], str]], device: str = "cpu", **keys: Any) -> int:
+        """A custom kernel calling `symbol` on args of (shape, dtype), the last one written; `keys`
+        adds or replaces manifest keys (library, images, cpu_fallback, launch...)."""
+        args = [{"shape": list(shape), "dtype": dtype, "access": "read"} for shape, dtype in specs]
+        args[-1]["access"] = "write"
+        kernel = {"name": f"k{len(self.kernels)}_{symbol}", "op": "custom", "device": device, "symbol": symbol,
+                  "args": args, "scalars": [size for shape, _ in specs for size in shape],
+                  "source": f"{symbol}.{'c' if device == 'cpu' else 'cu'}"}
+        if device == "cuda":
+            kernel["launch"] = {"grid": [1, 1, 1], "block": [256, 1, 1], "shared_bytes": 0}
+        kernel.update(keys)
+        self.kernels.append(kernel)
+        return len(self.kernels) - 1
+
     def entry(self, name: str = "main") -> Entry:
         entry = Entry(self, name)
         self.entries.append(entry.manifest)
@@ -110,7 +129,7 @@ class Builder:
         """The (manifest, blobs) pair for `hxb.encode`; `library` is the CPU .so, if any."""
         manifest: dict[str, Any] = {"producer": "hexir-tests"}
         blobs = list(self.blobs)
-        if any(kernel["device"] == "cpu" or "cpu_fallback" in kernel for kernel in self.kernels):
+        if any(uses_cpu_library(kernel) for kernel in self.kernels):
             blobs.append(("cpu.so", library if library is not None else b"\x7fELF not a real library"))
             x86 = platform.machine().lower() in ("x86_64", "amd64")
             features = ["sse", "sse2"] if x86 else []
@@ -118,6 +137,12 @@ class Builder:
             manifest["cpu"]["library"] = len(blobs) - 1
         manifest.update(constants=self.constants, kernels=self.kernels, entries=self.entries)
         return manifest, blobs
+
+
+def uses_cpu_library(kernel: dict[str, Any]) -> bool:
+    """Whether a kernel has cpu code in the module's library (not in a `library` blob of its own)."""
+    code = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
+    return code is not None and "library" not in code
 
 
 class Entry:
@@ -230,24 +255,37 @@ def cuda(library: bytes | None = None, fallback: bool = True) -> tuple[dict[str,
 
 @pytest.fixture(scope="session")
 def modules() -> SimpleNamespace:
-    """The module factories (`mlp`, `big`, `cuda`, `weights`, `mlp_numpy`) and the `Builder`."""
-    return SimpleNamespace(Builder=Builder, mlp=mlp, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy)
+    """The module factories (`mlp`, `big`, `cuda`, `weights`, `mlp_numpy`), the `Builder`, and the C
+    source of every kernel of KERNELS (`kernels_source`)."""
+    return SimpleNamespace(Builder=Builder, mlp=mlp, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy,
+                           kernels_source=KERNELS_SOURCE)
 
 
 @pytest.fixture(scope="session")
-def c_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """The bytes of a shared object implementing every kernel of KERNELS, built with `cc`."""
+def compile_c(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], bytes]:
+    """`compile_c(source, name)`: the bytes of a shared object built from C `source` with `cc`
+    (skips without `cc`; fails with the compiler's stderr and command)."""
     compiler = shutil.which("cc")
     if compiler is None:
         pytest.skip("no C compiler (cc) on PATH to build the test kernels")
     directory = tmp_path_factory.mktemp("kernels")
-    source = directory / "kernels.c"
-    source.write_text("#include <stdint.h>\n\n" + "\n".join(c_source(*kernel) for kernel in KERNELS))
-    command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(directory / "kernels.so"), str(source)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.fail(f"{' '.join(command)} failed:\n{result.stderr}")
-    return (directory / "kernels.so").read_bytes()
+
+    def compile_shared_object(source: str, name: str) -> bytes:
+        (directory / f"{name}.c").write_text("#include <stdint.h>\n\n" + source)
+        command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(directory / f"{name}.so"),
+                   str(directory / f"{name}.c")]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.fail(f"{' '.join(command)} failed:\n{result.stderr}")
+        return (directory / f"{name}.so").read_bytes()
+
+    return compile_shared_object
+
+
+@pytest.fixture(scope="session")
+def c_library(compile_c: Callable[[str, str], bytes]) -> bytes:
+    """The bytes of a shared object implementing every kernel of KERNELS, built with `cc`."""
+    return compile_c(KERNELS_SOURCE, "kernels")
 
 
 @pytest.fixture

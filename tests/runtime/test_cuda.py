@@ -3,9 +3,11 @@
 `FakeDriver` stands in for cuda-python's driver module: it answers the calls the runtime makes
 with the same tuples (`(CUresult, value...)`), keeps device memory in host bytearrays keyed by
 fake device pointers, loads images the way the driver does (a CUBIN only on its own major
-version at an equal or lower minor, PTX only NUL-terminated and not above the GPU), and
-"executes" a launch by decoding `kernelParams` (an array of `void*`, each pointing at a device
-pointer) and computing the kernel's op in numpy on the bytes those pointers name. So a module
+version at an equal or lower minor, PTX only NUL-terminated and not above the GPU, a fatbin
+as it is), and "executes" a launch by decoding `kernelParams` (an array of `void*`, each
+pointing at a device pointer, then, for a custom kernel, at each int64 dimension) and
+computing the kernel's op in numpy on the bytes those pointers name (a custom kernel: the
+Python function the test gives in `custom_code`). So a module
 compiled by the real compiler runs end to end through `CudaDevice`, and a wrong pointer, order
 or size gives wrong numbers or a driver error; each launch's geometry is recorded and compared
 with the manifest's (whether that geometry covers the output is the compiler tests' business,
@@ -39,6 +41,9 @@ from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.cuda import CudaDevice, pick_image
 
 # ---- the fake driver ----------------------------------------------------------------------
+
+
+FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 
 
 class CUresult(enum.IntEnum):
@@ -131,6 +136,7 @@ class FakeDriver:
         self.fail: dict[str, CUresult] = {}        # call name -> the error it returns
         self.init_raises: Exception | None = None  # what cuInit raises (cuda-python without libcuda)
         self.kernels: dict[str, dict] = {}         # symbol -> its manifest kernel (the op the code computes)
+        self.custom_code: dict[str, Any] = {}      # symbol -> f(arrays, scalars), a custom kernel's "code"
         self.calls: list[str] = []
         self.allocations: dict[int, bytearray] = {}
         self.loaded: list[bytes] = []              # images given to cuModuleLoadData
@@ -249,7 +255,9 @@ class FakeDriver:
         image = bytes(image)
         self.loaded.append(image)
         gpu = self.capability[0] * 10 + self.capability[1]
-        if image.startswith(b"\x7fELF"):
+        if image.startswith(FATBIN_MAGIC):  # the real driver picks the image inside; here, any .entry
+            symbols = {name.decode() for name in re.findall(rb"\.entry (\w+)\(", image)}
+        elif image.startswith(b"\x7fELF"):
             if struct.unpack_from("<H", image, 18)[0] != 190:  # EM_CUDA
                 return CUresult.CUDA_ERROR_INVALID_IMAGE, None
             arch = cubin_arch(image)
@@ -279,9 +287,12 @@ class FakeDriver:
         if block_x * block_y * block_z > 1024 or shared > 48 * 1024 or min(grid_x, grid_y, grid_z) < 1:
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         kernel = self.kernels[function.details["name"]]
-        # kernelParams: void*[n], each pointing at the argument's value, here a device pointer
-        slots = (ctypes.c_void_p * len(kernel["args"])).from_address(params)
-        pointers = [ctypes.c_void_p.from_address(slot).value for slot in slots]
+        # kernelParams: void*[n], each pointing at the argument's value: the device pointers,
+        # then a custom kernel's dimensions as int64s
+        count = len(kernel["args"])
+        slots = (ctypes.c_void_p * (count + len(kernel.get("scalars", ())))).from_address(params)
+        pointers = [ctypes.c_void_p.from_address(slot).value for slot in slots[:count]]
+        scalars = [ctypes.c_int64.from_address(slot).value for slot in slots[count:]]
         arrays = []
         for pointer, arg in zip(pointers, kernel["args"], strict=True):
             itemsize = np.dtype(arg["dtype"]).itemsize
@@ -291,8 +302,11 @@ class FakeDriver:
             arrays.append(np.frombuffer(memory, arg["dtype"], math.prod(arg["shape"])).reshape(arg["shape"]))
         self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z),
                               "block": (block_x, block_y, block_z), "shared": shared, "pointers": pointers,
-                              "inputs": [array.copy() for array in arrays[:-1]]})
-        _execute(kernel["op"], arrays)
+                              "scalars": scalars, "inputs": [array.copy() for array in arrays[:-1]]})
+        if kernel["op"] == "custom":
+            self.custom_code[kernel["symbol"]](arrays, scalars)
+        else:
+            _execute(kernel["op"], arrays)
         return (status,)
 
     def cuCtxSynchronize(self) -> tuple:
@@ -514,6 +528,10 @@ IMAGES = {"sm_80": 0, "sm_90": 1, "compute_80": 2}
     ({"sm_90": 0, "compute_90": 1}, (9, 0), ("sm_90", 0)),  # a CUBIN is preferred to PTX
     ({"compute_75": 4}, (8, 0), ("compute_75", 4)),
     ({"sm_100": 0, "compute_100": 1}, (10, 3), ("sm_100", 0)),
+    ({"sm_80": 0, "fatbin": 1}, (9, 0), ("fatbin", 1)),  # a custom kernel's fatbin: when nothing else fits
+    ({"sm_90": 0, "fatbin": 1}, (9, 0), ("sm_90", 0)),
+    ({"compute_80": 0, "fatbin": 1}, (9, 0), ("compute_80", 0)),
+    ({"fatbin": 2}, (7, 5), ("fatbin", 2)),
 ], ids=lambda value: str(value))
 def test_pick_image(images, capability, chosen):
     assert pick_image(images, *capability) == chosen
@@ -761,3 +779,51 @@ def test_auto_on_a_gpu_no_image_fits_falls_back_to_the_cpu_with_a_note(module_fi
     assert module.device_name == "cpu" and fake.loaded == []
     x = x_of((3, 5))
     np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+
+
+# ---- custom kernels ----------------------------------------------------------------------------
+
+FATBIN = FATBIN_MAGIC + b" .entry echo( .entry twice("
+
+
+@pytest.fixture
+def custom_file(modules, fake, tmp_path) -> Path:
+    """`main(x: float32[2, 3], y: float64[4], e: float32[0, 2**33]) -> twice(echo(x, y, e))`: two
+    custom CUDA kernels in one fatbin (and a CUBIN that does not fit the 9.0 GPU). `echo` writes
+    its six dimensions, then the sums of x and y, into a float64[8]; `twice` doubles it. The
+    empty `e` has a dimension that only a 64-bit integer holds."""
+    builder = modules.Builder()
+    fatbin, cubin = builder.blob("kernels.fatbin", FATBIN), builder.blob("kernels.cubin", b"\x7fELF sm_80")
+    images = {"sm_80": cubin, "fatbin": fatbin}
+    specs = [([2, 3], "float32"), ([4], "float64"), ([0, 2**33], "float32")]
+    echo = builder.custom("echo", [*specs, ([8], "float64")], "cuda", images=images)
+    twice = builder.custom("twice", [([8], "float64"), ([8], "float64")], "cuda", images=images)
+    entry = builder.entry()
+    inputs = [entry.transfer(entry.input(name, *spec), "cuda") for name, spec in zip("xye", specs, strict=True)]
+    entry.ret(entry.transfer(entry.call(twice, entry.call(echo, *inputs)), "cpu"))
+    hxb.write(tmp_path / "custom.hxb", *builder.build())
+    fake.know(tmp_path / "custom.hxb")
+
+    def run_echo(arrays, scalars):
+        (x, y, _, out), (*dims, _) = arrays, scalars
+        out[...] = [*dims, out.size, x.sum(), y.sum()]
+    fake.custom_code = {"echo": run_echo, "twice": lambda arrays, scalars: np.multiply(arrays[0], 2, out=arrays[1])}
+    return tmp_path / "custom.hxb"
+
+
+def test_custom_kernel_params_are_the_pointers_then_int64_dimensions(custom_file, fake):
+    x, y = x_of((2, 3)), x_of(4, "float64", seed=1)
+    result = load(custom_file, "cuda").main(x, y, np.zeros((0, 2**33), np.float32))
+    np.testing.assert_allclose(result, 2 * np.array([2, 3, 4, 0, 2**33, 8, x.sum(), y.sum()]), rtol=1e-6)
+    echo, twice = fake.launches
+    assert echo["scalars"] == [2, 3, 4, 0, 2**33, 8] and twice["scalars"] == [8, 8]
+    np.testing.assert_array_equal(echo["inputs"][0], x)
+    np.testing.assert_array_equal(echo["inputs"][1], y)
+    assert twice["pointers"][0] == echo["pointers"][3] and len(set(echo["pointers"])) == 4
+    assert (echo["grid"], echo["block"], echo["shared"]) == ((1, 1, 1), (256, 1, 1), 0)
+
+
+def test_a_fatbin_is_loaded_as_it_is_once_per_module(custom_file, fake):
+    load(custom_file, "cuda")
+    assert fake.loaded == [FATBIN]  # no NUL added, the sm_80 CUBIN not tried on the 9.0 GPU
+    assert fake.calls.count("cuModuleGetFunction") == 2

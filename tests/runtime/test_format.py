@@ -302,7 +302,7 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
                         "kernels[0].cpu_fallback.parallel_extent", "missing"),
     "missing launch": (lambda m: _drop(m["kernels"][0], "launch"), "kernels[0].launch", "missing (cuda kernels"),
     "extent on cuda": (lambda m: m["kernels"][0].update(parallel_extent=2), "kernels[0].parallel_extent",
-                       "only cpu kernels"),
+                       "only generated cpu kernels"),
     "grid": (lambda m: m["kernels"][0]["launch"].update(grid=[1, 0, 1]), "kernels[0].launch.grid[1]", ">= 1"),
     "block rank": (lambda m: m["kernels"][0]["launch"].update(block=[32]), "kernels[0].launch.block", "[x, y, z]"),
     "image name": (lambda m: m["kernels"][0]["images"].update(sm90=0), "kernels[0].images.sm90", "sm_<number>"),

@@ -1,0 +1,218 @@
+"""custom kernels: build, check and collect the user's files for the module.
+
+Input: the declarations lower-to-tir made for each `hexir.custom_call` (`hextir.custom =
+{symbol, file, grid, block}`). Output: a `CustomBuild` — cpu objects to link into the
+module's library, prebuilt shared objects to embed as they are, and each cuda kernel's
+images (a CUBIN per target architecture and PTX, or a fatbin). Every file is checked for
+its kind, architecture and the kernel's symbol here, at export time, so a module never
+carries a kernel that cannot be found when it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlir import ir
+
+from hexir.backend.cuda import PTX_FEATURES, cuda_toolkit
+from hexir.backend.toolchain import c_compiler, llvm_tool, run_tool
+from hexir.dialects import hextir as ht
+from hexir.errors import CompileError
+from hexir.passes.common import kernels
+from hexir.passes.lower_to_tir import CUSTOM
+
+_EM_X86_64, _EM_CUDA = 62, 190
+_ET_REL, _ET_DYN = 1, 3
+
+
+@dataclass
+class CustomBuild:
+    """What the custom kernels of a module add to it."""
+
+    cpu_objects: list[str] = field(default_factory=list)           # linked into cpu.library
+    shared_objects: dict[str, bytes] = field(default_factory=dict)  # file -> a prebuilt .so
+    cuda_images: dict[str, dict[str, bytes]] = field(default_factory=dict)  # file -> arch -> image
+
+
+def custom_info(kernel: ir.Operation) -> dict:
+    """{symbol, file, grid, block} of a custom kernel's declaration."""
+    info = ir.DictAttr(kernel.attributes[CUSTOM])
+    return {"symbol": ir.StringAttr(info["symbol"]).value, "file": ir.StringAttr(info["file"]).value,
+            "grid": list(ir.DenseI64ArrayAttr(info["grid"])), "block": list(ir.DenseI64ArrayAttr(info["block"]))}
+
+
+def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scratch: Path) -> CustomBuild:
+    """Build every custom kernel's file once (a file used by several calls is built once)."""
+    build = CustomBuild()
+    done: set[str] = set()
+    for kernel in kernels(module):
+        if CUSTOM not in kernel.attributes:
+            continue
+        device = ht.kernel_of(kernel)[0]
+        info = custom_info(kernel)
+        path, symbol = Path(info["file"]), info["symbol"]
+        if str(path) in done:
+            continue
+        done.add(str(path))
+        if not path.is_file():
+            raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
+        if device == "cpu":
+            _build_cpu(path, symbol, cpu, scratch, build)
+        else:
+            build.cuda_images[str(path)] = _build_cuda(path, symbol, cuda_archs)
+    return build
+
+
+# ---- cpu ---------------------------------------------------------------------------------
+
+def _elf_header(path: Path) -> tuple[int, int, int, int]:
+    """(type, machine, ABI version, flags) of a 64-bit ELF file, or a CompileError."""
+    data = path.read_bytes()[:64]
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:
+        raise CompileError(f"{path} is not a 64-bit ELF file")
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    (e_flags,) = struct.unpack_from("<I", data, 48)
+    return e_type, e_machine, data[8], e_flags
+
+
+def _defined_symbols(path: Path, dynamic: bool) -> set[str]:
+    command = [llvm_tool("llvm-nm"), "--defined-only", "--format=just-symbols", *(["-D"] if dynamic else []), str(path)]
+    return set(run_tool(command, f"reading the symbols of {path}").stdout.decode().split())
+
+
+def _require_symbol(symbols: set[str], symbol: str, path: Path, hint: str = "") -> None:
+    if symbol not in symbols:
+        raise CompileError(f"custom kernel {symbol}: {path} does not define the symbol {symbol!r}{hint}")
+
+
+def _build_cpu(path: Path, symbol: str, cpu: str, scratch: Path, build: CustomBuild) -> None:
+    if path.suffix == ".c":
+        obj = scratch / f"{path.stem}-{len(build.cpu_objects)}.o"
+        # -march takes the same x86-64 level names as the generated code's -mcpu
+        run_tool([c_compiler(), "-O2", "-fPIC", f"-march={cpu}", "-c", str(path), "-o", str(obj)],
+                 f"compiling custom kernel {symbol} ({path.name})")
+        _require_symbol(_defined_symbols(obj, dynamic=False), symbol, path)
+        build.cpu_objects.append(str(obj))
+        return
+    e_type, e_machine, _, _ = _elf_header(path)
+    wanted = _ET_REL if path.suffix == ".o" else _ET_DYN
+    if e_machine != _EM_X86_64 or e_type != wanted:
+        kind = "relocatable object (.o)" if wanted == _ET_REL else "shared object (.so)"
+        raise CompileError(f"custom kernel {symbol}: {path} is not an x86-64 {kind} "
+                           f"(ELF type {e_type}, machine {e_machine})")
+    _require_symbol(_defined_symbols(path, dynamic=path.suffix == ".so"), symbol, path)
+    if path.suffix == ".o":
+        build.cpu_objects.append(str(path))
+    else:
+        build.shared_objects[str(path)] = path.read_bytes()
+
+
+# ---- cuda --------------------------------------------------------------------------------
+
+def _cubin_arch(path: Path, data: bytes) -> str:
+    """sm_XY of a CUBIN, from its ELF header (ABI version 8 moved the SM up a byte)."""
+    _, e_machine, abi_version, e_flags = _elf_header(path)
+    if e_machine != _EM_CUDA:
+        raise CompileError(f"{path} is not a CUDA binary (ELF machine {e_machine}, expected {_EM_CUDA})")
+    return f"sm_{(e_flags >> 8) & 0xFF if abi_version >= 8 else e_flags & 0xFF}"
+
+
+def _ptx_entries(ptx: bytes) -> set[str]:
+    return {name.decode() for name in re.findall(rb"\.entry\s+([A-Za-z_$][\w$]*)", ptx)}
+
+
+_EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
+
+
+def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...]) -> dict[str, bytes]:
+    lowest = min(archs, key=lambda a: int(a[3:]))
+    virtual = lowest.replace("sm_", "compute_")
+    if path.suffix == ".cu":
+        source = path.read_bytes()
+        images = {arch: _nvrtc(source, path, arch) for arch in archs}
+        ptx = _nvrtc(source, path, virtual)
+        _require_symbol(_ptx_entries(ptx), symbol, path, _EXTERN_C)
+        return {**images, virtual: ptx}
+    if path.suffix == ".ptx":
+        ptx = path.read_bytes()
+        _require_symbol(_ptx_entries(ptx), symbol, path)
+        target = re.search(rb"\.target\s+(sm_\d+)", ptx)
+        if target is None:
+            raise CompileError(f"custom kernel {symbol}: {path} has no .target directive")
+        ptx_arch = target.group(1).decode()
+        usable = [a for a in archs if int(a[3:]) >= int(ptx_arch[3:])]
+        if not usable:
+            raise CompileError(f"custom kernel {symbol}: {path} is PTX for {ptx_arch}, newer than every target "
+                               f"({', '.join(archs)})")
+        images = {arch: _ptxas(path, arch) for arch in usable}
+        return {**images, ptx_arch.replace("sm_", "compute_"): ptx}
+    data = path.read_bytes()
+    if path.suffix == ".cubin":
+        arch = _cubin_arch(path, data)
+        if arch not in archs:
+            raise CompileError(f"custom kernel {symbol}: {path} is a CUBIN for {arch}, but the module targets "
+                               f"{', '.join(archs)} (-target=cuda:{arch} to build for it)")
+        _require_symbol(_defined_symbols(path, dynamic=False), symbol, path, _EXTERN_C)
+        return {arch: data}
+    if symbol.encode() + b"\0" not in data:  # a fatbin's images are ELF files whose strtab names the kernel
+        raise CompileError(f"custom kernel {symbol}: {path} does not contain the symbol {symbol!r} "
+                           "(compressed fatbins cannot be inspected: build it with -Xfatbin=-compress-all=false)")
+    return {"fatbin": data}
+
+
+def _ptxas(path: Path, arch: str) -> bytes:
+    output = Path(str(path) + f".{arch}.cubin.tmp")
+    try:
+        run_tool([str(Path(cuda_toolkit()) / "bin" / "ptxas"), f"-arch={arch}", "-O3", str(path), "-o", str(output)],
+                 f"ptxas for {arch}")
+        return output.read_bytes()
+    finally:
+        output.unlink(missing_ok=True)
+
+
+def _nvrtc_library() -> ctypes.CDLL:
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        for candidate in sorted(Path(root).glob("cu*/lib/libnvrtc.so*"), reverse=True):
+            return ctypes.CDLL(str(candidate))
+    try:
+        return ctypes.CDLL("libnvrtc.so")
+    except OSError:
+        raise CompileError("NVRTC is needed to compile .cu kernels: pip install 'hexir[cuda]' "
+                           "(the nvidia-cuda-nvrtc wheel) or install a CUDA toolkit") from None
+
+
+def _nvrtc(source: bytes, path: Path, arch: str) -> bytes:
+    """CUBIN (arch sm_XY) or PTX (arch compute_XY) of a .cu file, through NVRTC."""
+    if arch.replace("compute_", "sm_") not in PTX_FEATURES:
+        raise CompileError(f"{arch} is not a supported CUDA architecture")
+    nvrtc = _nvrtc_library()
+    nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+    program = ctypes.c_void_p()
+    status = nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, path.name.encode(), 0, None, None)
+    if status != 0:
+        raise CompileError(f"NVRTC could not read {path}: {nvrtc.nvrtcGetErrorString(status).decode()}")
+    try:
+        options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+        status = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        if status != 0:
+            message = log.value.decode(errors="replace").strip()
+            raise CompileError(f"NVRTC could not compile {path} for {arch}:\n{message}")
+        get_size, get = (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if arch.startswith("sm_") else \
+            (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
+        get_size(program, ctypes.byref(size))
+        image = ctypes.create_string_buffer(size.value)
+        get(program, image)
+        return image.raw.rstrip(b"\0") if arch.startswith("compute_") else image.raw
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+

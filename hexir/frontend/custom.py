@@ -1,0 +1,127 @@
+"""Custom kernels: user-written CUDA and CPU code called from a traced function.
+
+    relu6 = hexir.kernel("relu6", cuda="kernels/relu6.cu", cpu="kernels/relu6.c",
+                         out=lambda x: hexir.TensorSpec(x.shape, x.dtype),
+                         grid=lambda x: ((x.shape[0] * x.shape[1] + 255) // 256, 1, 1), block=(256, 1, 1))
+
+Calling `relu6(t)` inside @hexir.jit builds a `hexir.custom_call` op whose result type comes
+from `out`, whose launch geometry comes from `grid`/`block`, and which records where each
+device's file is; the compiler builds and embeds those files when it packages the module.
+Files are looked up relative to the Python file that defines the kernel, then in
+`search_path`, then in the compile options' `kernel_search_path` (`--kernel-search-path`).
+The calling convention is in docs/custom-kernels.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hexir.dialects import hexir as hx
+from hexir.errors import HexirError, TraceError
+from hexir.frontend import trace as tracing
+from hexir.frontend.tensor import Tensor, TensorSpec
+
+CPU_FILES = (".c", ".o", ".so")
+CUDA_FILES = (".cu", ".ptx", ".cubin", ".fatbin")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Dims = tuple[int, int, int]
+
+
+def _dims(what: str, value: object) -> Dims:
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(items) <= 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items):
+        raise TraceError(f"{what} must be 1 to 3 positive integers, got {value!r}")
+    return (*items, 1, 1)[:3]
+
+
+class CustomKernel:
+    """A kernel written by the user, callable on tensors inside @hexir.jit functions."""
+
+    def __init__(self, name: str, *, cuda: str | os.PathLike | None = None, cpu: str | os.PathLike | None = None,
+                 out: Callable[..., TensorSpec], grid: Callable[..., Sequence[int]] | Sequence[int] | None = None,
+                 block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = ()):
+        where = tracing.user_where()
+        if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+            raise TraceError(f"hexir.kernel: the name must be the kernel's C symbol, got {name!r}", *where)
+        self.name = name
+        self.files: dict[str, str] = {}
+        for device, path, allowed in (("cuda", cuda, CUDA_FILES), ("cpu", cpu, CPU_FILES)):
+            if path is None:
+                continue
+            suffix = Path(path).suffix
+            if suffix not in allowed:
+                other = "cpu" if device == "cuda" else "cuda"
+                hint = f" (a {suffix} file is {other} code)" if suffix in (CPU_FILES + CUDA_FILES) else ""
+                raise TraceError(f"hexir.kernel {name}: {device}={str(path)!r} must be one of "
+                                 f"{', '.join(allowed)}{hint}", *where)
+            self.files[device] = os.fspath(path)
+        if not self.files:
+            raise TraceError(f"hexir.kernel {name}: give at least one of cuda= or cpu=", *where)
+        if not callable(out):
+            raise TraceError(f"hexir.kernel {name}: out= must be a function of the input specs "
+                             "returning a hexir.TensorSpec", *where)
+        if "cuda" in self.files and grid is None:
+            raise TraceError(f"hexir.kernel {name}: a cuda kernel needs grid= (a function of the input "
+                             "specs, or a fixed (x, y, z))", *where)
+        self.out, self.grid = out, grid
+        try:
+            self.block = _dims(f"hexir.kernel {name}: block=", block)
+        except TraceError as error:
+            raise TraceError(error.message, *where) from None
+        threads = self.block[0] * self.block[1] * self.block[2]
+        if threads > 1024:
+            raise TraceError(f"hexir.kernel {name}: block={block!r} has {threads} threads; a CUDA block "
+                             "has at most 1024", *where)
+        defining_file = where[0].rsplit(":", 1)[0] if where[0] else None
+        self.search_path = tuple(os.fspath(p) for p in search_path)
+        self.base = str(Path(defining_file).resolve().parent) if defining_file else os.getcwd()
+
+    def __repr__(self) -> str:
+        return f"hexir.kernel({self.name!r}, {', '.join(f'{d}={p!r}' for d, p in self.files.items())})"
+
+    def resolve(self, extra: Sequence[str] = ()) -> dict[str, str]:
+        """device -> absolute path of each file, searched in the documented order."""
+        resolved = {}
+        for device, path in self.files.items():
+            if os.path.isabs(path):
+                candidates = [Path(path)]
+            else:
+                candidates = [Path(folder) / path for folder in (self.base, *self.search_path, *extra)]
+            found = next((c for c in candidates if c.is_file()), None)
+            if found is None:
+                looked = ", ".join(str(c.parent) for c in candidates)
+                raise TraceError(f"custom kernel {self.name}: {device} file {path!r} not found (looked in {looked})")
+            resolved[device] = str(found.resolve())
+        return resolved
+
+    def __call__(self, *inputs: Tensor) -> Tensor:
+        """Build the custom call on these tensors (arrays become constants, as for the builtin ops)."""
+        trace = tracing._current()
+        try:
+            with tracing.user_location():
+                operands = [tracing._operand(self.name, f"input {i}", value) for i, value in enumerate(inputs)]
+                specs = [t.spec for t in operands]
+                result = self.out(*specs)
+                if not isinstance(result, TensorSpec):
+                    raise TraceError(f"custom kernel {self.name}: out= returned {result!r}; expected a "
+                                     "hexir.TensorSpec")
+                grid = (self.grid(*specs) if callable(self.grid) else self.grid) if self.grid is not None else (1,)
+                grid = _dims(f"custom kernel {self.name}: grid", grid)
+                value = hx.custom_call(self.name, [t.value for t in operands],
+                                       hx.tensor_type(result.shape, result.dtype),
+                                       self.resolve(trace.kernel_search_path), grid, self.block,
+                                       tracing.current_device())
+                return Tensor(result, value)
+        except HexirError as error:
+            raise tracing._at_user_line(error) from None
+
+
+def kernel(name: str, *, cuda: str | os.PathLike | None = None, cpu: str | os.PathLike | None = None,
+           out: Callable[..., TensorSpec], grid: Callable[..., Sequence[int]] | Sequence[int] | None = None,
+           block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = ()) -> CustomKernel:
+    """Declare a user-written kernel (see the module docstring and docs/custom-kernels.md)."""
+    return CustomKernel(name, cuda=cuda, cpu=cpu, out=out, grid=grid, block=block, search_path=search_path)
