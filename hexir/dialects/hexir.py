@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from mlir import ir
 
+from hexir.dialects.irdl_text import call_operands, one_of
 from hexir.errors import TraceError
 
 DEVICES = ("cpu", "cuda")
@@ -30,90 +31,67 @@ DTYPES = ("float32", "float64")
 #: Ops a `-placement=` or an `on()` context may move between devices.
 PLACEABLE_OPS = ("hexir.linear", "hexir.relu", "hexir.custom_call")
 
-IRDL = """
-irdl.dialect @hexir {
-  irdl.operation @constant {
+#: IRDL gives every operand of a variadic group one type, so calls take up to four operands
+#: of their own types, as one required and three optional groups.
+MAX_CALL_ARGS = 4
+_DEVICE = one_of("device", ("auto", *DEVICES))
+
+IRDL = f"""
+irdl.dialect @hexir {{
+  irdl.operation @constant {{
     %value = irdl.base "#builtin.dense_int_or_fp_elements"
     %name = irdl.base "#builtin.string"
-    %auto = irdl.is "auto"
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %device = irdl.any_of(%auto, %cpu, %cuda)
-    irdl.attributes {"value" = %value, "name" = %name, "device" = %device}
+{_DEVICE}
+    irdl.attributes {{"value" = %value, "name" = %name, "device" = %device}}
     %tensor = irdl.base "!builtin.tensor"
     irdl.results(result: %tensor)
-  }
-  irdl.operation @linear {
+  }}
+  irdl.operation @linear {{
     %x = irdl.base "!builtin.tensor"
     %w = irdl.base "!builtin.tensor"
     %bias = irdl.base "!builtin.tensor"
     %result = irdl.base "!builtin.tensor"
     irdl.operands(x: %x, w: %w, bias: optional %bias)
     irdl.results(result: %result)
-    %auto = irdl.is "auto"
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %device = irdl.any_of(%auto, %cpu, %cuda)
-    irdl.attributes {"device" = %device}
-  }
-  irdl.operation @relu {
+{_DEVICE}
+    irdl.attributes {{"device" = %device}}
+  }}
+  irdl.operation @relu {{
     %tensor = irdl.base "!builtin.tensor"
     irdl.operands(x: %tensor)
     irdl.results(result: %tensor)
-    %auto = irdl.is "auto"
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %device = irdl.any_of(%auto, %cpu, %cuda)
-    irdl.attributes {"device" = %device}
-  }
-  irdl.operation @print {
+{_DEVICE}
+    irdl.attributes {{"device" = %device}}
+  }}
+  irdl.operation @print {{
     %tensor = irdl.base "!builtin.tensor"
     irdl.operands(x: %tensor)
-  }
-  irdl.operation @transfer {
+  }}
+  irdl.operation @transfer {{
     %tensor = irdl.base "!builtin.tensor"
     irdl.operands(x: %tensor)
     irdl.results(result: %tensor)
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %source = irdl.any_of(%cpu, %cuda)
-    %target = irdl.any_of(%cpu, %cuda)
-    irdl.attributes {"source" = %source, "target" = %target}
-  }
-  irdl.operation @call {
-    %arg0 = irdl.base "!builtin.tensor"
-    %arg1 = irdl.base "!builtin.tensor"
-    %arg2 = irdl.base "!builtin.tensor"
-    %arg3 = irdl.base "!builtin.tensor"
-    %result = irdl.base "!builtin.tensor"
-    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2, arg3: optional %arg3)
-    irdl.results(result: %result)
+{one_of("source", DEVICES)}
+{one_of("target", DEVICES)}
+    irdl.attributes {{"source" = %source, "target" = %target}}
+  }}
+  irdl.operation @call {{
+{call_operands(MAX_CALL_ARGS)}
     %callee = irdl.base "#builtin.symbol_ref"
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %device = irdl.any_of(%cpu, %cuda)
-    irdl.attributes {"callee" = %callee, "device" = %device}
-  }
-  irdl.operation @custom_call {
-    %arg0 = irdl.base "!builtin.tensor"
-    %arg1 = irdl.base "!builtin.tensor"
-    %arg2 = irdl.base "!builtin.tensor"
-    %arg3 = irdl.base "!builtin.tensor"
-    %result = irdl.base "!builtin.tensor"
-    irdl.operands(arg0: %arg0, arg1: optional %arg1, arg2: optional %arg2, arg3: optional %arg3)
-    irdl.results(result: %result)
+{one_of("device", DEVICES)}
+    irdl.attributes {{"callee" = %callee, "device" = %device}}
+  }}
+  irdl.operation @custom_call {{
+{call_operands(MAX_CALL_ARGS)}
     %kernel = irdl.base "#builtin.string"
     %objects = irdl.base "#builtin.dictionary"
     %grid = irdl.base "#builtin.dense_array"
     %block = irdl.base "#builtin.dense_array"
-    %auto = irdl.is "auto"
-    %cpu = irdl.is "cpu"
-    %cuda = irdl.is "cuda"
-    %device = irdl.any_of(%auto, %cpu, %cuda)
-    irdl.attributes {"kernel" = %kernel, "objects" = %objects, "grid" = %grid, "block" = %block,
-                     "device" = %device}
-  }
-}
+{_DEVICE}
+    irdl.attributes {{"kernel" = %kernel, "objects" = %objects, "grid" = %grid, "block" = %block,
+                     "device" = %device}}
+  }}
+}}
 """
 
 
@@ -239,11 +217,6 @@ def transfer(x: ir.Value, source: str, target: str) -> ir.Value:
     op = ir.Operation.create("hexir.transfer", results=[x.type], operands=[x],
                              attributes={"source": _str(source), "target": _str(target)})
     return op.result
-
-
-#: IRDL gives every operand of a variadic group one type, so calls take up to four operands
-#: of their own types, as one required and three optional groups.
-MAX_CALL_ARGS = 4
 
 
 def _segments(op: str, args: Sequence[ir.Value]) -> ir.Attribute:

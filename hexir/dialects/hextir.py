@@ -30,27 +30,23 @@ from contextlib import contextmanager
 from mlir import ir
 from mlir.dialects import arith, scf
 
+from hexir.dialects.irdl_text import one_of
+
 LOOP_KINDS = ("serial", "parallel", "unrolled")
 BINDINGS = ("", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 KERNEL_OPS = ("linear", "linear_bias", "relu", "custom")
 
 
-def _any_of(name: str, values: Sequence[str]) -> str:
-    lines = [f'    %{name}{i} = irdl.is "{v}"' for i, v in enumerate(values)]
-    lines.append(f"    %{name} = irdl.any_of({', '.join(f'%{name}{i}' for i in range(len(values)))})")
-    return "\n".join(lines)
-
-
 IRDL = f"""
 irdl.dialect @hextir {{
   irdl.attribute @loop {{
-{_any_of("kind", LOOP_KINDS)}
-{_any_of("bind", BINDINGS)}
+{one_of("kind", LOOP_KINDS)}
+{one_of("bind", BINDINGS)}
     irdl.parameters(kind: %kind, bind: %bind)
   }}
   irdl.attribute @kernel {{
-{_any_of("device", ("cpu", "cuda"))}
-{_any_of("op", KERNEL_OPS)}
+{one_of("device", ("cpu", "cuda"))}
+{one_of("op", KERNEL_OPS)}
     irdl.parameters(device: %device, op: %op)
   }}
   irdl.operation @load {{
@@ -70,7 +66,7 @@ irdl.dialect @hextir {{
   }}
   irdl.operation @alloc_local {{
     %buffer = irdl.base "!builtin.memref"
-{_any_of("space", ("private", "shared"))}
+{one_of("space", ("private", "shared"))}
     irdl.attributes {{"space" = %space}}
     irdl.results(buffer: %buffer)
   }}
