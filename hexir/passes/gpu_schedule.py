@@ -6,6 +6,7 @@ shared memory (each thread copies 4 elements of each; consecutive threads read c
 addresses, so the loads coalesce; out-of-range elements are staged as 0), waits at a
 barrier, and each thread accumulates a 4x4 block of sums (rows ty+16i, columns tx+16j, so
 a warp's stores are consecutive too) in a private buffer that NVVM keeps in registers.
+A large output gets 128x128 tiles with 8x8 sums per thread instead (`linear_tiling`).
 
     for by in [0, ceil(M/64)) bind blockIdx.y       x_tile, w_tile: shared buffers
       for bx in [0, ceil(N/64)) bind blockIdx.x
@@ -25,7 +26,19 @@ from mlir.dialects import arith, memref, scf
 
 from hexir.dialects import hextir as ht
 
-TILE, STEP, PER = 64, 16, 4  # linear: out tile per block, k slice per step, sums per thread axis
+#: linear: (out tile per block, k slice per step, sums per thread axis) — small and large.
+SMALL_TILING, LARGE_TILING = (64, 16, 4), (128, 16, 8)
+#: Large tiles only when they still give every SM of a big GPU (132 on an H100/H200) two blocks.
+LARGE_TILES_FROM = 256
+
+
+def linear_tiling(m: int, n: int) -> tuple[int, int, int]:
+    """The tiling of an [m, n] output: 128x128 tiles with 8x8 sums per thread do more work per
+    shared-memory load (0.70 of cuBLAS at 4096^3 f32 on the H200, against 0.57 for 64x64),
+    but a small output would leave SMs idle (0.47 against 0.71 at 1024^3): see
+    bench/results/2026-11-30-h200-tilings.md."""
+    large = LARGE_TILING[0]
+    return LARGE_TILING if -(-m // large) * -(-n // large) >= LARGE_TILES_FROM else SMALL_TILING
 ELEMENTWISE_BLOCK = 256
 
 
@@ -62,13 +75,14 @@ def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: int, 
 
 
 def linear(args: Sequence[ir.Value]) -> None:
-    """A tiled matrix product: each block computes a TILE x TILE tile of out, staging
-    STEP-wide slices of x and w through shared memory; each thread keeps PER x PER sums."""
+    """A tiled matrix product: each block computes a tile x tile tile of out, staging
+    step-wide slices of x and w through shared memory; each thread keeps per x per sums."""
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if len(args) == 4 else None
     (m, k_extent), n = ir.MemRefType(x.type).shape, ir.MemRefType(w.type).shape[1]
     element = ir.MemRefType(out.type).element_type
-    tile, step, threads = TILE, STEP, TILE // PER            # 64, 16, 16 threads per axis
+    tile, step, per = linear_tiling(m, n)
+    threads = tile // per                                    # 16 threads per axis
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
     with ht.loop(0, _ceil_div(m, tile), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, _ceil_div(n, tile), "parallel", "blockIdx.x") as block_column:
@@ -76,9 +90,9 @@ def linear(args: Sequence[ir.Value]) -> None:
         w_tile = ht.alloc_local([step, tile], element, "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
                 ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
-            sums = ht.alloc_local([PER, PER], element)
+            sums = ht.alloc_local([per, per], element)
             zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            with ht.loop(0, PER, "unrolled") as r, ht.loop(0, PER, "unrolled") as c:
+            with ht.loop(0, per, "unrolled") as r, ht.loop(0, per, "unrolled") as c:
                 ht.store(zero, sums, [r, c])
             thread = arith.AddIOp(_index_op(arith.MulIOp, ty, threads), tx).result
             row0 = _index_op(arith.MulIOp, block_row, tile)
@@ -96,15 +110,15 @@ def linear(args: Sequence[ir.Value]) -> None:
                     value = _guarded_load(w, arith.AddIOp(k0, r).result, arith.AddIOp(column0, c).result, k_extent, n)
                     ht.store(value, w_tile, [r, c])
                 ht.barrier()
-                with ht.loop(0, step, "unrolled") as kk, ht.loop(0, PER, "unrolled") as i:
+                with ht.loop(0, step, "unrolled") as kk, ht.loop(0, per, "unrolled") as i:
                     a = ht.load(x_tile, [arith.AddIOp(ty, _index_op(arith.MulIOp, i, threads)).result, kk])
-                    with ht.loop(0, PER, "unrolled") as j:
+                    with ht.loop(0, per, "unrolled") as j:
                         b = ht.load(w_tile, [kk, arith.AddIOp(tx, _index_op(arith.MulIOp, j, threads)).result])
                         product = arith.MulFOp(a, b, fastmath=_contract()).result
                         total = arith.AddFOp(ht.load(sums, [i, j]), product, fastmath=_contract()).result
                         ht.store(total, sums, [i, j])
                 ht.barrier()
-            with ht.loop(0, PER, "unrolled") as i, ht.loop(0, PER, "unrolled") as j:
+            with ht.loop(0, per, "unrolled") as i, ht.loop(0, per, "unrolled") as j:
                 row = arith.AddIOp(row0, arith.AddIOp(ty, _index_op(arith.MulIOp, i, threads)).result).result
                 column = arith.AddIOp(column0, arith.AddIOp(tx, _index_op(arith.MulIOp, j, threads)).result).result
                 inside = scf.IfOp(arith.AndIOp(_less(row, m), _less(column, n)).result)

@@ -105,7 +105,8 @@ def test_tir_relu_of_any_rank_is_one_flat_guarded_axis():
 
 def test_gpu_stage_outlines_the_cuda_kernels_into_one_gpu_module():
     text = lower(PROGRAM, "mlir-gpu", placement=ON_CUDA)
-    threads = gpu_schedule.TILE // gpu_schedule.PER
+    tile, _, per = gpu_schedule.linear_tiling(3, 7)
+    threads = tile // per
     filecheck(text, f"""
         CHECK: module attributes {{gpu.container_module}}
         CHECK: func.func public @linear_0_cpu(
@@ -190,13 +191,20 @@ def ceil_div(a: int, b: int) -> int:
 
 # ---- the manifest ------------------------------------------------------------------------------
 
-LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031)]
+LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031), (2048, 3, 2049)]
+
+
+def test_large_outputs_get_large_tiles():
+    assert gpu_schedule.linear_tiling(2048, 2049) == gpu_schedule.LARGE_TILING
+    assert gpu_schedule.linear_tiling(1024, 1024) == gpu_schedule.SMALL_TILING  # 64 large tiles: too few
+    assert gpu_schedule.linear_tiling(1, 1000) == gpu_schedule.SMALL_TILING
 
 
 @pytest.mark.parametrize(("m", "k", "n"), LINEAR_SHAPES, ids=lambda d: str(d))
 def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
     (kernel,) = read(build("linear", "float32", m, k, n))[0]["kernels"]
-    tile, threads = gpu_schedule.TILE, gpu_schedule.TILE // gpu_schedule.PER
+    tile, _, per = gpu_schedule.linear_tiling(m, n)
+    threads = tile // per
     assert kernel["launch"] == {"grid": [ceil_div(n, tile), ceil_div(m, tile), 1], "block": [threads, threads, 1],
                                 "shared_bytes": 0}
     grid, block = kernel["launch"]["grid"], kernel["launch"]["block"]
@@ -330,7 +338,7 @@ def test_static_shared_memory_fits_the_default_limit(two_archs):
     (kernel, _) = read(two_archs)[0]["kernels"]
     sections = elf_sections(images_of(two_archs)["sm_90"])
     static = sections.get(".nv.shared.linear_0", 0)
-    tile, step = gpu_schedule.TILE, gpu_schedule.STEP
+    tile, step, _ = gpu_schedule.linear_tiling(*kernel["args"][-1]["shape"])
     assert static >= 2 * tile * step * 8  # the x and w tiles, float64, staged through shared memory
     assert static + kernel["launch"]["shared_bytes"] <= 48 * 1024
 
