@@ -10,6 +10,7 @@
 __version__ = "0.1.0"
 
 from hexir.errors import (  # noqa: E402
+    ArgumentError,
     CompileError,
     HexirError,
     PlacementError,
@@ -23,5 +24,5 @@ from hexir.frontend.trace import linear, on, print, relu  # noqa: E402, A004
 
 __all__ = [
     "jit", "export", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
-    "HexirError", "TraceError", "PlacementError", "TargetError", "CompileError", "__version__",
+    "HexirError", "ArgumentError", "TraceError", "PlacementError", "TargetError", "CompileError", "__version__",
 ]

@@ -14,12 +14,14 @@ import argparse
 import importlib.util
 import re
 import sys
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from mlir import ir
 
 from hexir.dialects import make_context
-from hexir.errors import CompileError, HexirError, InputFileError, PlacementError, TargetError
+from hexir.errors import ArgumentError, HexirError, InputFileError, PlacementError, TargetError
 from hexir.frontend.jit import JitFunction
 from hexir.frontend.tensor import TensorSpec
 from hexir.passes.pipeline import STAGES, Options, parse_placement, parse_target, run_stage
@@ -48,12 +50,13 @@ def _parse_spec(text: str) -> tuple[str | None, TensorSpec]:
     name, _, spec = text.rpartition("=")
     match = re.fullmatch(r"((?:\d+x)*\d+)x(f32|f64)", spec)
     if not match:
-        raise PlacementError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32")
+        raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32")
     shape = tuple(int(d) for d in match.group(1).split("x"))
     return name or None, TensorSpec(shape, _DTYPES[match.group(2)])
 
 
-def _load_python(target: str, specs: list[str], options: Options) -> ir.Module:
+def _load_function(target: str) -> object:
+    """The object FILE.py:NAME names, the file run as a script would be (its folder on the path)."""
     path_text, _, function_name = target.rpartition(":")
     path = Path(path_text)
     if not path.is_file():
@@ -63,20 +66,32 @@ def _load_python(target: str, specs: list[str], options: Options) -> ir.Module:
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         spec.loader.exec_module(namespace)
+    except HexirError:
+        raise
+    except Exception as error:  # the user's file failed to run: say where, without our frames
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        raise InputFileError(f"{path_text} failed to load: {type(error).__name__}: {error}",
+                             f"{where.filename}:{where.lineno}") from None
     finally:
         sys.path.pop(0)
     fn = getattr(namespace, function_name, None)
     if fn is None:
         raise InputFileError(f"{path_text} defines no function {function_name!r}")
-    jitted = JitFunction(fn.fn if isinstance(fn, JitFunction) else fn, options)
+    if not callable(fn):
+        raise InputFileError(f"{path_text}: {function_name!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _trace_python(fn: object, function_name: str, specs: list[str], options: Options) -> ir.Module:
+    jitted = JitFunction(fn, options)
     parsed = [_parse_spec(s) for s in specs]
     if len(parsed) != len(jitted.arg_names):
-        raise PlacementError(f"{function_name} takes {len(jitted.arg_names)} argument(s) "
-                             f"({', '.join(jitted.arg_names)}); give one -spec for each, e.g. "
-                             f"-spec={jitted.arg_names[0] if jitted.arg_names else 'x'}=2x8xf32")
+        raise ArgumentError(f"{function_name} takes {len(jitted.arg_names)} argument(s) "
+                            f"({', '.join(jitted.arg_names)}); give one -spec for each, e.g. "
+                            f"-spec={jitted.arg_names[0] if jitted.arg_names else 'x'}=2x8xf32")
     for (name, _), expected in zip(parsed, jitted.arg_names, strict=True):
         if name is not None and name != expected:
-            raise PlacementError(f"-spec names {name!r} where {function_name} has argument {expected!r}")
+            raise ArgumentError(f"-spec names {name!r} where {function_name} has argument {expected!r}")
     return jitted.trace(*(s for _, s in parsed))
 
 
@@ -93,15 +108,25 @@ def _load_mlir(path_text: str) -> ir.Module:
             raise InputFileError(f"{path_text}: not valid hexir IR:\n{error}") from None
 
 
+def _options(args: argparse.Namespace, base: Options) -> Options:
+    """`base` (a @hexir.jit's own options, or the defaults) with the command line's on top."""
+    placement = parse_placement(args.placement) or base.placement
+    return parse_target(args.target, replace(base, placement=placement, kernel_search_path=(
+        *base.kernel_search_path, *args.kernel_search_path)))
+
+
 def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:
-    options = parse_target(args.target, Options(placement=parse_placement(args.placement),
-                                                kernel_search_path=tuple(args.kernel_search_path)))
+    """Compile the command line's input to its -emit stage."""
     if args.input.endswith(".mlir"):
+        options = _options(args, Options())
         module = _load_mlir(args.input)
     elif ":" in args.input:
-        module = _load_python(args.input, args.spec, options)
+        fn = _load_function(args.input)
+        options = _options(args, fn.options if isinstance(fn, JitFunction) else Options())
+        module = _trace_python(fn.fn if isinstance(fn, JitFunction) else fn, args.input.rpartition(":")[2],
+                               args.spec, options)
     else:
-        raise PlacementError(f"input {args.input!r}: expected FILE.mlir or FILE.py:FUNCTION")
+        raise ArgumentError(f"input {args.input!r}: expected FILE.mlir or FILE.py:FUNCTION")
     return run_stage(module, args.emit, options)
 
 
@@ -109,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         result = compile_input(args)
-    except (PlacementError, TargetError) as error:
+    except (ArgumentError, PlacementError, TargetError) as error:
         print(f"hexir: error: {error}", file=sys.stderr)
         return 2
     except HexirError as error:
@@ -138,5 +163,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-__all__ = ["main", "CompileError"]

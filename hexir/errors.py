@@ -41,3 +41,7 @@ class CompileError(HexirError):
 
 class InputFileError(HexirError):
     """A `.mlir` or Python input to the `hexir` command could not be used."""
+
+
+class ArgumentError(HexirError):
+    """A command-line argument or API option is malformed (the `hexir` command exits 2)."""

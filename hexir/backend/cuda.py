@@ -9,7 +9,6 @@ raise) when asked for a PTX version that cannot express the chip.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from mlir import ir, passmanager
 from mlir.dialects import gpu
 
+from hexir.backend.toolchain import nvidia_wheel_file
 from hexir.errors import CompileError, TargetError
 from hexir.passes.common import generated_kernels
 from hexir.passes.to_gpu import GPU_MODULE
@@ -33,10 +33,9 @@ _DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-scf-to-cf, "
 
 def cuda_toolkit() -> str:
     """A folder whose bin/ holds ptxas: the nvidia-cuda-nvcc wheel's, else a toolkit on PATH."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations if spec else []):
-        for candidate in sorted(Path(root).glob("cu*/bin/ptxas"), reverse=True):
-            return str(candidate.parent.parent)
+    ptxas = nvidia_wheel_file("cu*/bin/ptxas")
+    if ptxas is not None:
+        return str(ptxas.parent.parent)
     found = shutil.which("ptxas")
     if found:
         return str(Path(found).resolve().parent.parent)
@@ -84,7 +83,7 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
             features = PTX_FEATURES[arch]
             manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={features} O=3}}")
         manager.add(_DEVICE_PASSES)
-        toolkit = f" toolkit={cuda_toolkit()}" if format_ == "bin" else ""
+        toolkit = f' toolkit="{cuda_toolkit()}"' if format_ == "bin" else ""  # quoted: paths may hold spaces
         manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
         try:
             manager.run(copy.operation)

@@ -11,7 +11,6 @@ carries a kernel that cannot be found when it runs.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import re
 import struct
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 from mlir import ir
 
 from hexir.backend.cuda import PTX_FEATURES, cuda_toolkit
-from hexir.backend.toolchain import c_compiler, llvm_tool, run_tool
+from hexir.backend.toolchain import c_compiler, llvm_tool, nvidia_wheel_file, run_tool
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
 from hexir.passes.common import kernels
@@ -64,7 +63,7 @@ def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scrat
         if device == "cpu":
             _build_cpu(path, symbol, cpu, scratch, build)
         else:
-            build.cuda_images[str(path)] = _build_cuda(path, symbol, cuda_archs)
+            build.cuda_images[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch)
     return build
 
 
@@ -129,7 +128,7 @@ def _ptx_entries(ptx: bytes) -> set[str]:
 _EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
 
 
-def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...]) -> dict[str, bytes]:
+def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path) -> dict[str, bytes]:
     lowest = min(archs, key=lambda a: int(a[3:]))
     virtual = lowest.replace("sm_", "compute_")
     if path.suffix == ".cu":
@@ -149,7 +148,7 @@ def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...]) -> dict[str, by
         if not usable:
             raise CompileError(f"custom kernel {symbol}: {path} is PTX for {ptx_arch}, newer than every target "
                                f"({', '.join(archs)})")
-        images = {arch: _ptxas(path, arch) for arch in usable}
+        images = {arch: _ptxas(path, arch, scratch) for arch in usable}
         return {**images, ptx_arch.replace("sm_", "compute_"): ptx}
     data = path.read_bytes()
     if path.suffix == ".cubin":
@@ -165,21 +164,17 @@ def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...]) -> dict[str, by
     return {"fatbin": data}
 
 
-def _ptxas(path: Path, arch: str) -> bytes:
-    output = Path(str(path) + f".{arch}.cubin.tmp")
-    try:
-        run_tool([str(Path(cuda_toolkit()) / "bin" / "ptxas"), f"-arch={arch}", "-O3", str(path), "-o", str(output)],
-                 f"ptxas for {arch}")
-        return output.read_bytes()
-    finally:
-        output.unlink(missing_ok=True)
+def _ptxas(path: Path, arch: str, scratch: Path) -> bytes:
+    output = scratch / f"{path.stem}.{arch}.cubin"  # not beside the user's file: it may be read-only
+    run_tool([str(Path(cuda_toolkit()) / "bin" / "ptxas"), f"-arch={arch}", "-O3", str(path), "-o", str(output)],
+             f"ptxas for {arch}")
+    return output.read_bytes()
 
 
 def _nvrtc_library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations if spec else []):
-        for candidate in sorted(Path(root).glob("cu*/lib/libnvrtc.so*"), reverse=True):
-            return ctypes.CDLL(str(candidate))
+    library = nvidia_wheel_file("cu*/lib/libnvrtc.so*")
+    if library is not None:
+        return ctypes.CDLL(str(library))
     try:
         return ctypes.CDLL("libnvrtc.so")
     except OSError:

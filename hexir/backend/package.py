@@ -21,6 +21,7 @@ from hexir.backend.cuda import CudaBinary
 from hexir.backend.custom import CustomBuild, custom_info
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
+from hexir.errors import CompileError
 from hexir.passes.common import argument_names, kernels, main_function
 from hexir.passes.lower_to_tir import FALLBACK_OF
 from hexir.passes.tir_to_loops import WORK_ITEMS
@@ -35,17 +36,18 @@ class _Packer:
         self.blobs: list[tuple[str, bytes]] = []
         self.constants: list[dict] = []
         self._constant_by_digest: dict[str, int] = {}
+        self._blob_by_key: dict[str, int] = {}
 
     def blob(self, name: str, data: bytes) -> int:
         self.blobs.append((name, data))
         return len(self.blobs) - 1
 
-    def blob_once(self, name: str, data: bytes) -> int:
-        """A blob shared by everything that names it (a custom kernel's code used by several calls)."""
-        for index, (existing, _) in enumerate(self.blobs):
-            if existing == name:
-                return index
-        return self.blob(name, data)
+    def blob_once(self, key: str, name: str, data: bytes) -> int:
+        """A blob shared by everything that asks with the same `key` (a custom kernel's code
+        used by several calls is keyed by its file's full path, not its name)."""
+        if key not in self._blob_by_key:
+            self._blob_by_key[key] = self.blob(name, data)
+        return self._blob_by_key[key]
 
     def constant(self, op: ir.Operation) -> int:
         array = hx.constant_array(op)
@@ -80,12 +82,12 @@ def _custom_fields(kernel: ir.Operation, entry: dict, custom: CustomBuild, packe
     """A custom kernel's own code: its images (cuda) or prebuilt library (cpu), each stored once."""
     file = custom_info(kernel)["file"]
     if entry["device"] == "cuda":
-        images = {arch: packer.blob_once(f"{Path(file).name}:{arch}", data)
+        images = {arch: packer.blob_once(f"{file}:{arch}", f"{Path(file).name}:{arch}", data)
                   for arch, data in custom.cuda_images[file].items()}
         info = custom_info(kernel)
         return {"launch": {"grid": info["grid"], "block": info["block"], "shared_bytes": 0}, "images": images}
     if file in custom.shared_objects:
-        return {"library": packer.blob_once(Path(file).name, custom.shared_objects[file])}
+        return {"library": packer.blob_once(file, Path(file).name, custom.shared_objects[file])}
     return {}
 
 
@@ -166,4 +168,7 @@ def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: Cud
     manifest["entries"] = [_entry(module, kernel_index, packer)]
     manifest["kernels"] = kernel_entries
     manifest["constants"] = packer.constants
-    return hxb.encode(manifest, packer.blobs)
+    try:
+        return hxb.encode(manifest, packer.blobs)
+    except hxb.HxbFormatError as error:  # the compiler made a module the runtime would refuse: our bug
+        raise CompileError(f"the packaged module breaks the .hxb format ({error}); please report this") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -37,3 +38,12 @@ def run_tool(command: list[str], what: str) -> subprocess.CompletedProcess:
         raise CompileError(f"{what} failed (exit {result.returncode}):\n{stderr}\n"
                            f"command: {shlex.join(command)}")
     return result
+
+
+def nvidia_wheel_file(pattern: str) -> Path | None:
+    """The newest file matching `pattern` (e.g. "cu*/bin/ptxas") in NVIDIA's pip wheels, if any."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        for candidate in sorted(Path(root).glob(pattern), reverse=True):
+            return candidate
+    return None

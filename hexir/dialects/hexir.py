@@ -186,7 +186,8 @@ def _str(value: str) -> ir.StringAttr:
 
 
 def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
-    value = ir.DenseElementsAttr.get(np.ascontiguousarray(array))
+    native = array.astype(array.dtype.newbyteorder("="), copy=False)  # MLIR reads native order only
+    value = ir.DenseElementsAttr.get(np.ascontiguousarray(native))
     op = ir.Operation.create(
         "hexir.constant", results=[value.type],
         attributes={"value": value, "name": _str(name), "device": _str(device)})

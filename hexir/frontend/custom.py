@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hexir.dialects import hexir as hx
-from hexir.errors import HexirError, TraceError
+from hexir.errors import CompileError, HexirError, TraceError
 from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import Tensor, TensorSpec
+from hexir.passes.to_gpu import check_launch
 
 CPU_FILES = (".c", ".o", ".so")
 CUDA_FILES = (".cu", ".ptx", ".cubin", ".fatbin")
@@ -111,6 +112,10 @@ class CustomKernel:
                                      "hexir.TensorSpec")
                 grid = (self.grid(*specs) if callable(self.grid) else self.grid) if self.grid is not None else (1,)
                 grid = _dims(f"custom kernel {self.name}: grid", grid)
+                try:
+                    check_launch(self.name, list(grid), list(self.block))
+                except CompileError as error:
+                    raise TraceError(error.message) from None
                 value = hx.custom_call(self.name, [t.value for t in operands],
                                        hx.tensor_type(result.shape, result.dtype),
                                        self.resolve(trace.kernel_search_path), grid, self.block,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
+import threading
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -23,7 +25,7 @@ from typeguard import TypeCheckError, check_type
 
 from hexir.errors import TraceError
 from hexir.frontend.tensor import TensorSpec
-from hexir.frontend.trace import current_device, trace, user_where
+from hexir.frontend.trace import current_device, result_form, trace, user_where
 from hexir.passes.pipeline import Options, compile_module, parse_placement, parse_target
 
 
@@ -34,12 +36,18 @@ class JitFunction:
         self.fn = fn
         self.options = options
         self.trace_count = 0
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: dict[tuple, tuple[Any, str]] = {}   # key -> (loaded module, result form)
+        self._lock = threading.Lock()  # one trace per signature, even from several threads
+        if not callable(fn):
+            raise TraceError(f"@hexir.jit needs a function, got {type(fn).__name__}", *user_where())
         parameters = list(inspect.signature(fn).parameters.values())
         for parameter in parameters:
             if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
                 raise TraceError(f"@hexir.jit: {fn.__qualname__} takes {parameter}; only plain "
                                  "positional tensor arguments are supported", *user_where())
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", parameter.name):
+                raise TraceError(f"@hexir.jit: {fn.__qualname__}'s argument {parameter.name!r} must be an ASCII "
+                                 "identifier: it names the input in the .hxb module", *user_where())
         self.arg_names = tuple(p.name for p in parameters)
         functools.update_wrapper(self, fn)
 
@@ -77,10 +85,32 @@ class JitFunction:
         return compile_module(self.trace(*args), self.options)
 
     def __call__(self, *args: Any) -> Any:
+        """Run the function on numpy arrays; compiled on the first call of each signature. The
+        result has the function's own form: None, an array, or a tuple/list of arrays."""
+        for arg_name, value in zip(self.arg_names, args, strict=False):
+            if isinstance(value, TensorSpec):
+                raise TraceError(f"{self.fn.__qualname__}(): argument '{arg_name}' is a TensorSpec; a call "
+                                 "needs arrays (TensorSpecs are for .compile() and hexir.export)", *user_where())
+        args = tuple(_native(value) for value in args)
         key = self.cache_key(self.specs_of(args))
-        if key not in self._compiled:
-            self._compiled[key] = hexir_runtime.load(self.compile(*args))
-        return self._compiled[key].main(*args)
+        with self._lock:
+            if key not in self._compiled:
+                module = self.trace(*args)
+                form = result_form(module)
+                self._compiled[key] = (hexir_runtime.load(compile_module(module, self.options)), form)
+        loaded, form = self._compiled[key]
+        outputs = loaded.main(*args)
+        if form == "single":
+            return outputs
+        outputs = () if outputs is None else outputs if isinstance(outputs, tuple) else (outputs,)
+        return None if form == "none" else list(outputs) if form == "list" else outputs
+
+
+def _native(value: Any) -> Any:
+    """A numpy array in the machine's byte order (the runtime takes nothing else)."""
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
 
 
 def _checked(fn: Callable) -> Callable:
@@ -134,5 +164,11 @@ def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | 
                        + tuple(map(os.fspath, kernel_search_path)))
         jitted = JitFunction(jitted.fn, parse_target(target, base))
     path = Path(path)
-    path.write_bytes(jitted.compile(*example_args))
+    if not path.parent.is_dir():  # before the compile, not after it
+        raise TraceError(f"hexir.export: cannot write {path}: the folder {path.parent} does not exist", *user_where())
+    data = jitted.compile(*example_args)
+    try:
+        path.write_bytes(data)
+    except OSError as error:
+        raise TraceError(f"hexir.export: cannot write {path}: {error.strerror}", *user_where()) from None
     return path

@@ -19,6 +19,8 @@ class TensorSpec:
     dtype: str
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shape, (tuple, list)):
+            raise TraceError(f"TensorSpec: shape must be a tuple of integers, got {self.shape!r}")
         shape = tuple(self.shape)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise TraceError(f"TensorSpec: shape must be non-negative integers, got {self.shape!r}")

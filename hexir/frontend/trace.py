@@ -100,7 +100,6 @@ def current_device() -> str:
 
 @dataclass
 class _Trace:
-    context: ir.Context
     names: dict[int, str]                                    # id(array) -> a readable name
     # id(array) -> (array, its constant). Holding the array keeps it alive for the whole
     # trace: a freed temporary's id would be reused by the next one, which would then get
@@ -108,7 +107,7 @@ class _Trace:
     constants: dict[int, tuple[np.ndarray, Tensor]] = field(default_factory=dict)
     kernel_search_path: tuple[str, ...] = ()                 # for custom kernels' files
 
-    def constant(self, array: np.ndarray, role: str) -> Tensor:
+    def constant(self, array: np.ndarray) -> Tensor:
         if id(array) not in self.constants:
             name = self.names.get(id(array), f"const{len(self.constants)}")
             self.constants[id(array)] = (array, Tensor(TensorSpec.of(array), hx.constant(array, name)))
@@ -159,7 +158,7 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
             main.operation.attributes["hexir.source"] = ir.StringAttr.get(fn.__qualname__)
             entry = main.add_entry_block()
         args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments, strict=True)]
-        _state.trace = _Trace(context, _captured_names(fn), kernel_search_path=tuple(kernel_search_path))
+        _state.trace = _Trace(_captured_names(fn), kernel_search_path=tuple(kernel_search_path))
         try:
             with ir.InsertionPoint(entry):
                 result = fn(*args)
@@ -167,16 +166,31 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
                 func.ReturnOp([t.value for t in outputs])
         finally:
             _state.trace = None
+        form = "none" if result is None else "list" if isinstance(result, list) else \
+            "tuple" if isinstance(result, tuple) else "single"
+        main.operation.attributes[RESULT_FORM] = ir.StringAttr.get(form)
         main.operation.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get(arg_types, [t.value.type for t in outputs]))
     return module
+
+
+#: How the traced function returned its results: "none", "single", "tuple" or "list".
+RESULT_FORM = "hexir.result_form"
+
+
+def result_form(module: ir.Module) -> str:
+    """The form of a traced function's results, so a call can return them the same way."""
+    for op in module.body.operations:
+        if RESULT_FORM in op.attributes:
+            return ir.StringAttr(op.attributes[RESULT_FORM]).value
+    return "single"
 
 
 def _outputs(result: object) -> list[Tensor]:
     items = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
     for position, item in enumerate(items):
         if isinstance(item, np.ndarray):
-            items[position] = _current().constant(item, "output")
+            items[position] = _current().constant(item)
         elif not isinstance(item, Tensor):
             raise TraceError(
                 f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
@@ -192,11 +206,11 @@ def _operand(op: str, name: str, value: object) -> Tensor:
     if isinstance(value, np.ndarray):
         if value.dtype.name not in hx.DTYPES:
             raise TraceError(f"{op}: argument '{name}' is a {value.dtype} array; expected float32 or float64")
-        return _current().constant(value, name)
+        return _current().constant(value)
     raise TraceError(f"{op}: argument '{name}' must be a tensor or a numpy array, got {type(value).__name__}")
 
 
-def _build(op: str, build: Callable[[], Tensor]) -> Tensor:
+def _build(build: Callable[[], Tensor]) -> Tensor:
     _current()
     try:
         with user_location():
@@ -215,7 +229,7 @@ def linear(x: Tensor | np.ndarray, w: Tensor | np.ndarray, bias: Tensor | np.nda
         shape = hx.linear_shape(specs[0], specs[1], specs[2] if bias is not None else None)
         value = hx.linear(*(t.value for t in operands), device=current_device())
         return Tensor(TensorSpec(shape, operands[0].dtype), value)
-    return _build("linear", build)
+    return _build(build)
 
 
 def relu(x: Tensor | np.ndarray) -> Tensor:
@@ -224,7 +238,7 @@ def relu(x: Tensor | np.ndarray) -> Tensor:
         operand = _operand("relu", "x", x)
         hx.elementwise_shape("relu", (operand.shape, operand.dtype))
         return Tensor(operand.spec, hx.relu(operand.value, device=current_device()))
-    return _build("relu", build)
+    return _build(build)
 
 
 def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called print
@@ -234,7 +248,7 @@ def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called prin
         hx.elementwise_shape("print", (operand.shape, operand.dtype))
         hx.print_(operand.value)
         return operand
-    _build("print", build)
+    _build(build)
 
 
 __all__ = ["linear", "relu", "print", "on", "trace"]

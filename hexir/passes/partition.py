@@ -10,8 +10,8 @@ Rules, in order of precedence, for the placeable ops (linear, relu, custom_call)
   3. "cpu" (a custom kernel with no cpu file: "cuda").
 A custom kernel placed on a device it has no file for is a PlacementError at its line.
 Function arguments arrive on the host and results return to it; print runs on the host.
-A constant lives on the device of its users (one upload of the weights), or on the host
-when users on several devices share it.
+A constant lives on the device of its users (one upload of the weights); users on several
+devices get a copy of it each.
 
     %y = "hexir.linear"(%x, %w) {device = "auto"}       %w = "hexir.constant"() {device = "cuda", ...}
     %r = "hexir.relu"(%y) {device = "auto"}       =>    %t = "hexir.transfer"(%x) {source = "cpu", target = "cuda"}
@@ -40,8 +40,7 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
             hx.set_device(op, _choose(op, placement.get(op.name) or hx.device_of(op)))
     for op in ops:
         if op.name == "hexir.constant":
-            user_devices = {_consumer_device(use.owner) for use in op.result.uses}
-            hx.set_device(op, user_devices.pop() if len(user_devices) == 1 else "cpu")
+            _place_constant(op)
 
     transfers: dict[tuple[int, str], ir.Value] = {}
     for op in ops:
@@ -55,6 +54,22 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
                 with ir.InsertionPoint(op), op.location:
                     transfers[key] = hx.transfer(operand, have, wanted)
             op.operands[position] = transfers[key]
+
+
+def _place_constant(op: ir.Operation) -> None:
+    """A weight lives where its users run; users on several devices get a copy each (one blob
+    in the module, one upload per device), so no weight crosses devices on every call."""
+    uses: dict[str, list[tuple[ir.Operation, int]]] = {}
+    for use in op.result.uses:
+        uses.setdefault(_consumer_device(use.owner), []).append((use.owner, use.operand_number))
+    devices = sorted(uses) or ["cpu"]
+    hx.set_device(op, devices[0])
+    for device in devices[1:]:
+        with ir.InsertionPoint(op):
+            copy = op.clone()
+        hx.set_device(copy, device)
+        for user, position in uses[device]:
+            user.operands[position] = copy.result
 
 
 def _choose(op: ir.Operation, wanted: str) -> str:

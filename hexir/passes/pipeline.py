@@ -20,8 +20,9 @@ from pathlib import Path
 from mlir import ir, passmanager
 
 from hexir.backend import cpu as cpu_backend
+from hexir.backend.cuda import PTX_FEATURES
 from hexir.backend.package import package
-from hexir.errors import HexirError, PlacementError
+from hexir.errors import ArgumentError, HexirError, PlacementError
 from hexir.passes.common import generated_kernels
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.partition import partition
@@ -74,7 +75,7 @@ def _run(module: ir.Module, steps: list[tuple[str, Callable[[ir.Module], None]] 
 def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | str | bytes:
     """Run the pipeline on `module` (in place) up to `stage` and return what that stage makes."""
     if stage not in STAGES:
-        raise PlacementError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+        raise ArgumentError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     reached = STAGES.index(stage)
     _run(module, [("hexir-verify", verify)])
     if reached >= STAGES.index("mlir-hetero"):
@@ -86,7 +87,7 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
         _run(module, [("hextir-to-loops", tir_to_loops)])
     if reached >= STAGES.index("mlir-gpu") and generated_kernels(module, "cuda"):
         from hexir.passes.to_gpu import cuda_kernels_to_gpu
-        cuda_kernels_to_gpu(module, options)
+        cuda_kernels_to_gpu(module)
     if reached <= STAGES.index("mlir-gpu"):
         return module
     cpu_module = cpu_kernels_to_llvm(module) if generated_kernels(module, "cpu") else None
@@ -113,7 +114,7 @@ def compile_module(module: ir.Module, options: Options) -> bytes:
 
 # ---- option parsing (shared by @jit, export and the CLI) --------------------------------
 
-CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "sm_121")
+CUDA_ARCHS = tuple(PTX_FEATURES)  # the architectures the cuda backend knows a PTX version for
 
 
 def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
@@ -126,6 +127,8 @@ def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
         part.split("=", 1) if "=" in part else (part, None) for part in text.split(",") if part.strip())
     pairs = {}
     for op, device in items:
+        if not isinstance(op, str) or not isinstance(device, (str, type(None))):
+            raise PlacementError(f"placement: expected op name -> device name strings, got {op!r}: {device!r}")
         op = op.strip()
         if op not in PLACEABLE_OPS:
             raise PlacementError(f"placement: unknown op {op!r}; placeable ops are {', '.join(PLACEABLE_OPS)}")

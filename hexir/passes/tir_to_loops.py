@@ -23,7 +23,7 @@ from mlir.dialects import memref
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import generated_kernels
+from hexir.passes.common import generated_kernels, walk
 
 #: The trip count of a cpu kernel's work range, recorded for the manifest.
 WORK_ITEMS = "hextir.work_items"
@@ -54,12 +54,12 @@ def _add_work_range(kernel: ir.Operation) -> None:
     function_type = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     kernel.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get([*function_type.inputs, index, index], []))
-    for op in _walk(kernel, "scf.for"):
+    for op in walk(kernel, "scf.for"):
         del op.attributes[ht.SCHEDULE]
 
 
 def _lower_memory_ops(kernel: ir.Operation) -> None:
-    for op in _walk(kernel, "hextir.load", "hextir.store", "hextir.alloc_local"):
+    for op in walk(kernel, "hextir.load", "hextir.store", "hextir.alloc_local"):
         if op.name == "hextir.alloc_local" and ir.StringAttr(op.attributes["space"]).value == "shared":
             continue  # a GPU block's buffer: to_gpu makes it a workgroup attribution
         with ir.InsertionPoint(op), op.location:
@@ -72,18 +72,6 @@ def _lower_memory_ops(kernel: ir.Operation) -> None:
                 value = memref.AllocaOp(op.result.type, [], []).result
                 op.result.replace_all_uses_with(value)
         op.erase()
-
-
-def _walk(root: ir.Operation, *names: str) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name in names:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
 
 
 def _name(kernel: ir.Operation) -> str:

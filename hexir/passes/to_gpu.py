@@ -32,13 +32,13 @@ from mlir.dialects import gpu
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import generated_kernels, main_function
+from hexir.passes.common import generated_kernels, main_function, walk
 
 GPU_MODULE = "hexir_cuda"
 _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
 
 
-def cuda_kernels_to_gpu(module: ir.Module, options: object = None) -> None:
+def cuda_kernels_to_gpu(module: ir.Module) -> None:
     """Move every cuda kernel into `gpu.module @hexir_cuda` as a bound `gpu.func`."""
     cuda_kernels = [k for k in generated_kernels(module, "cuda") if k.name == "func.func"]
     if not cuda_kernels:
@@ -57,7 +57,7 @@ def _outline(kernel: ir.Operation) -> None:
     old_block = kernel.regions[0].blocks[0]
     arg_types = [a.type for a in old_block.arguments]
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
-    shared = [op for op in _walk(kernel, "hextir.alloc_local")
+    shared = [op for op in walk(kernel, "hextir.alloc_local")
               if ir.StringAttr(op.attributes["space"]).value == "shared"]
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
     function.operation.attributes[ht.KERNEL] = kernel.attributes[ht.KERNEL]
@@ -73,7 +73,7 @@ def _outline(kernel: ir.Operation) -> None:
     for op, attribution in zip(shared, list(block.arguments)[len(arg_types):], strict=True):
         op.result.replace_all_uses_with(attribution)
         op.erase()
-    for op in _walk(kernel, "hextir.barrier"):
+    for op in walk(kernel, "hextir.barrier"):
         with ir.InsertionPoint(op), op.location:
             gpu.BarrierOp()
         op.erase()
@@ -83,6 +83,7 @@ def _outline(kernel: ir.Operation) -> None:
         op.move_before(terminator)
     kernel.erase()
     grid, threads = _bind_loops(function.operation, name)
+    check_launch(name, grid, threads)
     i64 = ir.DenseI64ArrayAttr.get
     function.operation.attributes["hextir.grid"] = i64(grid)
     function.operation.attributes["hextir.block"] = i64(threads)
@@ -113,21 +114,25 @@ def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]
             if op.name != "scf.yield":
                 op.move_before(loop)
         loop.erase()
-    for op in _scheduled_loops(function):
-        del op.attributes[ht.SCHEDULE]
+    for op in walk(function, "scf.for"):
+        if ht.SCHEDULE in op.attributes:
+            del op.attributes[ht.SCHEDULE]
     return sizes["blockIdx"], sizes["threadIdx"]
 
 
-def _walk(root: ir.Operation, name: str) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-    root.walk(lambda op: (found.append(op) if op.name == name else None) or ir.WalkResult.ADVANCE)
-    return found
+#: CUDA's limits on a launch: blocks per grid axis, threads per block.
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK_THREADS = 1024
 
 
-def _scheduled_loops(function: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-    function.walk(lambda op: (found.append(op) if ht.SCHEDULE in op.attributes else None) or ir.WalkResult.ADVANCE)
-    return found
+def check_launch(kernel: str, grid: list[int], block: list[int]) -> None:
+    """CompileError unless CUDA can launch `grid` x `block` (checked here, not at run time)."""
+    for axis, (blocks, limit) in enumerate(zip(grid, MAX_GRID, strict=True)):
+        if blocks > limit:
+            raise CompileError(f"cuda kernel {kernel}: its launch needs {blocks} blocks along "
+                               f"{'xyz'[axis]}, more than CUDA's {limit}; the tensor is too large for one launch")
+    if block[0] * block[1] * block[2] > MAX_BLOCK_THREADS:
+        raise CompileError(f"cuda kernel {kernel}: a block of {block} has more than {MAX_BLOCK_THREADS} threads")
 
 
 def _trip_count(loop: ir.Operation, name: str) -> int:

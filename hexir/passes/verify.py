@@ -14,11 +14,14 @@ call names a kernel of the module.
 
 from __future__ import annotations
 
+import re
+
 from mlir import ir
 
 from hexir.dialects import hexir as hx
-from hexir.errors import TraceError
+from hexir.errors import CompileError, TraceError
 from hexir.passes.common import argument_names, kernels, location_of, main_function
+from hexir.passes.to_gpu import check_launch
 
 _GRAPH_OPS = ("hexir.constant", "hexir.linear", "hexir.relu", "hexir.print", "hexir.transfer",
               "hexir.call", "hexir.custom_call", "func.return")
@@ -79,6 +82,8 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
     if op.name == "hexir.linear":
         expected = hx.linear_shape(specs[0], specs[1], specs[2] if len(specs) == 3 else None)
     elif op.name in ("hexir.relu", "hexir.transfer"):
+        if op.name == "hexir.transfer" and hx.string_attr(op, "source") == hx.string_attr(op, "target"):
+            raise TraceError(f"transfer: source and target are both {hx.string_attr(op, 'source')}")
         expected = hx.elementwise_shape(short_name, specs[0])
     elif op.name == "hexir.print":
         hx.elementwise_shape("print", specs[0])
@@ -94,9 +99,32 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
             raise TraceError(f"call: @{hx.callee_of(op)} is not a kernel of this module; expected a func.func "
                              "with hextir.kernel or a gpu.func in a gpu.module")
         return
+    elif op.name == "hexir.custom_call":
+        _check_custom_call(op)
+        return
     else:
         return
     result = (hx.shape_of(op.result.type), hx.dtype_of(op.result.type))
     if result != (tuple(expected), specs[0][1]):
         raise TraceError(f"{short_name}: result type is {result[1]}{list(result[0])}, "
                          f"expected {specs[0][1]}{list(expected)}")
+
+
+def _check_custom_call(op: ir.Operation) -> None:
+    """What IRDL cannot say about a custom call: its files' devices, its symbol, its launch."""
+    kernel = hx.string_attr(op, "kernel")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", kernel):
+        raise TraceError(f"custom_call: kernel {kernel!r} is not a C symbol")
+    objects = hx.objects_of(op)
+    if not objects or not set(objects) <= set(hx.DEVICES):
+        raise TraceError(f"custom_call {kernel}: objects must map some of {', '.join(hx.DEVICES)} to files, "
+                         f"got {', '.join(objects) or 'nothing'}")
+    for name in ("grid", "block"):
+        dims = list(ir.DenseI64ArrayAttr(op.attributes[name]))
+        if len(dims) != 3 or min(dims) < 1:
+            raise TraceError(f"custom_call {kernel}: {name} must be 3 positive sizes, got {dims}")
+    try:
+        check_launch(kernel, list(ir.DenseI64ArrayAttr(op.attributes["grid"])),
+                     list(ir.DenseI64ArrayAttr(op.attributes["block"])))
+    except CompileError as error:
+        raise TraceError(error.message) from None

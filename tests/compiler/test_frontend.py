@@ -49,7 +49,7 @@ def mlp(x):
 def test_trace_builds_the_graph():
     filecheck(str(mlp.trace(X)), """
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32>
-        CHECK-SAME:    attributes {hexir.arg_names = ["x"], hexir.source = "mlp"}
+        CHECK-SAME:    attributes {hexir.arg_names = ["x"], hexir.result_form = "single", hexir.source = "mlp"}
         CHECK-NEXT:  %[[W:.+]] = "hexir.constant"() {device = "auto", name = "W1", value = {{.+}} : tensor<8x4xf32>}
         CHECK-NEXT:  %[[B:.+]] = "hexir.constant"() {device = "auto", name = "B1", value = {{.+}} : tensor<4xf32>}
         CHECK-NEXT:  %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]], %[[B]]) {device = "auto"}
@@ -409,7 +409,8 @@ def test_same_signature_traces_once(no_runtime):
     a = np.ones((2, 3), np.float32)
     f(a)
     f(a * 2)
-    f(TensorSpec((2, 3), "float32"))
+    with pytest.raises(TraceError, match=r"argument 'x' is a TensorSpec; a call needs arrays"):
+        f(TensorSpec((2, 3), "float32"))  # specs are for .compile() and export, not for running
     assert f.trace_count == 1
     assert len(no_runtime) == 1
 

@@ -12,7 +12,7 @@ import pytest
 from hexir.errors import PlacementError
 from hexir.passes.pipeline import parse_placement
 
-from .conftest import filecheck, lower
+from .conftest import filecheck, lower, manifest
 
 # x -> linear(x, W) -> relu -> print, return; the devices are filled in per test
 MLP = """
@@ -80,7 +80,7 @@ def test_placement_option_moves_auto_ops_to_cuda():
     """)
 
 
-def test_constant_shared_by_two_devices_stays_on_the_host():
+def test_constant_shared_by_two_devices_gets_a_copy_on_each():
     text = """
     func.func @main(%arg0: tensor<2x8xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
       %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<8x4xf32>} : () -> tensor<8x4xf32>
@@ -89,15 +89,19 @@ def test_constant_shared_by_two_devices_stays_on_the_host():
       return %1, %2 : tensor<2x4xf32>, tensor<2x4xf32>
     }
     """
+    # no weight crosses devices on each call: each device has its own copy (one blob, one upload)
     filecheck(lower(text, "mlir-hetero"), """
-        CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cpu"
+        CHECK:      %[[WD:.+]] = "hexir.constant"() {device = "cuda", name = "W"
+        CHECK-NEXT: %[[W:.+]] = "hexir.constant"() {device = "cpu", name = "W"
         CHECK-NEXT: %[[A:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu"}
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK-NEXT: %[[WD:.+]] = "hexir.transfer"(%[[W]]) {source = "cpu", target = "cuda"}
         CHECK-NEXT: %[[B:.+]] = "hexir.linear"(%[[X]], %[[WD]]) {device = "cuda"}
         CHECK-NEXT: %[[BH:.+]] = "hexir.transfer"(%[[B]]) {source = "cuda", target = "cpu"}
         CHECK-NEXT: return %[[A]], %[[BH]]
+        CHECK-NOT: hexir.transfer
     """)
+    blobs = manifest(lower(text, "hxb"))
+    assert [c["name"] for c in blobs["constants"]] == ["W"]  # the two copies share one stored weight
 
 
 def test_one_transfer_serves_every_user_on_a_device():
