@@ -1,4 +1,5 @@
-"""lower-to-tir: turn each compute op into a hextir kernel with an explicit schedule.
+"""lower-to-tir: turn each compute op into a hextir kernel with an explicit schedule (or, for a
+custom kernel, a declaration of the user's code).
 
 Input: a partitioned hexir module (every op has a device). Output: one kernel function per
 `hexir.linear` / `hexir.relu`, over memrefs in destination-passing style, and the graph op
@@ -46,7 +47,8 @@ CUSTOM = "hextir.custom"
 
 
 def lower_to_tir(module: ir.Module) -> None:
-    """Replace every hexir.linear / hexir.relu with a call to a freshly built kernel."""
+    """Replace every hexir.linear / hexir.relu with a call to a freshly built kernel, and every
+    hexir.custom_call with a call to a declaration of the user's kernel."""
     main = main_function(module)
     counter = 0
     for op in list(main.regions[0].blocks[0].operations):
