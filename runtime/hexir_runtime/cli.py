@@ -1,12 +1,14 @@
 """`hexir-run`: run an entry of a compiled hexir module (.hxb) from the command line.
 
 Prints a header (module, version, entry, device), a `--` line, then what the program prints.
-`--info` describes the module after checking its format, without loading any code.
+`--info` describes the module after checking its format, without loading any code. When the
+reader of stdout goes away (`hexir-run m.hxb | head -1`), it stops quietly with exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from typing import Any
@@ -20,7 +22,8 @@ from .module import DEVICE_NAMES, Signature, load
 EXIT_CODES = """exit codes:
   0  success
   1  the module could not be read, checked, loaded or run, or the inputs do not fit the entry
-     (one line `hexir-run: <what>` on stderr)
+     (one line `hexir-run: <what>` on stderr); or, silently, stdout was closed before the run
+     finished (as by `hexir-run m.hxb | head -1`)
   2  bad command-line arguments (usage on stderr)"""
 
 
@@ -30,23 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.info:
             sys.stdout.write(describe(read(args.module), args.module))
-            return 0
-        with warnings.catch_warnings(record=True) as notices:
-            warnings.simplefilter("always", RuntimeWarning)
-            module = load(args.module, args.device)
-        for notice in notices:  # e.g. --device=auto found no GPU: say so in one line
-            print(f"hexir-run: note: {notice.message}", file=sys.stderr)
-        arrays = _inputs(module.signature(args.entry), args.input)
-        if not args.quiet:
-            header = [("module", args.module), ("version", module.hxb.version), ("entry", args.entry)]
-            for label, value in [*header, ("device", module.device_name)]:
-                print(_field(label, value))
-            print("--", flush=True)
-        outputs = module.run(args.entry, *arrays)
-        if args.output:
-            if not isinstance(outputs, tuple):
-                outputs = () if outputs is None else (outputs,)
-            np.savez(args.output, **{f"output{i}": output for i, output in enumerate(outputs)})
+        else:
+            _run(args)
+        sys.stdout.flush()  # a closed pipe fails here, not after main has returned
+    except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop quietly, as Unix tools do
+        _discard_stdout()
+        return 1
     except HxbFormatError as error:
         print(f"hexir-run: {args.module}: {error}", file=sys.stderr)
         return 1
@@ -57,6 +49,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hexir-run: {error.filename or args.module}: {error.strerror or error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run(args: argparse.Namespace) -> None:
+    """Load the module, print the header, run the entry and save its outputs."""
+    with warnings.catch_warnings(record=True) as notices:
+        warnings.simplefilter("always", RuntimeWarning)
+        module = load(args.module, args.device)
+    for notice in notices:  # e.g. --device=auto found no GPU: say so in one line
+        print(f"hexir-run: note: {notice.message}", file=sys.stderr)
+    arrays = _inputs(module.signature(args.entry), args.input)
+    if not args.quiet:
+        header = [("module", args.module), ("version", module.hxb.version), ("entry", args.entry)]
+        for label, value in [*header, ("device", module.device_name)]:
+            print(_field(label, value))
+        print("--", flush=True)
+    outputs = module.run(args.entry, *arrays)
+    if args.output:
+        if not isinstance(outputs, tuple):
+            outputs = () if outputs is None else (outputs,)
+        np.savez(args.output, **{f"output{i}": output for i, output in enumerate(outputs)})
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered does not fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (captured, replaced): nothing is flushed at exit
+        pass
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -2,10 +2,11 @@
 
 Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int64_t first,
 int64_t last)` computes iterations [first, last) of the kernel's outermost parallel loop, whose
-trip count is the kernel's `parallel_extent`. Big launches are split over a thread pool; ctypes
-releases the GIL during a foreign call, so the chunks really run in parallel. A custom kernel
-is called once, as `void symbol(T0 *arg0, ..., TN *argN, int64_t scalar0, ...)`, from the
-module's library or from a shared object of its own (its `library` blob).
+trip count is the kernel's `parallel_extent`. Big launches are split over one thread pool that
+every CpuDevice of the process shares; ctypes releases the GIL during a foreign call, so the
+chunks really run in parallel. A custom kernel is called once, as `void symbol(T0 *arg0, ...,
+TN *argN, int64_t scalar0, ...)`, from the module's library or from a shared object of its own
+(its `library` blob).
 """
 
 from __future__ import annotations
@@ -33,6 +34,29 @@ ELF_MACHINES = {62: "x86_64", 183: "aarch64", 243: "riscv64"}
 # same module twice must not map its code twice.
 _libraries: dict[str, ctypes.CDLL] = {}
 _libraries_lock = threading.Lock()
+
+# One pool of worker threads for the whole process, started on first use: each loaded module
+# (each jit signature) must not start threads of its own that nothing stops.
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def worker_pool() -> ThreadPoolExecutor:
+    """The process's CPU worker threads (os.cpu_count() of them), started on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="hexir-cpu")
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # a forked child has none of its parent's threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def check_host(cpu: dict[str, Any], machine: str | None = None, flags: set[str] | None = None) -> None:
@@ -115,9 +139,9 @@ def _open_from_temporary_file(blob: memoryview) -> ctypes.CDLL:
 
 
 class CpuDevice(HostMemory):
-    """Host buffers; kernels from the module's shared object, split over `threads` threads
-    when a launch's arguments total at least `split_bytes` bytes. With `fallbacks`, it also
-    runs CUDA kernels, as their `cpu_fallback` code."""
+    """Host buffers; kernels from the module's shared object, split into at most `threads`
+    chunks (run by the process's `worker_pool`) when a launch's arguments total at least
+    `split_bytes` bytes. With `fallbacks`, it also runs CUDA kernels, as their `cpu_fallback` code."""
 
     name = "cpu"
 
@@ -125,15 +149,6 @@ class CpuDevice(HostMemory):
         self.threads = threads or os.cpu_count() or 1
         self.split_bytes = split_bytes
         self.kinds = ("cpu", "cuda") if fallbacks else ("cpu",)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-
-    def pool(self) -> ThreadPoolExecutor:
-        """The device's worker threads, started on first use."""
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="hexir-cpu")
-            return self._pool
 
     def load(self, hxb: Hxb) -> CpuProgram:
         """Check the host, load the library (no file left behind), look up every kernel's code."""
@@ -142,10 +157,10 @@ class CpuDevice(HostMemory):
             if kernel["device"] in self.kinds:
                 codes[index] = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
                 if codes[index] is None:
-                    raise DeviceError(
-                        f"kernels[{index}] ({kernel['name']}) runs on cuda and has no cpu_fallback: "
-                        "run this module with --device=cuda or --device=reference"
-                    )
+                    other = ("a custom kernel has no numpy version for --device=reference" if kernel["op"] == "custom"
+                             else "or with --device=reference, in numpy")
+                    raise DeviceError(f"kernels[{index}] ({kernel['name']}) runs on cuda and has no cpu_fallback: "
+                                      f"run this module with --device=cuda on a GPU ({other})")
         if any("library" not in code for code in codes.values()):
             check_host(hxb.manifest["cpu"])
         functions = {}
@@ -198,7 +213,10 @@ class CpuProgram:
             function(*pointers, 0, extent)
             return
         bounds = [extent * i // chunks for i in range(chunks + 1)]
-        pool = self.device.pool()
+        pool = worker_pool()
         futures = [pool.submit(function, *pointers, bounds[i], bounds[i + 1]) for i in range(chunks)]
         for future in futures:
             future.result()
+
+    def close(self) -> None:
+        """Nothing to unload: a library stays loaded for the process (ctypes cannot unload it)."""

@@ -119,47 +119,62 @@ class CudaDevice:
         return buffer
 
     def free(self, buffer: DeviceBuffer) -> None:
+        """Give the buffer's device memory back."""
         self.make_current()
         check(self.driver.cuMemFree(buffer.pointer), "cuMemFree")
 
     def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        """Copy host `array` (the buffer's shape and dtype) to the device; straight from it if C-contiguous."""
         host = np.ascontiguousarray(array, dtype=buffer.dtype)
         if buffer.nbytes:
             self.make_current()
             check(self.driver.cuMemcpyHtoD(buffer.pointer, host.ctypes.data, buffer.nbytes), "cuMemcpyHtoD")
 
     def copy_out(self, buffer: DeviceBuffer) -> np.ndarray:
+        """A fresh host array with the buffer's contents, owned by the caller."""
         host = np.empty(buffer.shape, buffer.dtype)
-        if buffer.nbytes:
-            self.make_current()
-            check(self.driver.cuMemcpyDtoH(host.ctypes.data, buffer.pointer, buffer.nbytes), "cuMemcpyDtoH")
+        self.copy_out_into(buffer, host)
         return host
 
+    def copy_out_into(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        """Copy the buffer's contents into host `array` (its shape and dtype); straight into it if C-contiguous."""
+        if not array.flags.c_contiguous:
+            array[...] = self.copy_out(buffer)
+        elif buffer.nbytes:
+            self.make_current()
+            check(self.driver.cuMemcpyDtoH(array.ctypes.data, buffer.pointer, buffer.nbytes), "cuMemcpyDtoH")
+
     def synchronize(self) -> None:
+        """Wait for everything launched on the device (a failed kernel's error surfaces here)."""
         self.make_current()
         check(self.driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def load(self, hxb: Hxb) -> CudaProgram:
         """Load each fitting image once per module and look up every CUDA kernel in its image."""
         self.make_current()
-        modules: dict[int, Any] = {}
-        kernels: dict[int, tuple[Any, dict, tuple[int, ...]]] = {}
-        for index, kernel in enumerate(hxb.manifest["kernels"]):
-            if kernel["device"] != "cuda":
-                continue
-            arch, blob = pick_image(kernel["images"], *self.capability)
-            if blob not in modules:
-                image = bytes(hxb.blob(blob))
-                if arch.startswith("compute_"):
-                    image += b"\0"  # the driver reads PTX as a C string
-                modules[blob] = check(self.driver.cuModuleLoadData(image), f"cuModuleLoadData ({arch})")
-            try:
-                function = check(self.driver.cuModuleGetFunction(modules[blob], kernel["symbol"].encode()),
-                                 "cuModuleGetFunction")
-            except DeviceError as error:
-                raise KernelError(f"kernels[{index}] ({kernel['name']}): {error}") from None
-            kernels[index] = (function, kernel["launch"], tuple(kernel.get("scalars", ())))
-        return CudaProgram(self, kernels)
+        program = CudaProgram(self, {})
+        try:
+            modules: dict[int, Any] = {}  # by blob
+            for index, kernel in enumerate(hxb.manifest["kernels"]):
+                if kernel["device"] != "cuda":
+                    continue
+                arch, blob = pick_image(kernel["images"], *self.capability)
+                if blob not in modules:
+                    image = bytes(hxb.blob(blob))
+                    if arch.startswith("compute_"):
+                        image += b"\0"  # the driver reads PTX as a C string
+                    modules[blob] = check(self.driver.cuModuleLoadData(image), f"cuModuleLoadData ({arch})")
+                    program.modules.append(modules[blob])
+                try:
+                    function = check(self.driver.cuModuleGetFunction(modules[blob], kernel["symbol"].encode()),
+                                     "cuModuleGetFunction")
+                except DeviceError as error:
+                    raise KernelError(f"kernels[{index}] ({kernel['name']}): {error}") from None
+                program.kernels[index] = (function, kernel["launch"], tuple(kernel.get("scalars", ())))
+        except BaseException:
+            program.close()  # the images loaded before the failure
+            raise
+        return program
 
 
 class CudaProgram:
@@ -168,6 +183,16 @@ class CudaProgram:
     def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, dict, tuple[int, ...]]]) -> None:
         self.device = device
         self.kernels = kernels
+        self.modules: list[Any] = []  # the loaded CUmodules, unloaded by close
+
+    def close(self) -> None:
+        """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
+        modules, self.modules = self.modules, []
+        self.kernels = {}
+        if modules:
+            self.device.make_current()
+        for module in modules:
+            check(self.device.driver.cuModuleUnload(module), "cuModuleUnload")
 
     def launch(self, kernel: int, buffers: Sequence[DeviceBuffer]) -> None:
         """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here)."""

@@ -2,7 +2,9 @@
 
 A device runs the kernels of one or more manifest devices (`kinds`: "cpu", "cuda"). It owns
 buffers (alloc, free, copy in, copy out, synchronize) and loads a module's kernels into a
-program (load, launch). The executor only ever talks to devices through this interface.
+program (load, launch, close). The executor only ever talks to devices through this interface.
+Host buffers are numpy arrays: a device copies straight between them and its own buffers
+(`copy_in` from one, `copy_out_into` one), so a transfer makes no intermediate array.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ class Program(Protocol):
     def launch(self, kernel: int, buffers: Sequence[Any]) -> None:
         """Run kernels[kernel] on `buffers` (its args in order; the last one is written)."""
 
+    def close(self) -> None:
+        """Unload the kernels from the device (idempotent); a closed program is not launched again."""
+
 
 class Device(Protocol):
     """A place where buffers live and kernels run."""
@@ -32,6 +37,7 @@ class Device(Protocol):
     def free(self, buffer: Any) -> None: ...
     def copy_in(self, buffer: Any, array: np.ndarray) -> None: ...
     def copy_out(self, buffer: Any) -> np.ndarray: ...
+    def copy_out_into(self, buffer: Any, array: np.ndarray) -> None: ...
     def synchronize(self) -> None: ...
     def load(self, hxb: Hxb) -> Program: ...
 
@@ -53,6 +59,10 @@ class HostMemory:
     def copy_out(self, buffer: np.ndarray) -> np.ndarray:
         """A fresh array with the buffer's contents, owned by the caller."""
         return buffer.copy()
+
+    def copy_out_into(self, buffer: np.ndarray, array: np.ndarray) -> None:
+        """Copy the buffer's contents into `array` (same shape and dtype, any strides)."""
+        np.copyto(array, buffer, casting="no")
 
     def synchronize(self) -> None:
         """Nothing to do: host kernels have finished when launch returns."""

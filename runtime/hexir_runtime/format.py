@@ -114,12 +114,12 @@ def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
         _fail("manifest", f"expected an object, got {_describe(manifest)}")
     if "blobs" in manifest:
         _fail("blobs", "encode computes the blob table: pass the blobs separately")
-    payloads = [bytes(memoryview(data)) for _, data in blobs]
+    payloads = [data if isinstance(data, bytes) else bytes(memoryview(data)) for _, data in blobs]
+    digests = [hashlib.sha256(payload).hexdigest() for payload in payloads]  # once: blobs can be big
     text = b""
     while True:  # offsets depend on the manifest's length, which depends on the offsets
         offset, table = _align(HEADER.size + len(text)), []
-        for (name, _), payload in zip(blobs, payloads, strict=True):
-            digest = hashlib.sha256(payload).hexdigest()
+        for (name, _), payload, digest in zip(blobs, payloads, digests, strict=True):
             table.append({"name": name, "offset": offset, "size": len(payload), "sha256": digest})
             offset = _align(offset + len(payload))
         layout = {key: manifest[key] for key in ("producer",) if key in manifest}
@@ -133,12 +133,12 @@ def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
             break
         text = candidate
     header = HEADER.pack(MAGIC, VERSION, HEADER.size, HEADER.size, len(text), zlib.crc32(text), 0)
-    parts = [header, text]
+    parts, end = [header, text], len(header) + len(text)
     for entry, payload in zip(table, payloads, strict=True):
-        parts.append(bytes(entry["offset"] - sum(map(len, parts))))
-        parts.append(payload)
+        parts += [bytes(entry["offset"] - end), payload]
+        end = entry["offset"] + len(payload)
     data = b"".join(parts)
-    decode(data)
+    decode(data)  # checks the meaning, and the layout against the checksums (each blob hashed once more)
     return data
 
 
@@ -233,7 +233,7 @@ def _check_blob_table(data: bytes, table: list[Any], manifest_end: int) -> None:
     if cursor != len(data):
         _fail("file", f"{len(data) - cursor} unexpected bytes after the last blob or manifest (which ends at {cursor})")
     for offset, i, size in spans:
-        if hashlib.sha256(data[offset : offset + size]).hexdigest() != table[i]["sha256"]:
+        if hashlib.sha256(memoryview(data)[offset : offset + size]).hexdigest() != table[i]["sha256"]:
             _fail(f"blobs[{i}].sha256", "checksum mismatch: the blob's bytes are corrupted")
 
 

@@ -2,11 +2,14 @@
 
 `load(path)` checks the file, picks the devices, loads every kernel and uploads every constant
 once; `Module.run(entry, *arrays)` (or `module.<entry>(*arrays)`) checks the arguments against
-the entry's signature and runs its host program.
+the entry's signature and runs its host program. `Module.close()` (or leaving a `with load(...)
+as module:` block, or dropping the last reference) frees the module's device memory and
+unloads its GPU code.
 
 Arguments must be numpy arrays with exactly the signature's dtype and shape: nothing is cast
 or converted (a list, a float64 array for a float32 input, are errors), so a call never
-silently changes precision. Non-contiguous arrays are accepted and copied.
+silently changes precision. Non-contiguous arrays are accepted (copied into the entry's buffer,
+like any other).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import functools
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from .cpu import CpuDevice
-from .device import Device
-from .errors import DeviceError, InputError
+from .device import Device, Program
+from .errors import DeviceError, HexirRuntimeError, InputError
 from .executor import Constants, Executor
 from .format import Hxb, TensorType, decode, read
 from .reference import ReferenceDevice
@@ -73,7 +77,11 @@ def load(source: Source, device: str | Device = "auto") -> Module:
 
 
 class Module:
-    """A loaded module: its entries are callable as `module.run(name, *arrays)` or `module.name(*arrays)`."""
+    """A loaded module: its entries are callable as `module.run(name, *arrays)` or `module.name(*arrays)`.
+
+    It holds device memory (every entry's buffers, the uploaded constants) and loaded GPU code
+    until `close()`, the end of a `with` block, or the last reference going away.
+    """
 
     def __init__(self, hxb: Hxb, device: str | Device = "auto") -> None:
         self.hxb = hxb
@@ -96,13 +104,21 @@ class Module:
         constants = Constants(hxb)
         self._signatures: dict[str, Signature] = {}
         self._executors: dict[str, Executor] = {}
-        for entry in manifest["entries"]:
-            self._signatures[entry["name"]] = Signature.of(entry)
-            try:
-                self._executors[entry["name"]] = Executor(entry, devices, programs, constants)
-            except MemoryError:
-                raise DeviceError(f"out of memory allocating the buffers of entry {entry['name']!r}") from None
+        # The finalizer holds the resources, never the module, so that it cannot keep it alive.
+        # At exit the process gives everything back anyway.
+        self._finalizer = weakref.finalize(self, _release, self._executors, constants, list(loaded.values()))
+        self._finalizer.atexit = False
         self._lock = threading.Lock()  # an entry's buffers are reused, so one call at a time
+        try:
+            for entry in manifest["entries"]:
+                self._signatures[entry["name"]] = Signature.of(entry)
+                try:
+                    self._executors[entry["name"]] = Executor(entry, devices, programs, constants)
+                except MemoryError:
+                    raise DeviceError(f"out of memory allocating the buffers of entry {entry['name']!r}") from None
+        except BaseException:
+            self.close()  # what was loaded and allocated before the failure
+            raise
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -122,12 +138,33 @@ class Module:
         do not match the signature (nothing is cast).
         """
         signature = self.signature(entry)
-        arrays = _check_arguments(signature, arrays)
+        _check_arguments(signature, arrays)
         with self._lock:
+            if self.closed:
+                raise HexirRuntimeError(f"{entry}(): the module is closed (load it again to call its entries)")
             outputs = self._executors[entry].run(arrays)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` has run (or the module's resources were freed otherwise)."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Free every entry's buffers and the uploaded constants, and unload the GPU code (idempotent).
+
+        The entries cannot be called afterwards; signatures and entries can still be read.
+        """
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self) -> Module:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self.close()
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name in self.__dict__.get("_signatures", {}):
@@ -135,16 +172,27 @@ class Module:
         raise AttributeError(f"the module has no attribute or entry {name!r}")
 
     def __repr__(self) -> str:
-        return f"<hexir_runtime.Module entries={list(self.entries)} device={self.device_name!r}>"
+        closed = " closed" if self.closed else ""
+        return f"<hexir_runtime.Module entries={list(self.entries)} device={self.device_name!r}{closed}>"
 
 
-def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+def _release(executors: dict[str, Executor], constants: Constants, programs: list[Program]) -> None:
+    """Free what a module holds on its devices: buffers, then constants, then loaded code."""
+    try:
+        for executor in executors.values():
+            executor.close()
+        constants.close()
+    finally:
+        for program in programs:
+            program.close()
+
+
+def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> None:
     names = [name for name, _ in signature.inputs]
     if len(arrays) != len(names):
         raise InputError(
             f"{signature.name}(): expects {len(names)} argument(s) ({', '.join(names)}), got {len(arrays)}"
         )
-    checked = []
     for (name, expected), array in zip(signature.inputs, arrays, strict=True):
         if not isinstance(array, np.ndarray):
             raise InputError(
@@ -154,14 +202,21 @@ def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> tuple[np.
         if array.dtype != np.dtype(expected.dtype) or array.shape != expected.shape:
             actual = f"{dtype}[{', '.join(map(str, array.shape))}]"
             raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
-        checked.append(np.ascontiguousarray(array))
-    return tuple(checked)
 
 
-def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Any]]:
+def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Program]]:
     """Which device runs each manifest device, and each device's loaded program (loaded once)."""
     devices = _place(kinds, candidates)
-    return devices, {place: place.load(hxb) for place in devices.values()}
+    loaded: dict[Device, Program] = {}
+    try:
+        for place in devices.values():
+            if place not in loaded:
+                loaded[place] = place.load(hxb)
+    except BaseException:
+        for program in loaded.values():  # what loaded before the failure
+            program.close()
+        raise
+    return devices, loaded
 
 
 def _place(kinds: set[str], candidates: list[Device]) -> dict[str, Device]:

@@ -59,3 +59,6 @@ class ReferenceProgram:
         if not 0 <= kernel < len(self.functions):
             raise KernelError(f"kernel {kernel} does not exist (the module has {len(self.functions)})")
         self.functions[kernel](*buffers)
+
+    def close(self) -> None:
+        """Nothing to unload: the kernels are numpy functions."""

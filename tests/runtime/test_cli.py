@@ -145,3 +145,17 @@ def test_exit_codes_of_the_real_process(mlp_file, matmul_inputs, tmp_path):
     assert failed.stderr == "hexir-run: matmul(): missing --input for a, b\n"
     usage = subprocess.run([*command, "--device=tpu"], capture_output=True, text=True, env=environment)
     assert usage.returncode == 2 and "invalid choice: 'tpu'" in usage.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--quiet"], ["--info"]])
+def test_a_closed_stdout_stops_the_process_quietly(mlp_file, matmul_inputs, extra):
+    """`hexir-run m.hxb | head -1`: the reader is gone; that is no error of the module's."""
+    environment = {**os.environ, "PYTHONPATH": RUNTIME + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    reader, writer = os.pipe()
+    os.close(reader)  # every write to the pipe fails with EPIPE
+    try:
+        result = subprocess.run([sys.executable, "-m", "hexir_runtime", str(mlp_file), *matmul_inputs, *extra],
+                                stdout=writer, stderr=subprocess.PIPE, text=True, env=environment)
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (1, "")

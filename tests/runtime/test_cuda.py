@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import gc
 import math
 import re
 import struct
 import sys
 import threading
+import weakref
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +38,11 @@ import hexir_runtime.cuda
 import hexir_runtime.module
 import numpy as np
 import pytest
-from hexir_runtime import DeviceError, KernelError, load
+from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.cuda import CudaDevice, pick_image
+from hexir_runtime.device import HostMemory
 
 # ---- the fake driver ----------------------------------------------------------------------
 
@@ -140,6 +144,7 @@ class FakeDriver:
         self.calls: list[str] = []
         self.allocations: dict[int, bytearray] = {}
         self.loaded: list[bytes] = []              # images given to cuModuleLoadData
+        self.modules: set[int] = set()             # the CUmodules loaded and not unloaded yet
         self.copies_in: list[tuple[int, bytes]] = []
         self.launches: list[dict] = []
         self.initialized = False
@@ -271,7 +276,15 @@ class FakeDriver:
             if int(target.group(1)) > gpu:
                 return CUresult.CUDA_ERROR_NO_BINARY_FOR_GPU, None
             symbols = {name.decode() for name in re.findall(rb"\.entry (\w+)\(", image)}
+        self.modules.add(len(self.loaded))
         return status, Handle("CUmodule", len(self.loaded), symbols=symbols)
+
+    def cuModuleUnload(self, module: Handle) -> tuple:
+        status = self._enter("cuModuleUnload")
+        if status == CUresult.CUDA_SUCCESS and int(module) not in self.modules:
+            status = CUresult.CUDA_ERROR_INVALID_HANDLE
+        self.modules.discard(int(module))
+        return (status,)
 
     def cuModuleGetFunction(self, module: Handle, name: bytes) -> tuple:
         status = self._enter("cuModuleGetFunction")
@@ -460,6 +473,9 @@ def test_buffers_round_trip_through_device_memory(fake):
     device.copy_in(buffer, array)
     assert fake.copies_in[-1][1] == array.tobytes()
     np.testing.assert_array_equal(device.copy_out(buffer), array)
+    for target in (np.empty((3, 4)), np.empty((4, 3)).T):  # C-contiguous or not
+        device.copy_out_into(buffer, target)
+        np.testing.assert_array_equal(target, array)
     device.free(buffer)
     assert int(buffer.pointer) not in fake.allocations
 
@@ -682,6 +698,97 @@ def test_an_entry_without_inputs_runs_on_another_thread(module_file, fake):
     if isinstance(results[0], DeviceError):
         raise results[0]
     np.testing.assert_allclose(results[0], W.T @ W, rtol=1e-5, atol=1e-5)
+
+
+# ---- a module's lifetime, and its transfers ------------------------------------------------
+
+
+@pytest.fixture
+def relu_file(modules, fake, tmp_path) -> Path:
+    """conftest's `cuda` module, `main(x: float32[2, 3, 4]) -> relu(x)` (printed too) with the relu
+    on cuda and no cpu fallback, its image fake PTX: it runs on the fake GPU without the compiler."""
+    manifest, blobs = modules.cuda(fallback=False)
+    kernel = manifest["kernels"][0]
+    kernel["images"] = {"compute_90": len(blobs)}
+    blobs.append(("relu.ptx", f".target sm_90\n.entry {kernel['symbol']}(".encode()))
+    hxb.write(tmp_path / "relu.hxb", manifest, blobs)
+    fake.know(tmp_path / "relu.hxb")
+    return tmp_path / "relu.hxb"
+
+
+def test_close_frees_every_buffer_and_unloads_the_code(relu_file, fake, capsys):
+    x = x_of((2, 3, 4))
+    for _ in range(20):  # as 20 jit signatures would
+        module = load(relu_file, "cuda")
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+        module.close()
+    assert fake.allocations == {} and fake.modules == set()
+    assert fake.calls.count("cuMemFree") == fake.calls.count("cuMemAlloc") == 20 * 2  # x and relu(x) on the GPU
+    assert fake.calls.count("cuModuleUnload") == fake.calls.count("cuModuleLoadData") == 20
+
+
+def test_close_is_idempotent_and_a_closed_module_refuses_calls(relu_file, fake):
+    module = load(relu_file, "cuda")
+    module.close()
+    calls = len(fake.calls)
+    module.close()
+    assert len(fake.calls) == calls and module.closed and "closed" in repr(module)
+    with pytest.raises(HexirRuntimeError, match=r"^main\(\): the module is closed \(load it again to call its "
+                                                r"entries\)$"):
+        module.main(x_of((2, 3, 4)))
+    assert str(module.signature("main")) == "main(x: float32[2, 3, 4]) -> float32[2, 3, 4]"
+
+
+def test_a_with_block_or_dropping_the_last_reference_frees_too(relu_file, fake, capsys):
+    x = x_of((2, 3, 4))
+    with load(relu_file, "cuda") as module:
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+    assert module.closed and fake.allocations == {} and fake.modules == set()
+    module = load(relu_file, "cuda")
+    module.main(x)
+    alive = weakref.ref(module)
+    del module
+    gc.collect()
+    assert alive() is None  # the finalizer does not keep the module alive
+    assert fake.allocations == {} and fake.modules == set()
+
+
+def test_a_load_that_fails_halfway_gives_back_what_it_took(relu_file, fake):
+    fake.memory = 100  # the module's first GPU buffer (96 bytes) fits, its second does not
+    with pytest.raises(DeviceError, match=r"^cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
+        load(relu_file, "cuda")
+    assert fake.calls.count("cuMemAlloc") == 2 and fake.allocations == {} and fake.modules == set()
+
+    def rename(manifest):
+        manifest["kernels"][0]["symbol"] = "not_in_the_image"
+
+    with pytest.raises(KernelError, match="cuModuleGetFunction failed"):
+        load(reencoded(relu_file, rename), "cuda")
+    assert fake.calls.count("cuModuleLoadData") == 2 and fake.modules == set()
+
+
+def test_transfers_copy_straight_between_host_buffers_and_the_gpu(relu_file, fake, monkeypatch, capsys):
+    module = load(relu_file, "cuda")
+    host_copies = []
+
+    def spy(method):
+        original = getattr(HostMemory, method)
+
+        def counted(self, *args):
+            host_copies.append(method)
+            return original(self, *args)
+        return counted
+    for method in ("copy_in", "copy_out", "copy_out_into"):
+        monkeypatch.setattr(HostMemory, method, spy(method))
+    before = Counter(fake.calls)
+    x = x_of((2, 3, 4))
+    for _ in range(3):
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+    calls = Counter(fake.calls) - before
+    assert calls["cuMemcpyHtoD"] == calls["cuMemcpyDtoH"] == 3  # one each way per call
+    # per call, on the host: x into its buffer, then the fresh arrays of print and return; the
+    # transfers copy straight from the host buffer of x, and into the one of relu(x)
+    assert host_copies == ["copy_in", "copy_out", "copy_out"] * 3
 
 
 # ---- hexir-run -------------------------------------------------------------------------------

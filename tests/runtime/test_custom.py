@@ -161,6 +161,16 @@ def test_custom_cuda_kernels_run_as_their_cpu_fallbacks(modules, libraries, no_g
     np.testing.assert_allclose(module.main(x), np.clip(x, 0, 6).astype(np.float64) * SCALE, rtol=1e-15)
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_a_custom_cuda_kernel_without_fallback_needs_a_gpu(modules, no_gpu, device):
+    manifest, blobs = gpu_module(modules)
+    del manifest["kernels"][1]["cpu_fallback"]
+    with pytest.raises(DeviceError, match=r"^kernels\[1\] \(k1_scale_columns\) runs on cuda and has no cpu_fallback: "
+                                          r"run this module with --device=cuda on a GPU \(a custom kernel has no "
+                                          r"numpy version for --device=reference\)$"):
+        load(hxb.encode(manifest, blobs), device)
+
+
 def test_a_missing_custom_symbol_names_its_library(modules, libraries):
     manifest, blobs = cpu_module(modules, *libraries)
     manifest["kernels"][2]["symbol"] = "nope"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -52,21 +53,40 @@ def test_devices_agree_on_float64(modules, c_library):
     np.testing.assert_allclose(native, np.maximum(x @ w + b, 0), rtol=1e-12, atol=1e-12)
 
 
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """The process has no worker pool yet; the one the test starts is shut down after it."""
+    monkeypatch.setattr(cpu_device, "_pool", None)
+    yield
+    if cpu_device._pool is not None:
+        cpu_device._pool.shutdown()
+
+
 @pytest.mark.parametrize("threads", [2, 4, 7])
-def test_parallel_split_gives_identical_results(modules, c_library, threads):
+def test_parallel_split_gives_identical_results(modules, c_library, threads, fresh_pool):
     data = hxb.encode(*modules.big(c_library))
     x = np.random.default_rng(3).standard_normal((300, 96))
-    inline_device, split_device = CpuDevice(threads=1), CpuDevice(threads=threads, split_bytes=0)
-    inline = load(data, inline_device).main(x)
-    split = load(data, split_device).main(x)
+    inline = load(data, CpuDevice(threads=1)).main(x)
+    assert cpu_device._pool is None
+    split = load(data, CpuDevice(threads=threads, split_bytes=0)).main(x)
     np.testing.assert_array_equal(split, inline)
-    assert inline_device._pool is None and split_device._pool is not None  # the split really happened
+    assert cpu_device._pool is not None  # the split really happened
 
 
-def test_small_launches_run_inline(modules, c_library):
+def test_small_launches_run_inline(modules, c_library, fresh_pool):
     device = CpuDevice(threads=4)  # default threshold: 1 MiB of arguments
     load(hxb.encode(*modules.mlp(c_library)), device).main(np.ones((2, 8), np.float32))
-    assert device._pool is None
+    assert cpu_device._pool is None
+
+
+def test_modules_share_one_pool_of_worker_threads(modules, c_library):
+    data = hxb.encode(*modules.big(c_library))
+    x = np.random.default_rng(3).standard_normal((300, 96))
+    loaded = [load(data, CpuDevice(split_bytes=0)) for _ in range(8)]  # as 8 jit signatures would keep them
+    for module in loaded:
+        module.main(x)
+    workers = [thread for thread in threading.enumerate() if thread.name.startswith("hexir-cpu")]
+    assert 0 < len(workers) <= (os.cpu_count() or 1)
 
 
 def test_reference_runs_cuda_kernels(modules, capsys):
@@ -96,8 +116,11 @@ def test_cuda_kernels_run_as_their_cpu_fallbacks(modules, c_library, device, no_
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
 def test_cuda_kernels_without_fallback_need_a_gpu(modules, device, no_gpu):
-    with pytest.raises(DeviceError, match=r"kernels\[0\] \(k0_relu\) runs on cuda and has no cpu_fallback"):
+    with pytest.raises(DeviceError, match=r"^kernels\[0\] \(k0_relu\) runs on cuda and has no cpu_fallback: run this "
+                                          r"module with --device=cuda on a GPU \(or with --device=reference, in "
+                                          r"numpy\)$"):
         load(hxb.encode(*modules.cuda(fallback=False)), device)
+    load(hxb.encode(*modules.cuda(fallback=False)), "reference")  # as the advice says
 
 
 def test_cuda_device_needs_cuda_python(modules, monkeypatch):
@@ -194,7 +217,7 @@ def test_two_libraries_in_one_process(modules, c_library, tmp_path, monkeypatch)
 
 def test_every_device_has_the_same_shape():
     for device in (ReferenceDevice(), CpuDevice()):
-        for method in ("alloc", "free", "copy_in", "copy_out", "synchronize", "load"):
+        for method in ("alloc", "free", "copy_in", "copy_out", "copy_out_into", "synchronize", "load"):
             assert callable(getattr(device, method)), (device, method)
         assert isinstance(device.name, str) and set(device.kinds) == {"cpu", "cuda"}
     assert CpuDevice(fallbacks=False).kinds == ("cpu",)

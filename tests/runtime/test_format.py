@@ -81,6 +81,18 @@ def test_encode_checks_what_it_writes(parts):
         hxb.encode({**parts[0], "blobs": []}, parts[1])
 
 
+def test_encode_hashes_each_blob_once_and_its_self_check_once_more(parts, monkeypatch):
+    hashed, original = [], hashlib.sha256
+
+    def sha256(data):
+        hashed.append(bytes(data))
+        return original(data)
+    monkeypatch.setattr(hashlib, "sha256", sha256)
+    manifest, blobs = parts
+    hxb.encode(manifest, blobs)
+    assert sorted(hashed) == sorted(2 * [data for _, data in blobs])
+
+
 def test_empty_blobs_and_no_blobs(modules):
     builder = modules.Builder()
     entry = builder.entry()

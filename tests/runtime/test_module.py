@@ -8,8 +8,9 @@ from pathlib import Path
 import hexir_runtime
 import numpy as np
 import pytest
-from hexir_runtime import InputError, Module, load
+from hexir_runtime import HexirRuntimeError, InputError, Module, load
 from hexir_runtime import format as hxb
+from hexir_runtime.device import HostMemory
 from hexir_runtime.executor import format_tensor
 
 
@@ -76,6 +77,31 @@ def test_non_contiguous_arguments(module, x):
     np.testing.assert_array_equal(module.main(strided), module.main(x))
     fortran = np.asfortranarray(x)
     np.testing.assert_array_equal(module.main(fortran), module.main(x))
+
+
+def test_non_contiguous_arguments_are_copied_once(module, x, monkeypatch):
+    received = []
+
+    def copy_in(self, buffer, array):
+        received.append(array)
+        np.copyto(buffer, array)
+    monkeypatch.setattr(HostMemory, "copy_in", copy_in)
+    strided = np.zeros((2, 16), np.float32)[:, ::2]
+    module.main(strided)
+    assert received[0] is strided  # straight into the entry's buffer, not through a contiguous copy first
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_close_and_with_blocks_on_host_devices(modules, c_library, x, device):
+    data = hxb.encode(*modules.mlp(c_library))
+    with load(data, device) as module:
+        expected = module.layers(x)[1]
+        assert not module.closed
+    assert module.closed
+    module.close()  # idempotent
+    with pytest.raises(HexirRuntimeError, match=r"^layers\(\): the module is closed"):
+        module.layers(x)
+    np.testing.assert_array_equal(load(data, device).layers(x)[1], expected)
 
 
 def test_outputs_are_fresh_and_buffers_reused(modules, c_library, x):
