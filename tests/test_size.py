@@ -1,0 +1,41 @@
+"""The line budget (STYLE.md: small and honest): hexir/ and runtime/ stay under 4,000 lines of
+code, counting neither blank lines, comments nor docstrings. Raise it only with a reason."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET = 4000
+_NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+
+
+def code_lines(path: Path) -> int:
+    """Lines of `path` holding a token that is not a comment or part of a docstring."""
+    source = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in _NOT_CODE:
+            lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in docstrings)
+    return len(lines)
+
+
+def test_code_lines_count_what_they_should(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""doc\nstring"""\n\n# a comment\nx = 1  # trailing\n\n\ndef f():\n    """doc"""\n    return (x,\n            2)\n')
+    assert code_lines(sample) == 4  # x = 1, def f, and the two lines of the return
+
+
+def test_the_code_stays_within_its_line_budget():
+    files = [*REPO.glob("hexir/**/*.py"), *REPO.glob("runtime/hexir_runtime/**/*.py")]
+    total = sum(code_lines(path) for path in files)
+    assert total <= BUDGET, f"hexir/ and runtime/ hold {total} lines of code, over the budget of {BUDGET}"
