@@ -20,7 +20,8 @@ def code_lines(path: Path) -> int:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 docstrings.update(range(first.lineno, first.end_lineno + 1))
     lines = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -31,7 +32,8 @@ def code_lines(path: Path) -> int:
 
 def test_code_lines_count_what_they_should(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('"""doc\nstring"""\n\n# a comment\nx = 1  # trailing\n\n\ndef f():\n    """doc"""\n    return (x,\n            2)\n')
+    sample.write_text('"""doc\nstring"""\n\n# a comment\nx = 1  # trailing\n\n\n'
+                      'def f():\n    """doc"""\n    return (x,\n            2)\n')
     assert code_lines(sample) == 4  # x = 1, def f, and the two lines of the return
 
 
