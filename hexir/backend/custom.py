@@ -48,22 +48,20 @@ def custom_info(kernel: ir.Operation) -> dict:
 def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scratch: Path) -> CustomBuild:
     """Build every custom kernel's file once (a file used by several calls is built once)."""
     build = CustomBuild()
-    done: set[str] = set()
+    symbols: dict[str, set[str] | bytes] = {}  # file -> the symbols it defines (a fatbin: its bytes)
     for kernel in kernels(module):
         if CUSTOM not in kernel.attributes:
             continue
-        device = ht.kernel_of(kernel)[0]
         info = custom_info(kernel)
         path, symbol = Path(info["file"]), info["symbol"]
-        if str(path) in done:
-            continue
-        done.add(str(path))
-        if not path.is_file():
-            raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
-        if device == "cpu":
-            _build_cpu(path, symbol, cpu, scratch, build)
-        else:
-            build.cuda_images[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch)
+        if str(path) not in symbols:
+            if not path.is_file():
+                raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
+            if ht.kernel_of(kernel)[0] == "cpu":
+                symbols[str(path)] = _build_cpu(path, symbol, cpu, scratch, build)
+            else:
+                build.cuda_images[str(path)], symbols[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch)
+        _require_symbol(symbols[str(path)], symbol, path)  # every kernel a file serves, not just the first
     return build
 
 
@@ -84,31 +82,36 @@ def _defined_symbols(path: Path, dynamic: bool) -> set[str]:
     return set(run_tool(command, f"reading the symbols of {path}").stdout.decode().split())
 
 
-def _require_symbol(symbols: set[str], symbol: str, path: Path, hint: str = "") -> None:
-    if symbol not in symbols:
+def _require_symbol(symbols: set[str] | bytes, symbol: str, path: Path) -> None:
+    if isinstance(symbols, bytes):  # a fatbin: its images are ELF files whose strtab names the kernel
+        if symbol.encode() + b"\0" not in symbols:
+            raise CompileError(f"custom kernel {symbol}: {path} does not contain the symbol {symbol!r} "
+                               "(compressed fatbins cannot be inspected: build it with -Xfatbin=-compress-all=false)")
+    elif symbol not in symbols:
+        hint = _EXTERN_C if path.suffix in (".cu", ".cubin") else ""
         raise CompileError(f"custom kernel {symbol}: {path} does not define the symbol {symbol!r}{hint}")
 
 
-def _build_cpu(path: Path, symbol: str, cpu: str, scratch: Path, build: CustomBuild) -> None:
+def _build_cpu(path: Path, symbol: str, cpu: str, scratch: Path, build: CustomBuild) -> set[str]:
+    """Compile or check a cpu file, add it to `build`; the symbols it defines."""
     if path.suffix == ".c":
         obj = scratch / f"{path.stem}-{len(build.cpu_objects)}.o"
         # -march takes the same x86-64 level names as the generated code's -mcpu
         run_tool([c_compiler(), "-O2", "-fPIC", f"-march={cpu}", "-c", str(path), "-o", str(obj)],
                  f"compiling custom kernel {symbol} ({path.name})")
-        _require_symbol(_defined_symbols(obj, dynamic=False), symbol, path)
         build.cpu_objects.append(str(obj))
-        return
+        return _defined_symbols(obj, dynamic=False)
     e_type, e_machine, _, _ = _elf_header(path)
     wanted = _ET_REL if path.suffix == ".o" else _ET_DYN
     if e_machine != _EM_X86_64 or e_type != wanted:
         kind = "relocatable object (.o)" if wanted == _ET_REL else "shared object (.so)"
         raise CompileError(f"custom kernel {symbol}: {path} is not an x86-64 {kind} "
                            f"(ELF type {e_type}, machine {e_machine})")
-    _require_symbol(_defined_symbols(path, dynamic=path.suffix == ".so"), symbol, path)
     if path.suffix == ".o":
         build.cpu_objects.append(str(path))
     else:
         build.shared_objects[str(path)] = path.read_bytes()
+    return _defined_symbols(path, dynamic=path.suffix == ".so")
 
 
 # ---- cuda --------------------------------------------------------------------------------
@@ -128,18 +131,18 @@ def _ptx_entries(ptx: bytes) -> set[str]:
 _EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
 
 
-def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path) -> dict[str, bytes]:
+def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...],
+                scratch: Path) -> tuple[dict[str, bytes], set[str] | bytes]:
+    """The images of a cuda file (arch -> bytes) and the symbols it defines (a fatbin: its bytes)."""
     lowest = min(archs, key=lambda a: int(a[3:]))
     virtual = lowest.replace("sm_", "compute_")
     if path.suffix == ".cu":
         source = path.read_bytes()
         images = {arch: _nvrtc(source, path, arch) for arch in archs}
         ptx = _nvrtc(source, path, virtual)
-        _require_symbol(_ptx_entries(ptx), symbol, path, _EXTERN_C)
-        return {**images, virtual: ptx}
+        return {**images, virtual: ptx}, _ptx_entries(ptx)
     if path.suffix == ".ptx":
         ptx = path.read_bytes()
-        _require_symbol(_ptx_entries(ptx), symbol, path)
         target = re.search(rb"\.target\s+(sm_\d+)", ptx)
         if target is None:
             raise CompileError(f"custom kernel {symbol}: {path} has no .target directive")
@@ -149,19 +152,15 @@ def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path) 
             raise CompileError(f"custom kernel {symbol}: {path} is PTX for {ptx_arch}, newer than every target "
                                f"({', '.join(archs)})")
         images = {arch: _ptxas(path, arch, scratch) for arch in usable}
-        return {**images, ptx_arch.replace("sm_", "compute_"): ptx}
+        return {**images, ptx_arch.replace("sm_", "compute_"): ptx}, _ptx_entries(ptx)
     data = path.read_bytes()
     if path.suffix == ".cubin":
         arch = _cubin_arch(path, data)
         if arch not in archs:
             raise CompileError(f"custom kernel {symbol}: {path} is a CUBIN for {arch}, but the module targets "
                                f"{', '.join(archs)} (-target=cuda:{arch} to build for it)")
-        _require_symbol(_defined_symbols(path, dynamic=False), symbol, path, _EXTERN_C)
-        return {arch: data}
-    if symbol.encode() + b"\0" not in data:  # a fatbin's images are ELF files whose strtab names the kernel
-        raise CompileError(f"custom kernel {symbol}: {path} does not contain the symbol {symbol!r} "
-                           "(compressed fatbins cannot be inspected: build it with -Xfatbin=-compress-all=false)")
-    return {"fatbin": data}
+        return {arch: data}, _defined_symbols(path, dynamic=False)
+    return {"fatbin": data}, data
 
 
 def _ptxas(path: Path, arch: str, scratch: Path) -> bytes:

@@ -241,3 +241,11 @@ def test_info_lists_custom_kernels(tmp_path, capsys):
     assert hexir_runtime.cli.main([str(path), "--info"]) == 0
     out = capsys.readouterr().out
     assert "scale2" in out and "scale2.cu" in out and "scale2.c" in out
+
+
+def test_every_kernel_a_file_serves_is_checked_for_its_symbol(tmp_path):
+    shutil.copy(KERNELS / "scale2.c", tmp_path / "ops.c")
+    present = hexir.kernel("scale2", cpu=tmp_path / "ops.c", out=same_shape)
+    missing = hexir.kernel("scale3", cpu=tmp_path / "ops.c", out=same_shape)
+    with pytest.raises(CompileError, match=r"custom kernel scale3: .*ops.c does not define the symbol 'scale3'"):
+        export(tmp_path, lambda x: missing(present(x)), SPEC)
