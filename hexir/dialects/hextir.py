@@ -34,7 +34,7 @@ from hexir.dialects.irdl_text import one_of
 
 LOOP_KINDS = ("serial", "parallel", "unrolled")
 BINDINGS = ("", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-KERNEL_OPS = ("linear", "linear_bias", "relu", "custom")
+KERNEL_OPS = ("linear", "linear_bias", "linear_relu", "linear_bias_relu", "relu", "custom")
 
 
 IRDL = f"""

@@ -74,7 +74,7 @@ def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: int, 
     return inside.results[0]
 
 
-def linear(args: Sequence[ir.Value]) -> None:
+def linear(args: Sequence[ir.Value], relu: bool = False) -> None:
     """A tiled matrix product: each block computes a tile x tile tile of out, staging
     step-wide slices of x and w through shared memory; each thread keeps per x per sums."""
     x, w, out = args[0], args[1], args[-1]
@@ -126,6 +126,9 @@ def linear(args: Sequence[ir.Value]) -> None:
                     value = ht.load(sums, [i, j])
                     if bias is not None:
                         value = arith.AddFOp(value, ht.load(bias, [column])).result
+                    if relu:  # a fused relu costs one instruction here, and no pass over memory
+                        zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+                        value = arith.MaximumFOp(value, zero).result
                     ht.store(value, out, [row, column])
                     scf.YieldOp([])
 

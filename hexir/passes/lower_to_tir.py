@@ -7,6 +7,8 @@ replaced by `hexir.call @kernel(...)`. constant, transfer and print stay: they a
 program's business.
 
 The schedule is chosen here and written on each loop:
+  (a linear with a fused relu, `hexir.epilogue = "relu"`, applies max(., 0) before it is done:
+   kernel op `linear_relu` / `linear_bias_relu`)
   cpu  linear  for each block of 4 rows, parallel (split across host threads) {
                  out[rows,:] = bias or 0
                  for k serial { for i in rows serial { a = x[i,k]
@@ -38,6 +40,7 @@ from mlir.dialects import arith, func
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.passes.common import main_function
+from hexir.passes.fuse import epilogue_of
 
 #: Each cuda kernel gets a cpu twin, `<name>_cpu`, tagged with the kernel it stands in for.
 FALLBACK_SUFFIX = "_cpu"
@@ -63,10 +66,11 @@ def lower_to_tir(module: ir.Module) -> None:
             if op.name == "hexir.custom_call":
                 _custom_kernels(op, name, arg_types, device)
             else:
-                kernel_op = "linear_bias" if kind == "linear" and len(op.operands) == 3 else kind
-                _kernel(name, arg_types, device, kind, kernel_op)
+                relu = epilogue_of(op) == "relu"
+                kernel_op = kind + ("_bias" if len(op.operands) == 3 else "") + ("_relu" if relu else "")
+                _kernel(name, arg_types, device, kind, kernel_op, relu)
                 if device == "cuda":  # the cpu variant that lets `hexir-run --device=cpu` run it
-                    fallback = _kernel(name + FALLBACK_SUFFIX, arg_types, "cpu", kind, kernel_op)
+                    fallback = _kernel(name + FALLBACK_SUFFIX, arg_types, "cpu", kind, kernel_op, relu)
                     fallback.attributes[FALLBACK_OF] = ir.FlatSymbolRefAttr.get(name)
         with ir.InsertionPoint(op), op.location:
             result = hx.call(name, list(op.operands), op.result.type, device)
@@ -74,13 +78,15 @@ def lower_to_tir(module: ir.Module) -> None:
         op.erase()
 
 
-def _kernel(name: str, arg_types: list[ir.Type], device: str, kind: str, kernel_op: str) -> ir.Operation:
+def _kernel(name: str, arg_types: list[ir.Type], device: str, kind: str, kernel_op: str,
+            relu: bool = False) -> ir.Operation:
     kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
     kernel.operation.attributes[ht.KERNEL] = ht.kernel_attr(device, kernel_op)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
     with ir.InsertionPoint(block):
-        _builder(device, kind)(list(block.arguments))
+        build = _builder(device, kind)
+        build(list(block.arguments), relu=True) if relu else build(list(block.arguments))
         func.ReturnOp([])
     return kernel.operation
 
@@ -122,7 +128,7 @@ def _zero(element: ir.Type) -> ir.Value:
 CPU_ROWS = 4
 
 
-def cpu_linear(args: Sequence[ir.Value]) -> None:
+def cpu_linear(args: Sequence[ir.Value], relu: bool = False) -> None:
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if len(args) == 4 else None
     (m, k_extent), n = ir.MemRefType(x.type).shape, ir.MemRefType(w.type).shape[1]
@@ -139,6 +145,10 @@ def cpu_linear(args: Sequence[ir.Value]) -> None:
             with ht.loop(0, n, "serial") as j:
                 product = arith.MulFOp(a, ht.load(w, [k, j])).result
                 ht.store(arith.AddFOp(ht.load(out, [i, j]), product).result, out, [i, j])
+        if relu:  # the fused epilogue, while the block's rows are still in the cache
+            with ht.loop(0, rows, "serial") as r, ht.loop(0, n, "serial") as j:
+                i = arith.AddIOp(first, r).result
+                ht.store(arith.MaximumFOp(ht.load(out, [i, j]), _zero(element)).result, out, [i, j])
 
 
 def cpu_relu(args: Sequence[ir.Value]) -> None:

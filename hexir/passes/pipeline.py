@@ -2,7 +2,8 @@
 
     mlir         the traced hexir graph (or the .mlir input, verified)
     mlir-hetero  partitioned: every op has a device, transfers inserted
-    mlir-tir     hextir kernels with their schedules; the graph calls them
+    mlir-tir     relus fused into their linears, then hextir kernels with their schedules;
+                 the graph calls them
     mlir-linalg  kernels lowered into upstream scf/memref/arith loops (the name is the
                  original tool's; linalg-level and loop-level IR are one stage here)
     mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
@@ -24,6 +25,7 @@ from hexir.backend.cuda import PTX_FEATURES
 from hexir.backend.package import package
 from hexir.errors import ArgumentError, HexirError, PlacementError
 from hexir.passes.common import generated_kernels
+from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.partition import partition
 from hexir.passes.tir_to_loops import tir_to_loops
@@ -82,7 +84,7 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
         _run(module, [("hexir-partition", lambda m: partition(m, options.placement_map()))])
     if reached >= STAGES.index("mlir-tir"):
         # cse only: canonicalize would fold 1-trip loops away, and their schedules with them
-        _run(module, [("hexir-lower-to-tir", lower_to_tir), "cse"])
+        _run(module, [("hexir-fuse", fuse), ("hexir-lower-to-tir", lower_to_tir), "cse"])
     if reached >= STAGES.index("mlir-linalg"):
         _run(module, [("hextir-to-loops", tir_to_loops)])
     if reached >= STAGES.index("mlir-gpu") and generated_kernels(module, "cuda"):

@@ -80,6 +80,9 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
             raise TraceError(f"{short_name}: {what}: {error.message}") from None
     specs = [(hx.shape_of(v.type), hx.dtype_of(v.type)) for v in op.operands]
     if op.name == "hexir.linear":
+        if "hexir.epilogue" in op.attributes and hx.string_attr(op, "hexir.epilogue") != "relu":
+            raise TraceError(f"linear: hexir.epilogue is {hx.string_attr(op, 'hexir.epilogue')!r}; the only "
+                             "epilogue is \"relu\"")
         expected = hx.linear_shape(specs[0], specs[1], specs[2] if len(specs) == 3 else None)
     elif op.name in ("hexir.relu", "hexir.transfer"):
         if op.name == "hexir.transfer" and hx.string_attr(op, "source") == hx.string_attr(op, "target"):

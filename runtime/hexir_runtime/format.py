@@ -32,6 +32,8 @@ HOST = "cpu"
 KERNEL_OPS = {  # op -> its args in call order (destination last)
     "linear": ("x[M, K]", "w[K, N]", "out[M, N]"),
     "linear_bias": ("x[M, K]", "w[K, N]", "bias[N]", "out[M, N]"),
+    "linear_relu": ("x[M, K]", "w[K, N]", "out[M, N]"),
+    "linear_bias_relu": ("x[M, K]", "w[K, N]", "bias[N]", "out[M, N]"),
     "relu": ("x", "out of the same shape"),
     "custom": ("1 to 4 inputs of any shapes", "out"),
 }
@@ -376,7 +378,7 @@ def _check_args(op: str, specs: list[Any], path: str) -> None:
     else:
         x, w, out = shapes[0], shapes[1], shapes[-1]
         consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
-        consistent = consistent and (op == "linear" or shapes[2] == w[1:])
+        consistent = consistent and (len(args) == 3 or shapes[2] == w[1:])
     if not consistent:
         _fail(path, f"{op} expects {expected}, got {', '.join(map(str, args))}")
 

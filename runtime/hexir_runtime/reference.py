@@ -30,7 +30,17 @@ def _relu(x: np.ndarray, out: np.ndarray) -> None:
     np.maximum(x, 0, out=out)
 
 
-OPS: dict[str, Callable[..., None]] = {"linear": _linear, "linear_bias": _linear_bias, "relu": _relu}
+def _relu_after(linear: Callable[..., None]) -> Callable[..., None]:
+    def fused(*buffers: np.ndarray) -> None:
+        linear(*buffers)
+        np.maximum(buffers[-1], 0, out=buffers[-1])
+    return fused
+
+
+OPS: dict[str, Callable[..., None]] = {
+    "linear": _linear, "linear_bias": _linear_bias, "relu": _relu,
+    "linear_relu": _relu_after(_linear), "linear_bias_relu": _relu_after(_linear_bias),
+}
 
 
 class ReferenceDevice(HostMemory):

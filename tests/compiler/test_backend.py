@@ -27,7 +27,7 @@ X = hexir.TensorSpec((2, 8), "float32")
 
 @hexir.jit
 def mlp(x):
-    h = hexir.relu(hexir.linear(x, W1))
+    h = hexir.relu(hexir.linear(x, W1))  # fused: one linear_relu kernel
     y = hexir.linear(h, W2, B2)
     hexir.print(y)
     return y
@@ -72,7 +72,7 @@ def test_library_exports_every_kernel_symbol(baseline, tmp_path):
                              capture_output=True, text=True, check=True).stdout
     exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
     kernels = {k["symbol"] for k in baseline.manifest["kernels"]}
-    assert kernels == {"linear_0", "relu_1", "linear_2"}
+    assert kernels == {"linear_0", "linear_1"}  # the relu is fused into linear_0
     assert kernels <= exported
 
 
@@ -129,21 +129,28 @@ def test_manifest_describes_the_host_program(baseline):
     assert entry["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "float32"}]
     assert entry["outputs"] == [{"shape": [2, 4], "dtype": "float32"}]
     assert [command["op"] for command in entry["program"]] == [
-        "input", "constant", "call", "call", "constant", "constant", "call", "print", "return"]
+        "input", "constant", "call", "constant", "constant", "call", "print", "return"]
     assert all(buffer["device"] == "cpu" for buffer in entry["buffers"])
 
 
 def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
-    linear, relu, linear_bias = baseline.manifest["kernels"]
-    assert linear["op"] == "linear" and linear["device"] == "cpu"
-    assert [a["shape"] for a in linear["args"]] == [[2, 8], [8, 16], [2, 16]]
-    assert [a["access"] for a in linear["args"]] == ["read", "read", "write"]
-    assert relu["op"] == "relu" and [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
-    assert linear_bias["op"] == "linear_bias"
+    linear_relu, linear_bias = baseline.manifest["kernels"]
+    assert linear_relu["op"] == "linear_relu" and linear_relu["device"] == "cpu"
+    assert [a["shape"] for a in linear_relu["args"]] == [[2, 8], [8, 16], [2, 16]]
+    assert [a["access"] for a in linear_relu["args"]] == ["read", "read", "write"]
+    assert linear_bias["op"] == "linear_bias" and linear_bias["device"] == "cpu"
     assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [16, 4], [4], [2, 4]]
-    # linear: the rows in blocks of CPU_ROWS (one short block here); relu: the rows
+    assert [a["access"] for a in linear_bias["args"]] == ["read", "read", "read", "write"]
+    # a relu of an input has no linear to fuse into: it stays a kernel of its own
+    relu_of_input = hexir.jit(lambda h: hexir.relu(h))
+    (relu,) = hxb.decode(compile_module(relu_of_input.trace(hexir.TensorSpec((2, 16), "float32")),
+                                        Options())).manifest["kernels"]
+    assert relu["op"] == "relu" and relu["device"] == "cpu"
+    assert [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
+    assert [a["access"] for a in relu["args"]] == ["read", "write"]
+    # linear (fused or not): the rows in blocks of CPU_ROWS (one short block here); relu: the rows
     rows, row_blocks = X.shape[0], -(-X.shape[0] // CPU_ROWS)
-    assert [k["parallel_extent"] for k in (linear, relu, linear_bias)] == [row_blocks, rows, row_blocks]
+    assert [k["parallel_extent"] for k in (linear_relu, relu, linear_bias)] == [row_blocks, rows, row_blocks]
 
 
 def test_constants_hold_the_weights_by_name(baseline):

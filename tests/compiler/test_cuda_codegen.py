@@ -35,12 +35,15 @@ from .conftest import LLVM_BIN, filecheck, lower
 ON_CUDA = (("hexir.linear", "cuda"), ("hexir.relu", "cuda"))
 EM_CUDA = 190
 
-# x[3, 5] @ W[5, 7], then relu: sizes no block divides, distinct from the schedule's constants
+# x[3, 5] @ W[5, 7], then relu: sizes no block divides, distinct from the schedule's constants.
+# The linear's result is printed too, so the relu is not fused into it: the relu's own schedule
+# and launch are checked here (tests/compiler/test_fuse.py has the fused pair).
 PROGRAM = """\
 func.func @main(%arg0: tensor<3x5xf32>) -> tensor<3x7xf32> {
   %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>} : () -> tensor<5x7xf32>
   %1 = "hexir.linear"(%arg0, %0) {device = "auto"} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
   %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<3x7xf32>) -> tensor<3x7xf32>
+  "hexir.print"(%1) : (tensor<3x7xf32>) -> ()
   return %2 : tensor<3x7xf32>
 }
 """
@@ -85,9 +88,10 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
 
         CHECK-LABEL: func.func @main(
         CHECK: "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK: "hexir.call"({{.+}}) {callee = @linear_0, device = "cuda"
-        CHECK: "hexir.call"({{.+}}) {callee = @relu_1, device = "cuda"
-        CHECK: "hexir.transfer"({{.+}}) {source = "cuda", target = "cpu"}
+        CHECK: %[[Y:.+]] = "hexir.call"({{.+}}) {callee = @linear_0, device = "cuda"
+        CHECK: %[[R:.+]] = "hexir.call"(%[[Y]]) {callee = @relu_1, device = "cuda"
+        CHECK: "hexir.transfer"(%[[Y]]) {source = "cuda", target = "cpu"}
+        CHECK: "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
     """)
 
 
@@ -157,7 +161,9 @@ def build(tmp_path_factory):
 
 
 def case(chain: str, dtype: str, m: int, k: int, n: int):
-    """The specs and function of a chain; `relu3` is a rank-3 relu of [m, k, n], `relu1` of [m]."""
+    """The specs and function of a chain; `relu3` is a rank-3 relu of [m, k, n], `relu1` of [m].
+    `linear_relu` is fused into one kernel where both ops share a device; `linear_relu_apart`
+    prints the linear's result too, which keeps its relu a kernel of its own."""
     spec = hexir.TensorSpec
     if chain == "relu1":
         return (spec((m,), dtype),), lambda x: hexir.relu(x)
@@ -167,6 +173,12 @@ def case(chain: str, dtype: str, m: int, k: int, n: int):
         return (spec((m, k), dtype), spec((k, n), dtype), spec((n,), dtype)), lambda x, w, b: hexir.linear(x, w, b)
     if chain == "linear_relu":
         return (spec((m, k), dtype), spec((k, n), dtype)), lambda x, w: hexir.relu(hexir.linear(x, w))
+    if chain == "linear_relu_apart":
+        def apart(x, w):
+            y = hexir.linear(x, w)
+            hexir.print(y)
+            return hexir.relu(y)
+        return (spec((m, k), dtype), spec((k, n), dtype)), apart
     return (spec((m, k), dtype), spec((k, n), dtype)), lambda x, w: hexir.linear(x, w)
 
 
@@ -177,7 +189,7 @@ def numpy_of(chain: str, arrays: list[np.ndarray]) -> np.ndarray:
     result = wide[0] @ wide[1]
     if chain == "linear_bias":
         result = result + wide[2]
-    return np.maximum(result, 0) if chain == "linear_relu" else result
+    return np.maximum(result, 0) if chain.startswith("linear_relu") else result
 
 
 def read(path: Path) -> tuple[dict, hxb.Hxb]:
@@ -224,7 +236,7 @@ def test_relu_launch_is_the_element_count_ceil_divided_by_the_block(build, shape
 
 def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     m = 9
-    manifest, _ = read(build("linear_relu", "float32", m, 4, 5))
+    manifest, _ = read(build("linear_relu_apart", "float32", m, 4, 5))  # two kernels: one image for both
     linear, relu = manifest["kernels"]
     assert [(k["name"], k["op"], k["device"], k["symbol"]) for k in (linear, relu)] == [
         ("linear_0", "linear", "cuda", "linear_0"), ("relu_1", "relu", "cuda", "relu_1")]
@@ -243,7 +255,7 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
 
 
 def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):
-    manifest, module = read(build("linear_relu", "float32", 9, 4, 5))
+    manifest, module = read(build("linear_relu_apart", "float32", 9, 4, 5))
     library = tmp_path / "cpu.so"
     library.write_bytes(bytes(module.blob(manifest["cpu"]["library"])))
     symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", str(library)],
@@ -295,7 +307,8 @@ def images_of(path: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def two_archs(build) -> Path:
-    return build("linear_relu", "float64", 33, 17, 65, target="cuda:sm_80,cuda:sm_90")
+    """Two kernels, a linear and a relu (kept apart), compiled for two architectures."""
+    return build("linear_relu_apart", "float64", 33, 17, 65, target="cuda:sm_80,cuda:sm_90")
 
 
 def test_the_cubin_is_an_elf_for_em_cuda_of_the_requested_sm(build, tmp_path):
@@ -344,7 +357,7 @@ def test_static_shared_memory_fits_the_default_limit(two_archs):
 
 
 def test_the_ptx_is_text_for_the_lowest_arch_with_every_entry(build):
-    path = build("linear_relu", "float32", 9, 4, 5)
+    path = build("linear_relu_apart", "float32", 9, 4, 5)  # two entries, with different blocks
     ptx = images_of(path)["compute_90"]
     assert b"\0" not in ptx  # the runtime adds the NUL the driver needs
     text = ptx.decode("ascii")
@@ -427,11 +440,11 @@ def timeline(manifest: dict) -> list[tuple[str, str, str]]:
 TO_GPU, TO_CPU = ("transfer", "cpu", "cuda"), ("transfer", "cuda", "cpu")
 
 
-@pytest.mark.parametrize(("linear", "relu", "expected"), [
-    ("cuda", "cuda", [TO_GPU, TO_GPU, ("call", "linear", "cuda"), ("call", "relu", "cuda"), TO_CPU]),
+@pytest.mark.parametrize(("linear", "relu", "expected"), [  # on one device, the relu is fused into the linear
+    ("cuda", "cuda", [TO_GPU, TO_GPU, ("call", "linear_relu", "cuda"), TO_CPU]),
     ("cuda", "cpu", [TO_GPU, TO_GPU, ("call", "linear", "cuda"), TO_CPU, ("call", "relu", "cpu")]),
     ("cpu", "cuda", [("call", "linear", "cpu"), TO_GPU, ("call", "relu", "cuda"), TO_CPU]),
-    ("cpu", "cpu", [("call", "linear", "cpu"), ("call", "relu", "cpu")]),
+    ("cpu", "cpu", [("call", "linear_relu", "cpu")]),
 ])
 def test_placements_put_transfers_where_the_device_changes(build, linear, relu, expected):
     path = build("linear_relu", "float32", 6, 5, 7, linear=linear, relu=relu)

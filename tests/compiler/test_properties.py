@@ -1,5 +1,7 @@
 """Property: linear (+ bias) + relu compiles to an .hxb for any shape up to 40 (1 and odd sizes
-included), and the manifest's kernels, buffers and signature match those shapes."""
+included), and the manifest's kernels, buffers and signature match those shapes, whether the
+relu is fused into the linear (it is the linear's only user) or stays a kernel of its own (the
+linear's result is printed too)."""
 
 from __future__ import annotations
 
@@ -17,31 +19,41 @@ dims = st.integers(min_value=1, max_value=40)
 
 
 @settings(max_examples=12, deadline=None)
-@given(m=dims, k=dims, n=dims, bias=st.booleans(), dtype=st.sampled_from(["float32", "float64"]))
-@example(m=1, k=1, n=1, bias=True, dtype="float32")
-@example(m=37, k=13, n=1, bias=False, dtype="float64")
-def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype):
+@given(m=dims, k=dims, n=dims, bias=st.booleans(), dtype=st.sampled_from(["float32", "float64"]),
+       fused=st.booleans())
+@example(m=1, k=1, n=1, bias=True, dtype="float32", fused=True)
+@example(m=1, k=1, n=1, bias=True, dtype="float32", fused=False)
+@example(m=37, k=13, n=1, bias=False, dtype="float64", fused=True)
+@example(m=37, k=13, n=1, bias=False, dtype="float64", fused=False)
+def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     rng = np.random.default_rng(m * 10_000 + k * 100 + n)
     w = rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None
 
     @hexir.jit
     def layer(x):
-        return hexir.relu(hexir.linear(x, w, b))
+        y = hexir.linear(x, w, b)
+        if not fused:
+            hexir.print(y)  # a second user of the linear's result: the relu stays a kernel of its own
+        return hexir.relu(y)
 
     found = manifest(compile_module(layer.trace(hexir.TensorSpec((m, k), dtype)), Options()))
 
-    linear, relu = found["kernels"]
+    kernels = found["kernels"]
+    linear = kernels[0]
     expected_linear = [[m, k], [k, n]] + ([[n]] if bias else []) + [[m, n]]
-    assert linear["op"] == ("linear_bias" if bias else "linear")
+    assert linear["op"] == ("linear_bias" if bias else "linear") + ("_relu" if fused else "")
     assert [a["shape"] for a in linear["args"]] == expected_linear
-    assert relu["op"] == "relu"
-    assert [a["shape"] for a in relu["args"]] == [[m, n], [m, n]]
     # linear runs in blocks of CPU_ROWS rows (the last one may be short), relu row by row
     assert linear["parallel_extent"] == -(-m // CPU_ROWS)
     assert (linear["parallel_extent"] - 1) * CPU_ROWS < m <= linear["parallel_extent"] * CPU_ROWS
-    assert relu["parallel_extent"] == m
-    for kernel in (linear, relu):
+    assert len(kernels) == (1 if fused else 2)
+    if not fused:
+        relu = kernels[1]
+        assert relu["op"] == "relu"
+        assert [a["shape"] for a in relu["args"]] == [[m, n], [m, n]]
+        assert relu["parallel_extent"] == m
+    for kernel in kernels:
         assert kernel["device"] == "cpu"
         assert {a["dtype"] for a in kernel["args"]} == {dtype}
         assert [a["access"] for a in kernel["args"]][-1] == "write"
@@ -50,5 +62,5 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype):
     assert entry["outputs"] == [{"shape": [m, n], "dtype": dtype}]
     assert [c["shape"] for c in found["constants"]] == [[k, n]] + ([[n]] if bias else [])
     calls = [c for c in entry["program"] if c["op"] == "call"]
-    assert [entry["buffers"][calls[0]["args"][-1]]["shape"], entry["buffers"][calls[1]["args"][-1]]["shape"]] \
-        == [[m, n], [m, n]]
+    assert [c["kernel"] for c in calls] == list(range(len(kernels)))
+    assert [entry["buffers"][call["args"][-1]]["shape"] for call in calls] == [[m, n]] * len(kernels)

@@ -327,13 +327,17 @@ class FakeDriver:
 
 
 def _execute(op: str, arrays: list[np.ndarray]) -> None:
-    """What the kernel computes, from its manifest `op`, in float64 then stored in its dtype."""
+    """What the kernel computes, from its manifest `op`, in float64 then stored in its dtype:
+    linear, linear_bias, either with a fused relu (`_relu`), or relu."""
     *inputs, out = arrays
     if op == "relu":
         out[...] = np.maximum(inputs[0], 0)
         return
+    assert op in ("linear", "linear_bias", "linear_relu", "linear_bias_relu"), op
     result = inputs[0].astype(np.float64) @ inputs[1]
-    out[...] = result + inputs[2] if op == "linear_bias" else result
+    if op.startswith("linear_bias"):
+        result = result + inputs[2]
+    out[...] = np.maximum(result, 0) if op.endswith("_relu") else result
 
 
 # ---- fixtures -----------------------------------------------------------------------------
@@ -370,9 +374,13 @@ def compiled(tmp_path_factory) -> dict[str, Path]:
     both = {"hexir.linear": "cuda", "hexir.relu": "cuda"}
 
     def mlp(x):
-        y = hexir.relu(hexir.linear(x, W, B))
+        y = hexir.relu(hexir.linear(x, W, B))  # one kernel: the relu is fused into the linear
         hexir.print(y)
         return y
+
+    def apart(x):
+        y = hexir.linear(x, W, B)
+        return y, hexir.relu(y)  # the linear's result is returned too: its relu stays a second kernel
 
     def wide(x):
         return hexir.linear(x, W64)
@@ -387,6 +395,8 @@ def compiled(tmp_path_factory) -> dict[str, Path]:
         "mlp": hexir.export(mlp, directory / "mlp.hxb", spec((3, 5), "float32"), placement=both),
         "mlp_two_archs": hexir.export(mlp, directory / "mlp2.hxb", spec((3, 5), "float32"), placement=both,
                                       target="cuda:sm_80,cuda:sm_90"),
+        "apart_two_archs": hexir.export(apart, directory / "apart2.hxb", spec((3, 5), "float32"), placement=both,
+                                        target="cuda:sm_80,cuda:sm_90"),
         "wide": hexir.export(wide, directory / "wide.hxb", spec((37, 11), "float64"), placement=both),
         "relu": hexir.export(relu, directory / "relu.hxb", spec((2, 3, 67), "float32"), placement=both),
         "constants_only": hexir.export(constants_only, directory / "constants.hxb", placement=both),
@@ -405,8 +415,12 @@ def module_file(compiled, fake) -> Any:
     return get
 
 
+def linear_numpy(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64) @ W + B
+
+
 def mlp_numpy(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x.astype(np.float64) @ W + B, 0)
+    return np.maximum(linear_numpy(x), 0)
 
 
 def x_of(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> np.ndarray:
@@ -580,22 +594,28 @@ def test_pick_image_suggests_only_targets_the_compiler_accepts():
 
 
 def test_a_module_runs_end_to_end_on_the_fake_gpu(module_file, fake, capsys):
-    module = load(module_file("mlp"), "cuda")
+    path = module_file("mlp")
+    module = load(path, "cuda")
     assert module.device_name == "cuda (NVIDIA FakeGPU)"
     x = x_of((3, 5))
     y = module.main(x)
     np.testing.assert_allclose(y, mlp_numpy(x), rtol=1e-5, atol=1e-6)
     assert y.dtype == np.float32
-    assert [launch["kernel"] for launch in fake.launches] == ["linear_0", "relu_1"]
+    # relu(linear(x, W, B)) is one fused kernel
+    assert [(k["symbol"], k["op"]) for k in hxb.read(path).manifest["kernels"]] == [("linear_0", "linear_bias_relu")]
+    assert [launch["kernel"] for launch in fake.launches] == ["linear_0"]
     assert capsys.readouterr().out == "".join("".join(f"{v:f} " for v in row) + "\n" for row in y.tolist())
 
 
 def test_launches_pass_the_right_buffers_in_order_with_the_recorded_geometry(module_file, fake):
-    path = module_file("mlp")
+    path = module_file("apart_two_archs")  # a linear and a relu kernel, the second reading the first's output
     module = load(path, "cuda")
     x = x_of((3, 5), seed=3)
-    module.main(x)
+    y, r = module.main(x)
+    np.testing.assert_allclose(y, linear_numpy(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r, mlp_numpy(x), rtol=1e-5, atol=1e-6)
     kernels = hxb.read(path).manifest["kernels"]
+    assert [(k["symbol"], k["op"]) for k in kernels] == [("linear_0", "linear_bias"), ("relu_1", "relu")]
     linear, relu = fake.launches
     np.testing.assert_array_equal(linear["inputs"][0], x)
     np.testing.assert_array_equal(linear["inputs"][1], W)
@@ -623,7 +643,7 @@ def test_float64_and_rank_3_modules_run_end_to_end(module_file, fake, name):
 
 
 def test_one_image_is_loaded_once_for_all_kernels(module_file, fake):
-    load(module_file("mlp_two_archs"), "cuda")
+    load(module_file("apart_two_archs"), "cuda")  # two kernels: a linear and its relu kept apart
     assert fake.calls.count("cuModuleLoadData") == 1
     assert fake.calls.count("cuModuleGetFunction") == 2
     assert cubin_arch(fake.loaded[0]) == 90  # of sm_80 and sm_90, the GPU's own
@@ -659,12 +679,13 @@ def test_an_older_gpu_is_refused_before_any_image_is_loaded(module_file, fake):
 def test_weights_are_uploaded_once_and_buffers_reused_across_calls(module_file, fake):
     module = load(module_file("mlp"), "cuda")
     allocations = fake.calls.count("cuMemAlloc")
-    assert allocations == 5  # x, W, b, linear out, relu out on the GPU
+    assert allocations == 4  # x, W, b and the out of the fused linear + relu on the GPU
     pointers = None
     for seed in range(3):
         x = x_of((3, 5), seed=seed)
         np.testing.assert_allclose(module.main(x), mlp_numpy(x), rtol=1e-5, atol=1e-6)
-        launched = [launch["pointers"] for launch in fake.launches[-2:]]
+        assert len(fake.launches) == seed + 1  # one kernel per call
+        launched = [launch["pointers"] for launch in fake.launches[-1:]]
         assert pointers in (None, launched)
         pointers = launched
     assert fake.calls.count("cuMemAlloc") == allocations

@@ -75,7 +75,8 @@ def test_encode_is_deterministic_and_write_read(parts, data, tmp_path):
 def test_encode_checks_what_it_writes(parts):
     manifest = copy.deepcopy(parts[0])
     manifest["kernels"][0]["op"] = "conv"
-    with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.op: expected one of linear, linear_bias, relu"):
+    message = r"kernels\[0\]\.op: expected one of linear, linear_bias, linear_relu, linear_bias_relu, relu"
+    with pytest.raises(HxbFormatError, match=message):
         hxb.encode(manifest, parts[1])
     with pytest.raises(HxbFormatError, match="encode computes the blob table"):
         hxb.encode({**parts[0], "blobs": []}, parts[1])

@@ -1,0 +1,324 @@
+"""fuse (the first pass of -emit=mlir-tir): a relu that is the only user of a linear on the same
+device becomes that linear's epilogue (`hexir.epilogue = "relu"`, the relu gone), and
+lower-to-tir makes one kernel of the pair, `linear_relu` / `linear_bias_relu`, whose last step
+is max(., 0). Anything else that uses the linear's result (a print, the return, a second op),
+or a device change between the two, keeps them apart.
+
+Checked on the graph fuse leaves (fuse called on a parsed, partitioned module: what lower-to-tir
+gets), on the tir kernels, and end to end against numpy."""
+
+# IR lines are checked as printed: wrapping them would change what they check.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import re
+
+import hexir_runtime
+import numpy as np
+import pytest
+from hexir_runtime import format as hxb
+from hexir_runtime.cpu import CpuDevice
+
+import hexir
+from hexir.errors import TraceError
+from hexir.passes.fuse import fuse
+from hexir.passes.lower_to_tir import CPU_ROWS
+from hexir.passes.pipeline import Options, run_stage
+
+from .conftest import filecheck, lower, parse
+
+X, W, B, Y = "tensor<3x5xf32>", "tensor<5x7xf32>", "tensor<7xf32>", "tensor<3x7xf32>"
+
+
+def program(*, linear: str = "cpu", relu: str | None = None, bias: bool = False,
+            tail: str = f"return %2 : {Y}", results: str = Y, extra: str = "") -> str:
+    """@main(x[3, 5]): %1 = linear(x, W[, b]) on `linear`, %2 = relu(%1) on `relu` (the linear's
+    device unless given), then `extra` ops and the `tail` (by default: return %2)."""
+    operands, types = ("%arg0, %w, %b", f"{X}, {W}, {B}") if bias else ("%arg0, %w", f"{X}, {W}")
+    bias_constant = (f'  %b = "hexir.constant"() {{device = "auto", name = "b", value = dense<-1.0> : {B}}} : () -> {B}\n'
+                     if bias else "")
+    return f"""
+func.func @main(%arg0: {X}) -> {results} {{
+  %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : {W}}} : () -> {W}
+{bias_constant}  %1 = "hexir.linear"({operands}) {{device = "{linear}"}} : ({types}) -> {Y}
+  %2 = "hexir.relu"(%1) {{device = "{relu or linear}"}} : ({Y}) -> {Y}
+{extra}  {tail}
+}}
+"""
+
+
+def fused(text: str) -> str:
+    """The printed graph after partition and fuse: what lower-to-tir starts from."""
+    module = run_stage(parse(text), "mlir-hetero", Options())
+    with module.context:
+        fuse(module)
+        assert module.operation.verify()
+    return str(module)
+
+
+def kernel_ops(text: str) -> list[tuple[str, str, str]]:
+    """(name, device, op) of each kernel of a printed mlir-tir module, in order."""
+    return re.findall(r'func\.func public @(\w+)\(.*hextir\.kernel = #hextir\.kernel<"(\w+)", "(\w+)">', text)
+
+
+# ---- fused: the relu is the linear's only user, on the linear's device ---------------------------
+
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_relu_alone_on_its_linear_becomes_the_linears_epilogue(device, bias):
+    text = fused(program(linear=device, bias=bias))
+    types = f"{X}, {W}, {B}" if bias else f"{X}, {W}"
+    back = ('CHECK-NEXT: %[[BACK:.+]] = "hexir.transfer"(%[[Y]]) {source = "cuda", target = "cpu"}\n'
+            "        CHECK-NEXT: return %[[BACK]]") if device == "cuda" else "CHECK-NEXT: return %[[Y]]"
+    filecheck(text, f"""
+        CHECK-LABEL: func.func @main
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{device}", hexir.epilogue = "relu"}} : ({types}) -> {Y}
+        {back}
+    """)
+    assert text.count('"hexir.linear"') == 1 and "hexir.relu" not in text
+
+
+def test_fuse_again_changes_nothing():
+    module = run_stage(parse(program(bias=True)), "mlir-hetero", Options())
+    with module.context:
+        fuse(module)
+        once = str(module)
+        fuse(module)
+    assert str(module) == once
+    assert once.count('hexir.epilogue = "relu"') == 1
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
+def test_the_cpu_kernel_applies_the_relu_after_the_product_in_each_row_block(bias):
+    op, out, buffers = ("linear_bias_relu", "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
+        if bias else ("linear_relu", "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
+    filecheck(lower(program(bias=bias), "mlir-tir"), f"""
+        CHECK-LABEL: func.func public @linear_0({buffers})
+        CHECK-SAME:      attributes {{hextir.kernel = #hextir.kernel<"cpu", "{op}">}}
+        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{-(-3 // CPU_ROWS)} step %c1 {{
+        CHECK:         %[[FIRST:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
+        CHECK:         %[[ROWS:.+]] = arith.minui
+        CHECK-NOT:     arith.maximumf
+        CHECK:         arith.mulf
+        CHECK-NEXT:    %[[O:.+]] = "hextir.load"({out}, %{{{{.+}}}}, %{{{{.+}}}})
+        CHECK-NEXT:    %[[S:.+]] = arith.addf %[[O]], %{{{{.+}}}} : f32
+        CHECK-NEXT:    "hextir.store"(%[[S]], {out}, %{{{{.+}}}}, %{{{{.+}}}})
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
+        CHECK-NEXT:      %[[N:.+]] = arith.constant 7 : index
+        CHECK-NEXT:      scf.for %[[J:.+]] = %c0 to %[[N]] step %c1 {{
+        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
+        CHECK-NEXT:        %[[V:.+]] = "hextir.load"({out}, %[[I]], %[[J]]) : (memref<3x7xf32>, index, index) -> f32
+        CHECK-NEXT:        %[[ZERO:.+]] = arith.constant 0.000000e+00 : f32
+        CHECK-NEXT:        %[[M:.+]] = arith.maximumf %[[V]], %[[ZERO]] : f32
+        CHECK-NEXT:        "hextir.store"(%[[M]], {out}, %[[I]], %[[J]]) : (f32, memref<3x7xf32>, index, index) -> ()
+        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:  }} {{hextir.schedule = #hextir.loop<"parallel", "">}}
+        CHECK-NEXT:  return
+        CHECK-NOT:   func.func public
+        CHECK-LABEL: func.func @main
+        CHECK:       %[[Y:.+]] = "hexir.call"({{{{.+}}}}) {{callee = @linear_0, device = "cpu"
+        CHECK-NEXT:  return %[[Y]]
+    """)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
+def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallback(bias):
+    op, out = ("linear_bias_relu", "%arg3") if bias else ("linear_relu", "%arg2")
+    add_bias = """CHECK-NEXT:    %[[BIAS:.+]] = "hextir.load"(%arg2, %{{.+}}) : (memref<7xf32>, index) -> f32
+        CHECK-NEXT:    %[[SB:.+]] = arith.addf %[[S]], %[[BIAS]] : f32
+        CHECK-NEXT:    %[[M:.+]] = arith.maximumf %[[SB]], %{{.+}} : f32""" if bias else \
+        "CHECK-NEXT:    %[[M:.+]] = arith.maximumf %[[S]], %{{.+}} : f32"
+    text = lower(program(linear="cuda", bias=bias), "mlir-tir")
+    filecheck(text, f"""
+        CHECK-LABEL: func.func public @linear_0(
+        CHECK-SAME:      hextir.kernel = #hextir.kernel<"cuda", "{op}">
+        CHECK-NOT:     arith.maximumf
+        CHECK:         "hextir.barrier"
+        CHECK-NOT:     arith.maximumf
+        CHECK:         scf.if
+        CHECK-NEXT:    %[[S:.+]] = "hextir.load"(%{{{{.+}}}}) : (memref<4x4xf32>, index, index) -> f32
+        {add_bias}
+        CHECK-NEXT:    "hextir.store"(%[[M]], {out}, %{{{{.+}}}}, %{{{{.+}}}}) : (f32, memref<3x7xf32>, index, index) -> ()
+        CHECK-NOT:     arith.maximumf
+        CHECK:         #hextir.loop<"parallel", "blockIdx.y">
+        CHECK-NEXT:    return
+
+        CHECK-LABEL: func.func public @linear_0_cpu(
+        CHECK-SAME:      hextir.fallback_of = @linear_0, hextir.kernel = #hextir.kernel<"cpu", "{op}">
+        CHECK:         arith.maximumf
+        CHECK:         #hextir.loop<"parallel", "">
+        CHECK-NEXT:    return
+
+        CHECK-LABEL: func.func @main(
+        CHECK:         %[[Y:.+]] = "hexir.call"({{{{.+}}}}) {{callee = @linear_0, device = "cuda"
+        CHECK-NEXT:    %[[BACK:.+]] = "hexir.transfer"(%[[Y]]) {{source = "cuda", target = "cpu"}}
+        CHECK-NEXT:    return %[[BACK]]
+    """)
+    assert kernel_ops(text) == [("linear_0", "cuda", op), ("linear_0_cpu", "cpu", op)]
+
+
+# ---- not fused: the linear's result has another user, or the relu another device ----------------
+
+OTHER_USERS = {
+    "printed": ("CHECK-NEXT: \"hexir.print\"(%[[Y]])\n        CHECK-NEXT: return %[[R]]",
+                dict(extra=f'  "hexir.print"(%1) : ({Y}) -> ()\n')),
+    "returned": ("CHECK-NEXT: return %[[R]], %[[Y]]",
+                 dict(tail=f"return %2, %1 : {Y}, {Y}", results=f"({Y}, {Y})")),
+    "a second relu": ("CHECK-NEXT: %[[R2:.+]] = \"hexir.relu\"(%[[Y]]) {device = \"cpu\"}\n        CHECK-NEXT: return %[[R]], %[[R2]]",
+                      dict(extra=f'  %3 = "hexir.relu"(%1) {{device = "cpu"}} : ({Y}) -> {Y}\n',
+                           tail=f"return %2, %3 : {Y}, {Y}", results=f"({Y}, {Y})")),
+    "a second linear": ("CHECK-NEXT: %[[V:.+]] = \"hexir.constant\"()\n        CHECK-NEXT: %[[Z:.+]] = \"hexir.linear\"(%[[Y]], %[[V]]) {device = \"cpu\"}\n        CHECK-NEXT: return %[[R]], %[[Z]]",
+                        dict(extra='  %v = "hexir.constant"() {device = "auto", name = "V", value = dense<1.0> : tensor<7x2xf32>} : () -> tensor<7x2xf32>\n'
+                                   f'  %3 = "hexir.linear"(%1, %v) {{device = "cpu"}} : ({Y}, tensor<7x2xf32>) -> tensor<3x2xf32>\n',
+                             tail=f"return %2, %3 : {Y}, tensor<3x2xf32>", results=f"({Y}, tensor<3x2xf32>)")),
+}
+
+
+@pytest.mark.parametrize("user", OTHER_USERS)
+def test_a_linear_with_another_user_keeps_its_relu(user):
+    checks, parts = OTHER_USERS[user]
+    text = fused(program(**parts))
+    filecheck(text, f"""
+        CHECK-LABEL: func.func @main
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu"}} : ({X}, {W}) -> {Y}
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {{device = "cpu"}} : ({Y}) -> {Y}
+        {checks}
+    """)
+    assert "hexir.epilogue" not in text
+    ops = [op for _, _, op in kernel_ops(lower(program(**parts), "mlir-tir"))]
+    assert ops[:2] == ["linear", "relu"] and "linear_relu" not in ops
+
+
+@pytest.mark.parametrize(("linear", "relu"), [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_relu_on_another_device_than_its_linear_stays_apart(linear, relu):
+    text = fused(program(linear=linear, relu=relu))
+    filecheck(text, f"""
+        CHECK-LABEL: func.func @main
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{linear}"}} : ({X}, {W}) -> {Y}
+        CHECK-NEXT:  %[[MOVED:.+]] = "hexir.transfer"(%[[Y]]) {{source = "{linear}", target = "{relu}"}}
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[MOVED]]) {{device = "{relu}"}} : ({Y}) -> {Y}
+    """)
+    assert "hexir.epilogue" not in text
+    kernels = [(device, op) for name, device, op in kernel_ops(lower(program(linear=linear, relu=relu), "mlir-tir"))
+               if not name.endswith("_cpu")]
+    assert kernels == [(linear, "linear"), (relu, "relu")]
+
+
+RELU_OF_RELU_OF_INPUT = f"""
+func.func @main(%arg0: {Y}) -> {Y} {{
+  %1 = "hexir.relu"(%arg0) {{device = "cpu"}} : ({Y}) -> {Y}
+  %2 = "hexir.relu"(%1) {{device = "cpu"}} : ({Y}) -> {Y}
+  return %2 : {Y}
+}}
+"""
+
+
+def test_a_relu_of_an_input_or_of_a_relu_is_untouched():
+    text = fused(RELU_OF_RELU_OF_INPUT)
+    filecheck(text, f"""
+        CHECK-LABEL: func.func @main
+        CHECK-NEXT:  %[[R1:.+]] = "hexir.relu"(%arg0) {{device = "cpu"}} : ({Y}) -> {Y}
+        CHECK-NEXT:  %[[R2:.+]] = "hexir.relu"(%[[R1]]) {{device = "cpu"}} : ({Y}) -> {Y}
+        CHECK-NEXT:  return %[[R2]]
+    """)
+    assert "hexir.epilogue" not in text
+    assert kernel_ops(lower(RELU_OF_RELU_OF_INPUT, "mlir-tir")) == [("relu_0", "cpu", "relu"), ("relu_1", "cpu", "relu")]
+
+
+def test_only_the_first_of_two_relus_after_a_linear_is_fused():
+    source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu"}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
+    text = fused(source)
+    filecheck(text, f"""
+        CHECK-LABEL: func.func @main
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu", hexir.epilogue = "relu"}}
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {{device = "cpu"}} : ({Y}) -> {Y}
+        CHECK-NEXT:  return %[[R]]
+    """)
+    assert text.count("hexir.relu") == 1
+    assert kernel_ops(lower(source, "mlir-tir")) == [("linear_0", "cpu", "linear_relu"), ("relu_1", "cpu", "relu")]
+
+
+# ---- end to end: the fused kernels compute what numpy does --------------------------------------
+
+TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
+BOTH_ON_CUDA = {"hexir.linear": "cuda", "hexir.relu": "cuda"}
+
+
+def layer_of(dtype: str, bias: bool, m: int = 9, k: int = 5, n: int = 7, seed: int = 0):
+    """x, w, b, relu(linear(x, w[, b])) as a function, and its numpy value (some of it clipped
+    to 0, some not). 9 rows: more than one block of CPU_ROWS, the last one short."""
+    assert m > CPU_ROWS and m % CPU_ROWS
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+
+    def layer(x):
+        return hexir.relu(hexir.linear(x, w, b))
+
+    expected = np.maximum(x.astype(np.float64) @ w + (0 if b is None else b), 0)
+    assert (expected == 0).any() and (expected > 0).any()  # the relu has something to do
+    return x, w, b, layer, expected
+
+
+def op_of(bias: bool) -> str:
+    return "linear_bias_relu" if bias else "linear_relu"
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_jit_of_a_fused_layer_matches_numpy_on_the_cpu(dtype, bias, tmp_path):
+    x, _, _, layer, expected = layer_of(dtype, bias)
+    jitted = hexir.jit(layer)
+    y = jitted(x)
+    assert y.dtype == np.dtype(dtype) and y.shape == expected.shape
+    np.testing.assert_allclose(y, expected, **TOLERANCE[dtype])
+    (kernel,) = hxb.decode(jitted.compile(x)).manifest["kernels"]
+    assert (kernel["op"], kernel["device"]) == (op_of(bias), "cpu")
+    # the row blocks split over 4 threads: each block's epilogue covers its own rows, and only them
+    path = hexir.export(layer, tmp_path / "layer.hxb", x)
+    threaded = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0)).main(x)
+    np.testing.assert_array_equal(threaded, y)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fusing_changes_no_bit_of_the_cpu_result(dtype):
+    x, w, b, layer, _ = layer_of(dtype, bias=True, seed=1)
+
+    @hexir.jit
+    def apart(x):
+        y = hexir.linear(x, w, b)
+        return y, hexir.relu(y)  # the linear's result returned too: its relu is not fused
+
+    ops = [kernel["op"] for kernel in hxb.decode(apart.compile(x)).manifest["kernels"]]
+    assert ops == ["linear_bias", "relu"]
+    linear, relu = apart(x)
+    np.testing.assert_array_equal(hexir.jit(layer)(x), relu)
+    np.testing.assert_array_equal(relu, np.maximum(linear, 0))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_fused_cuda_layer_matches_numpy_on_the_cpu_fallback_and_the_reference(dtype, bias, tmp_path):
+    x, _, _, layer, expected = layer_of(dtype, bias, seed=2)
+    path = hexir.export(layer, tmp_path / "layer.hxb", x, placement=BOTH_ON_CUDA)
+    (kernel,) = hxb.read(path).manifest["kernels"]
+    assert (kernel["op"], kernel["device"], kernel["cpu_fallback"]["symbol"]) == (op_of(bias), "cuda", "linear_0_cpu")
+    for device in ("cpu", "reference"):
+        y = hexir_runtime.load(path, device=device).main(x)
+        assert y.dtype == np.dtype(dtype) and y.shape == expected.shape
+        np.testing.assert_allclose(y, expected, **TOLERANCE[dtype], err_msg=f"on {device}")
+
+
+def test_an_unknown_epilogue_in_an_mlir_file_is_refused():
+    text = '''
+    func.func @main(%x: tensor<2x3xf32>, %w: tensor<3x4xf32>) -> tensor<2x4xf32> {
+      %0 = "hexir.linear"(%x, %w) {device = "cpu", hexir.epilogue = "gelu"} : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+      return %0 : tensor<2x4xf32>
+    }'''
+    with pytest.raises(TraceError, match=r"linear: hexir.epilogue is 'gelu'; the only epilogue is \"relu\""):
+        lower(text, "mlir")
