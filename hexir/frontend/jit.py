@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -97,7 +98,12 @@ class JitFunction:
             if key not in self._compiled:
                 module = self.trace(*args)
                 form = result_form(module)
-                self._compiled[key] = (hexir_runtime.load(compile_module(module, self.options)), form)
+                with warnings.catch_warnings(record=True) as notices:  # e.g. "no usable GPU"
+                    warnings.simplefilter("always")
+                    loaded = hexir_runtime.load(compile_module(module, self.options))
+                for notice in notices:  # said once per signature, at the caller's line
+                    warnings.warn(str(notice.message), notice.category, stacklevel=2)
+                self._compiled[key] = (loaded, form)
         loaded, form = self._compiled[key]
         outputs = loaded.main(*args)
         if form == "single":
