@@ -39,6 +39,7 @@ from mlir.dialects import arith, func
 
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
+from hexir.passes import gpu_schedule
 from hexir.passes.common import main_function
 from hexir.passes.fuse import epilogue_of
 
@@ -114,7 +115,6 @@ def _memref(tensor: ir.Type) -> ir.MemRefType:
 
 def _builder(device: str, kind: str) -> Callable[[Sequence[ir.Value]], None]:
     if device == "cuda":
-        from hexir.passes import gpu_schedule
         return {"linear": gpu_schedule.linear, "relu": gpu_schedule.relu}[kind]
     return {"linear": cpu_linear, "relu": cpu_relu}[kind]
 

@@ -21,14 +21,18 @@ from pathlib import Path
 from mlir import ir, passmanager
 
 from hexir.backend import cpu as cpu_backend
+from hexir.backend import cuda as cuda_backend
 from hexir.backend.cuda import PTX_FEATURES
+from hexir.backend.custom import build_custom
 from hexir.backend.package import package
-from hexir.errors import ArgumentError, HexirError, PlacementError
+from hexir.dialects.hexir import DEVICES, PLACEABLE_OPS
+from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError, TargetError
 from hexir.passes.common import generated_kernels
 from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.partition import partition
 from hexir.passes.tir_to_loops import tir_to_loops
+from hexir.passes.to_gpu import cuda_kernels_to_gpu
 from hexir.passes.to_llvm import cpu_kernels_to_llvm
 from hexir.passes.verify import verify
 
@@ -70,7 +74,6 @@ def _run(module: ir.Module, steps: list[tuple[str, Callable[[ir.Module], None]] 
         except HexirError:
             raise
         except ir.MLIRError as error:  # an upstream pass or the verifier refused our IR
-            from hexir.errors import CompileError
             raise CompileError(f"pass pipeline failed: {error}") from None
 
 
@@ -88,16 +91,12 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
     if reached >= STAGES.index("mlir-linalg"):
         _run(module, [("hextir-to-loops", tir_to_loops)])
     if reached >= STAGES.index("mlir-gpu") and generated_kernels(module, "cuda"):
-        from hexir.passes.to_gpu import cuda_kernels_to_gpu
         cuda_kernels_to_gpu(module)
     if reached <= STAGES.index("mlir-gpu"):
         return module
     cpu_module = cpu_kernels_to_llvm(module) if generated_kernels(module, "cpu") else None
     if stage == "llvm":
         return cpu_backend.llvm_ir(cpu_module) if cpu_module is not None else "; no cpu kernels\n"
-    from hexir.backend import cuda as cuda_backend
-    from hexir.backend.custom import build_custom
-
     with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
         custom = build_custom(module, options.cpu, options.cuda_archs, Path(scratch))
         library = None
@@ -121,8 +120,6 @@ CUDA_ARCHS = tuple(PTX_FEATURES)  # the architectures the cuda backend knows a P
 
 def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
     """`hexir.linear=cuda,hexir.relu=cpu` (or a dict) -> validated (op, device) pairs."""
-    from hexir.dialects.hexir import DEVICES, PLACEABLE_OPS
-
     if not text:
         return ()
     items = text.items() if isinstance(text, dict) else (
@@ -143,8 +140,6 @@ def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
 
 def parse_target(text: str | None, base: Options | None = None) -> Options:
     """`cpu:x86-64-v3,cuda:sm_80,cuda:sm_90` -> Options with those code generation targets."""
-    from hexir.errors import TargetError
-
     base = base or Options()
     if not text:
         return base
