@@ -294,3 +294,28 @@ def mlp_file(tmp_path, c_library: bytes):
     path = tmp_path / "mlp.hxb"
     hxb.write(path, *mlp(c_library))
     return path
+
+
+@pytest.fixture(scope="module")
+def parts(modules):
+    """The manifest and blobs of the small mlp module (format and fuzz tests)."""
+    return modules.mlp()
+
+
+@pytest.fixture(scope="module")
+def data(parts) -> bytes:
+    """The encoded bytes of `parts`."""
+    from hexir_runtime import format as hxb
+
+    return hxb.encode(*parts)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """This process sees no usable GPU, whatever the machine has."""
+    import hexir_runtime.module
+    from hexir_runtime.errors import DeviceError
+
+    def refuse():
+        raise DeviceError("no CUDA device (made unusable by the test)")
+    monkeypatch.setattr(hexir_runtime.module, "_cuda_device", refuse)

@@ -144,15 +144,6 @@ def test_a_library_blob_is_loaded_once(modules, libraries, monkeypatch):
     assert cpu_device._libraries == loaded  # the same library objects, by sha256
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    import hexir_runtime.module
-
-    def refuse():
-        raise DeviceError("no CUDA device (made unusable by the test)")
-    monkeypatch.setattr(hexir_runtime.module, "_cuda_device", refuse)
-
-
 @pytest.mark.parametrize("device", ["cpu", "auto"])
 def test_custom_cuda_kernels_run_as_their_cpu_fallbacks(modules, libraries, no_gpu, device):
     module = load(hxb.encode(*gpu_module(modules, *libraries)), device)

@@ -96,16 +96,6 @@ def test_reference_runs_cuda_kernels(modules, capsys):
     assert capsys.readouterr().out.splitlines()[3] == "0.000000 1.000000 2.000000 3.000000 "
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """This process sees no usable GPU, whatever the machine has."""
-    import hexir_runtime.module
-
-    def refuse():
-        raise DeviceError("no CUDA device (made unusable by the test)")
-    monkeypatch.setattr(hexir_runtime.module, "_cuda_device", refuse)
-
-
 @pytest.mark.parametrize("device", ["cpu", "auto"])
 def test_cuda_kernels_run_as_their_cpu_fallbacks(modules, c_library, device, no_gpu):
     module = load(hxb.encode(*modules.cuda(c_library)), device)

@@ -15,16 +15,6 @@ from hexir_runtime import HxbFormatError
 from hexir_runtime import format as hxb
 
 
-@pytest.fixture(scope="module")
-def parts(modules):
-    return modules.mlp()
-
-
-@pytest.fixture(scope="module")
-def data(parts) -> bytes:
-    return hxb.encode(*parts)
-
-
 def raw(manifest_text: bytes, tail: bytes = b"") -> bytes:
     """A file with a correct header around any manifest bytes (no checks)."""
     header = hxb.HEADER.pack(hxb.MAGIC, 1, 40, 40, len(manifest_text), zlib.crc32(manifest_text), 0)

@@ -16,16 +16,6 @@ from hypothesis import strategies as st
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module")
-def parts(modules):
-    return modules.mlp()
-
-
-@pytest.fixture(scope="module")
-def data(parts) -> bytes:
-    return hxb.encode(*parts)
-
-
 @FUZZ
 @given(st.data())
 def test_changed_bytes_are_always_caught(data, draw):
