@@ -1,8 +1,8 @@
 """`hexir-run`: run an entry of a compiled hexir module (.hxb) from the command line.
 
 Prints a header (module, version, entry, device), a `--` line, then what the program prints.
-`--info` describes the module after checking its format, without loading any code. When the
-reader of stdout goes away (`hexir-run m.hxb | head -1`), it stops quietly with exit code 1.
+`--info` describes the module (describe.py) after checking its format, without loading any
+code. When the reader of stdout goes away (`hexir-run m.hxb | head -1`), it stops quietly with exit code 1.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Any
 
 import numpy as np
 
+from .describe import describe, field
 from .errors import HexirRuntimeError, HxbFormatError, InputError
-from .format import Hxb, TensorType, read
+from .format import read
 from .module import DEVICE_NAMES, Signature, load
 
 EXIT_CODES = """exit codes:
@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> None:
     if not args.quiet:
         header = [("module", args.module), ("version", module.hxb.version), ("entry", args.entry)]
         for label, value in [*header, ("device", module.device_name)]:
-            print(_field(label, value))
+            print(field(label, value))
         print("--", flush=True)
     outputs = module.run(args.entry, *arrays)
     if args.output:
@@ -130,79 +130,6 @@ def _inputs(signature: Signature, pairs: list[tuple[str, str]]) -> list[np.ndarr
     if missing:
         raise InputError(f"{signature.name}(): missing --input for {', '.join(missing)}")
     return [given[name] for name in names]
-
-
-def _field(label: str, value: Any) -> str:
-    return f"{label:<14}: {value}"
-
-
-def describe(hxb: Hxb, path: str) -> str:
-    """A readable account of a checked module: entries and their programs, kernels (a custom one
-    with its source file and where its cpu code is), constants, blobs."""
-    manifest = hxb.manifest
-    lines = [_field("module", path), _field("version", hxb.version), _field("producer", manifest["producer"])]
-    lines.append(_field("size", f"{len(hxb.data)} bytes"))
-    constants, kernels = manifest["constants"], manifest["kernels"]
-    for entry in manifest["entries"]:
-        names = [spec["name"] for spec in entry["inputs"]]
-        types = [TensorType(tuple(spec["shape"]), spec["dtype"]) for spec in entry["buffers"]]
-        lines += ["", f"entry {Signature.of(entry)}"]
-        for command in entry["program"]:
-            op = command["op"]
-            if op == "input":
-                text, dst = f"input {names[command['index']]}", command["dst"]
-            elif op == "constant":
-                text, dst = f"constant {constants[command['constant']]['name']}", command["dst"]
-            elif op == "call":
-                *sources, dst = command["args"]
-                text = f"call {kernels[command['kernel']]['name']}({', '.join(f'%{s}' for s in sources)})"
-            elif op == "transfer":
-                text, dst = f"transfer %{command['src']}", command["dst"]
-            else:
-                sources = [command["src"]] if op == "print" else command["srcs"]
-                lines.append(f"  {op} {', '.join(f'%{s}' for s in sources)}")
-                continue
-            lines.append(f"  {f'%{dst} = {text}':<40} # {types[dst]} on {entry['buffers'][dst]['device']}")
-    lines += ["", "kernels"]
-    for i, kernel in enumerate(kernels):
-        args = ", ".join(f"{arg['access']} {TensorType(tuple(arg['shape']), arg['dtype'])}" for arg in kernel["args"])
-        lines.append(f"  [{i}] {kernel['name']}: {kernel['device']} {kernel['op']}({args})")
-        custom = kernel["op"] == "custom"
-        if kernel["device"] == "cpu":
-            where = _library(kernel) if custom else f"parallel_extent {kernel['parallel_extent']}"
-            lines.append(f"      symbol {kernel['symbol']}, {where}")
-        else:
-            launch = kernel["launch"]
-            lines.append(f"      symbol {kernel['symbol']}, grid {launch['grid']}, block {launch['block']}, "
-                         f"shared {launch['shared_bytes']} bytes")
-        if custom:
-            lines.append(f"      source {kernel['source']}, scalars {kernel['scalars']}")
-        if kernel["device"] == "cuda":
-            images = ", ".join(f"{arch} in blob {blob}" for arch, blob in kernel["images"].items())
-            lines.append(f"      images: {images}")
-        if "cpu_fallback" in kernel:
-            fallback = kernel["cpu_fallback"]
-            where = (f"from {fallback['source']}, {_library(fallback)}" if custom
-                     else f"parallel_extent {fallback['parallel_extent']}")
-            lines.append(f"      cpu fallback: {fallback['symbol']}, {where}")
-    if "cpu" in manifest:
-        cpu = manifest["cpu"]
-        lines += ["", "cpu", f"  {cpu['arch']} ({cpu['cpu']}), features: {' '.join(cpu['features']) or 'none'}"]
-        lines.append(f"  library in blob {cpu['library']}")
-    lines += ["", "constants" if constants else "constants: none"]
-    for i, constant in enumerate(constants):
-        tensor = TensorType(tuple(constant["shape"]), constant["dtype"])
-        lines.append(f"  [{i}] {constant['name']}: {tensor} in blob {constant['blob']}")
-    lines += ["", "blobs"]
-    for i, blob in enumerate(manifest["blobs"]):
-        where = f"{blob['size']} bytes at {blob['offset']}"
-        lines.append(f"  [{i}] {blob['name']}: {where}, sha256 {blob['sha256'][:16]}...")
-    return "\n".join(lines) + "\n"
-
-
-def _library(code: dict[str, Any]) -> str:
-    """Where a custom kernel's cpu code is: its own library blob or the module's."""
-    return f"library in blob {code['library']}" if "library" in code else "in the cpu library"
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The CPU device: the module's native shared object, loaded with ctypes, run on host threads.
 
-Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int64_t first,
-int64_t last)` computes iterations [first, last) of the kernel's outermost parallel loop, whose
-trip count is the kernel's `parallel_extent`. Big launches are split over one thread pool that
+Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int64_t size0, ...,
+int64_t first, int64_t last)` computes iterations [first, last) of the kernel's outermost parallel
+loop, whose trip count is its `work.extent` evaluated for the call (the sizes are the call's
+values of the kernel's `sizes` symbols). Big launches are split over one thread pool that
 every CpuDevice of the process shares; ctypes releases the GIL during a foreign call, so the
 chunks really run in parallel. A custom kernel is called once, as `void symbol(T0 *arg0, ...,
 TN *argN, int64_t scalar0, ...)`, from the module's library or from a shared object of its own
-(its `library` blob).
+(its `library` blob). Which code runs a kernel (its own or its cpu_fallback) is the manifest's
+`Kernel.cpu_code`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import platform
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from .device import HostMemory
 from .errors import DeviceError, KernelError
-from .format import Hxb
+from .format import Cpu, Expr, Hxb, Work, evaluate
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # ELF e_machine -> architecture, for the clear error; dlopen refuses other foreign objects itself.
@@ -59,19 +61,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def check_host(cpu: dict[str, Any], machine: str | None = None, flags: set[str] | None = None) -> None:
+def check_host(cpu: Cpu, machine: str | None = None, flags: set[str] | None = None) -> None:
     """Raise DeviceError unless this machine (or `machine`/`flags`) can run the manifest's `cpu` code.
 
     Features are looked up in /proc/cpuinfo; where it cannot be read, they are not checked.
     """
     machine = machine or platform.machine()
-    if _arch(machine) != _arch(cpu["arch"]):
-        raise DeviceError(f"the module's CPU code is for {cpu['arch']}, but this machine is {machine}")
+    if _arch(machine) != _arch(cpu.arch):
+        raise DeviceError(f"the module's CPU code is for {cpu.arch}, but this machine is {machine}")
     flags = _cpu_flags() if flags is None else flags
-    missing = [feature for feature in cpu["features"] if flags is not None and feature not in flags]
+    missing = [feature for feature in cpu.features if flags is not None and feature not in flags]
     if missing:
         raise DeviceError(
-            f"the module's CPU code was built for {cpu['cpu']} and needs CPU features this machine lacks: "
+            f"the module's CPU code was built for {cpu.cpu} and needs CPU features this machine lacks: "
             + ", ".join(missing)
         )
 
@@ -152,69 +154,68 @@ class CpuDevice(HostMemory):
 
     def load(self, hxb: Hxb) -> CpuProgram:
         """Check the host, load the library (no file left behind), look up every kernel's code."""
-        codes = {}  # kernel index -> its cpu code: symbol, and parallel_extent or library
-        for index, kernel in enumerate(hxb.manifest["kernels"]):
-            if kernel["device"] in self.kinds:
-                codes[index] = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
-                if codes[index] is None:
-                    other = ("a custom kernel has no numpy version for --device=reference" if kernel["op"] == "custom"
-                             else "or with --device=reference, in numpy")
-                    raise DeviceError(f"kernels[{index}] ({kernel['name']}) runs on cuda and has no cpu_fallback: "
-                                      f"run this module with --device=cuda on a GPU ({other})")
-        if any("library" not in code for code in codes.values()):
-            check_host(hxb.manifest["cpu"])
-        functions = {}
-        for index, code in codes.items():
-            kernel = hxb.manifest["kernels"][index]
-            if "library" in code:  # a custom kernel's prebuilt shared object
-                blob = code["library"]
-                where = f"its library (blob {blob}, {hxb.manifest['blobs'][blob]['name']})"
-                check_library(hxb.blob(blob), f"kernels[{index}] ({kernel['name']}): {where}")
-                what = f"the library of kernels[{index}] ({kernel['name']}) (blob {blob})"
+        manifest, functions = hxb.manifest, {}
+        kernels = {index: kernel for index, kernel in enumerate(manifest.kernels) if kernel.device in self.kinds}
+        for index, kernel in kernels.items():
+            if kernel.cpu_code is None:
+                other = ("a custom kernel has no numpy version for --device=reference" if kernel.custom
+                         else "or with --device=reference, in numpy")
+                raise DeviceError(f"kernels[{index}] ({kernel.name}) runs on cuda and has no cpu_fallback: "
+                                  f"run this module with --device=cuda on a GPU ({other})")
+        if any(kernel.cpu_code.library is None for kernel in kernels.values()):
+            check_host(manifest.cpu)
+        for index, kernel in kernels.items():
+            code = kernel.cpu_code
+            if code.library is not None:  # a custom kernel's prebuilt shared object
+                blob = code.library
+                where = f"its library (blob {blob}, {manifest.blobs[blob].name})"
+                check_library(hxb.blob(blob), f"kernels[{index}] ({kernel.name}): {where}")
+                what = f"the library of kernels[{index}] ({kernel.name}) (blob {blob})"
             else:
-                blob, where, what = hxb.manifest["cpu"]["library"], "the CPU library", "the module's CPU library"
-            library = _open_library(hxb.blob(blob), hxb.manifest["blobs"][blob]["sha256"], what)
+                blob, where, what = manifest.cpu.library, "the CPU library", "the module's CPU library"
+            library = _open_library(hxb.blob(blob), manifest.blobs[blob].sha256, what)
             try:
-                function = library[code["symbol"]]  # a fresh function object, unlike getattr
+                function = library[code.symbol]  # a fresh function object, unlike getattr
             except AttributeError:
                 raise KernelError(
-                    f"kernels[{index}] ({kernel['name']}): symbol {code['symbol']!r} is not in {where}"
-                ) from None
-            custom = kernel["op"] == "custom"
-            scalars = tuple(kernel["scalars"]) if custom else ()
-            integers = len(scalars) if custom else 2  # the dimensions, or first and last
-            function.argtypes = [ctypes.c_void_p] * len(kernel["args"]) + [ctypes.c_int64] * integers
+                    f"kernels[{index}] ({kernel.name}): symbol {code.symbol!r} is not in {where}") from None
+            integers = len(kernel.integers) + (0 if kernel.custom else 2)  # + first and last
+            function.argtypes = [ctypes.c_void_p] * len(kernel.args) + [ctypes.c_int64] * integers
             function.restype = None
-            functions[index] = (function, None if custom else code["parallel_extent"], scalars)
+            functions[index] = (function, code.work, kernel.integers)
         return CpuProgram(functions, self)
 
 
 class CpuProgram:
-    """The module's CPU kernels as ctypes functions, with their parallel extents (None for a
-    custom kernel) and scalars (a custom kernel's dimensions)."""
+    """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
+    custom kernel) and the size expressions they take after their pointers."""
 
-    def __init__(self, kernels: dict[int, tuple[Any, int | None, tuple[int, ...]]], device: CpuDevice) -> None:
+    def __init__(self, kernels: dict[int, tuple[Any, Work | None, tuple[Expr, ...]]], device: CpuDevice) -> None:
         self.kernels = kernels
         self.device = device
 
-    def launch(self, kernel: int, buffers: Sequence[np.ndarray]) -> None:
-        """Run kernels[kernel] on C-contiguous `buffers`, in chunks of its parallel loop if big."""
+    def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
+        """Run kernels[kernel] on C-contiguous `buffers`, in chunks of its parallel loop if big
+        (never of fewer than its `grain` iterations); not at all if the loop has no iteration."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
-        function, extent, scalars = self.kernels[kernel]
-        pointers = [buffer.ctypes.data for buffer in buffers]
-        if extent is None:  # a custom kernel: called once, with every dimension after the pointers
-            function(*pointers, *scalars)
+        function, work, integers = self.kernels[kernel]
+        arguments = [buffer.ctypes.data for buffer in buffers] + [evaluate(expr, sizes) for expr in integers]
+        if work is None:  # a custom kernel: called once, with its scalars after the pointers
+            function(*arguments)
+            return
+        extent = evaluate(work.extent, sizes)
+        if extent == 0:
             return
         chunks = 1
         if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
-            chunks = min(self.device.threads, extent)
+            chunks = min(self.device.threads, extent // work.grain)
         if chunks < 2:
-            function(*pointers, 0, extent)
+            function(*arguments, 0, extent)
             return
         bounds = [extent * i // chunks for i in range(chunks + 1)]
         pool = worker_pool()
-        futures = [pool.submit(function, *pointers, bounds[i], bounds[i + 1]) for i in range(chunks)]
+        futures = [pool.submit(function, *arguments, bounds[i], bounds[i + 1]) for i in range(chunks)]
         for future in futures:
             future.result()
 

@@ -5,20 +5,21 @@ which turns a failing CUresult into a DeviceError naming the call and the driver
 The image that fits the GPU is chosen from the kernel's `images` (docs/hxb-format.md): the
 CUBIN of its own architecture, else one of the same major version and a lower minor, else
 the PTX (JIT-compiled by the driver) if its virtual architecture is not above the GPU's, else
-a custom kernel's fatbin (the driver picks inside it). A custom kernel takes its arguments'
-dimensions as 64-bit integers after its device pointers.
+a custom kernel's fatbin (the driver picks inside it). A kernel takes its `sizes` (a custom
+kernel its `scalars`) as 64-bit integers after its device pointers; its grid is evaluated per
+call, and a grid with an empty axis is not launched.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import DeviceError, KernelError
-from .format import Hxb
+from .format import Hxb, Kernel, Launch, evaluate, to_text
 
 
 def _driver() -> Any:
@@ -52,6 +53,10 @@ class DeviceBuffer:
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
 
+
+#: The most blocks a grid has along x, y, z; the dynamic shared memory a block gets without opting in.
+MAX_GRID = (2**31 - 1, 65535, 65535)
+DEFAULT_SHARED_BYTES = 48 * 1024
 
 #: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
 OLDEST_TARGET = 75
@@ -118,6 +123,10 @@ class CudaDevice:
         buffer.pointer = check(self.driver.cuMemAlloc(max(buffer.nbytes, 1)), "cuMemAlloc")
         return buffer
 
+    def view(self, buffer: DeviceBuffer, shape: tuple[int, ...]) -> DeviceBuffer:
+        """The start of `buffer`'s memory as an array of `shape` (freed with `buffer`, not on its own)."""
+        return DeviceBuffer(buffer.pointer, shape, buffer.dtype)
+
     def free(self, buffer: DeviceBuffer) -> None:
         """Give the buffer's device memory back."""
         self.make_current()
@@ -155,10 +164,11 @@ class CudaDevice:
         program = CudaProgram(self, {})
         try:
             modules: dict[int, Any] = {}  # by blob
-            for index, kernel in enumerate(hxb.manifest["kernels"]):
-                if kernel["device"] != "cuda":
+            for index, kernel in enumerate(hxb.manifest.kernels):
+                code = kernel.gpu_code
+                if code is None:
                     continue
-                arch, blob = pick_image(kernel["images"], *self.capability)
+                arch, blob = pick_image(code.images, *self.capability)
                 if blob not in modules:
                     image = bytes(hxb.blob(blob))
                     if arch.startswith("compute_"):
@@ -166,11 +176,15 @@ class CudaDevice:
                     modules[blob] = check(self.driver.cuModuleLoadData(image), f"cuModuleLoadData ({arch})")
                     program.modules.append(modules[blob])
                 try:
-                    function = check(self.driver.cuModuleGetFunction(modules[blob], kernel["symbol"].encode()),
+                    function = check(self.driver.cuModuleGetFunction(modules[blob], code.symbol.encode()),
                                      "cuModuleGetFunction")
+                    if code.launch.shared_bytes > DEFAULT_SHARED_BYTES:  # a bigger block needs opting in
+                        attribute = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                        check(self.driver.cuFuncSetAttribute(function, attribute, code.launch.shared_bytes),
+                              "cuFuncSetAttribute")
                 except DeviceError as error:
-                    raise KernelError(f"kernels[{index}] ({kernel['name']}): {error}") from None
-                program.kernels[index] = (function, kernel["launch"], tuple(kernel.get("scalars", ())))
+                    raise KernelError(f"kernels[{index}] ({kernel.name}): {error}") from None
+                program.kernels[index] = (function, kernel, code.launch)
         except BaseException:
             program.close()  # the images loaded before the failure
             raise
@@ -178,9 +192,9 @@ class CudaDevice:
 
 
 class CudaProgram:
-    """The module's CUDA kernels, ready to launch with their recorded geometry."""
+    """The module's CUDA kernels, ready to launch with their geometry evaluated per call."""
 
-    def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, dict, tuple[int, ...]]]) -> None:
+    def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, Kernel, Launch]]) -> None:
         self.device = device
         self.kernels = kernels
         self.modules: list[Any] = []  # the loaded CUmodules, unloaded by close
@@ -194,18 +208,26 @@ class CudaProgram:
         for module in modules:
             check(self.device.driver.cuModuleUnload(module), "cuModuleUnload")
 
-    def launch(self, kernel: int, buffers: Sequence[DeviceBuffer]) -> None:
-        """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here)."""
+    def launch(self, kernel: int, buffers: Sequence[DeviceBuffer], sizes: Mapping[str, int]) -> None:
+        """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here); no
+        launch when an axis of its grid is 0 for this call's `sizes`."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
-        function, launch, scalars = self.kernels[kernel]
+        function, spec, launch = self.kernels[kernel]
+        grid = [evaluate(size, sizes) for size in launch.grid]
+        if 0 in grid:
+            return
+        for axis, expr, count, limit in zip("xyz", launch.grid, grid, MAX_GRID, strict=True):
+            if count > limit:
+                raise KernelError(f"kernels[{kernel}] ({spec.name}) needs {count} blocks along grid {axis} "
+                                  f"({to_text(expr)}); CUDA allows at most {limit}")
         self.device.make_current()  # the context is per thread; this one may not have it yet
         # kernelParams: an array of pointers, each to one argument's value: the device pointers,
-        # then a custom kernel's dimensions as 64-bit integers.
+        # then the kernel's sizes (a custom kernel's scalars) as 64-bit integers.
         values = [ctypes.c_void_p(int(buffer.pointer)) for buffer in buffers]
-        values += [ctypes.c_int64(scalar) for scalar in scalars]
+        values += [ctypes.c_int64(evaluate(expr, sizes)) for expr in spec.integers]
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         driver = self.device.driver
-        check(driver.cuLaunchKernel(function, *launch["grid"], *launch["block"], launch["shared_bytes"],
+        check(driver.cuLaunchKernel(function, *grid, *launch.block, launch.shared_bytes,
                                     0, ctypes.addressof(params), 0), "cuLaunchKernel")
         self.device.synchronize()

@@ -3,13 +3,16 @@
 A device runs the kernels of one or more manifest devices (`kinds`: "cpu", "cuda"). It owns
 buffers (alloc, free, copy in, copy out, synchronize) and loads a module's kernels into a
 program (load, launch, close). The executor only ever talks to devices through this interface.
+Buffers are reused across calls whose sizes change: the executor allocates a flat buffer big
+enough for the call and asks the device for a `view` of it with the call's shape.
 Host buffers are numpy arrays: a device copies straight between them and its own buffers
 (`copy_in` from one, `copy_out_into` one), so a transfer makes no intermediate array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,8 +23,9 @@ from .format import Hxb
 class Program(Protocol):
     """A module's kernels, loaded on one device."""
 
-    def launch(self, kernel: int, buffers: Sequence[Any]) -> None:
-        """Run kernels[kernel] on `buffers` (its args in order; the last one is written)."""
+    def launch(self, kernel: int, buffers: Sequence[Any], sizes: Mapping[str, int]) -> None:
+        """Run kernels[kernel] on `buffers` (its args in order; the last one is written), its
+        symbols having this call's `sizes`."""
 
     def close(self) -> None:
         """Unload the kernels from the device (idempotent); a closed program is not launched again."""
@@ -35,6 +39,7 @@ class Device(Protocol):
 
     def alloc(self, shape: tuple[int, ...], dtype: str) -> Any: ...
     def free(self, buffer: Any) -> None: ...
+    def view(self, buffer: Any, shape: tuple[int, ...]) -> Any: ...
     def copy_in(self, buffer: Any, array: np.ndarray) -> None: ...
     def copy_out(self, buffer: Any) -> np.ndarray: ...
     def copy_out_into(self, buffer: Any, array: np.ndarray) -> None: ...
@@ -51,6 +56,10 @@ class HostMemory:
 
     def free(self, buffer: np.ndarray) -> None:
         """Nothing to do: numpy frees the array with its last reference."""
+
+    def view(self, buffer: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The first elements of flat `buffer`, as an array of `shape` (no copy)."""
+        return buffer[: math.prod(shape)].reshape(shape)
 
     def copy_in(self, buffer: np.ndarray, array: np.ndarray) -> None:
         """Copy `array` (same shape and dtype, any strides) into `buffer`."""

@@ -1,14 +1,25 @@
-"""The .hxb module format, version 1: read, check and write (docs/hxb-format.md).
+"""The .hxb module format, version 2: read, check and write (docs/hxb-format.md).
 
 A file is checked twice before anything uses it: first its structure (header, manifest bytes,
-the blob table against the file's bytes), then its meaning (keys, types, indices, shapes, the
-host programs). The first rule broken raises `HxbFormatError` naming the field, e.g.
-`kernels[2].args[1].dtype: expected one of float32, float64, got 'int8'`. The compiler writes
-through `encode`, which runs the same checks on its own output.
+the blob table against the file's bytes), then its meaning (keys, types, indices, shapes, size
+expressions, the host programs). The first rule broken raises `HxbFormatError` naming the field,
+e.g. `kernels[2].args[1].dtype: expected one of float32, float64, got 'int8'`. The compiler
+writes through `encode`, which runs the same checks on its own output.
+
+The meaning pass does not only check the JSON: it builds the frozen `Manifest` that the rest of
+the runtime reads. That is also where each kernel's code is decided once: `Kernel.cpu_code` is
+what runs it on the host (its own code, its `cpu_fallback`, or None) and `Kernel.gpu_code` what
+runs it on a GPU, so no device re-derives it from dicts. A version-1 manifest is upgraded to the
+version-2 JSON before the checks (`_upgrade_v1`), so nothing downstream knows version 1 existed.
+
+Shapes may hold symbols (`"batch"`), sizes bound per call from the inputs' shapes; launch grids
+and parallel extents are size expressions over them (`Expr`: an int, a symbol, or
+`(op, expr, expr)`), evaluated per call by `evaluate` and printed by `to_text`.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -16,27 +27,24 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from .errors import HxbFormatError
 
 MAGIC = b"\x89HXB\r\n\x1a\n"
-VERSION = 1
+VERSION = 2  # what encode writes
+READABLE = (1, 2)  # what decode reads (version 1 is upgraded to 2)
 # magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, reserved
 HEADER = struct.Struct("<8sIIQQII")
 ALIGNMENT = 64
 DTYPES = {"float32": 4, "float64": 8}
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
-KERNEL_OPS = {  # op -> its args in call order (destination last)
-    "linear": ("x[M, K]", "w[K, N]", "out[M, N]"),
-    "linear_bias": ("x[M, K]", "w[K, N]", "bias[N]", "out[M, N]"),
-    "linear_relu": ("x[M, K]", "w[K, N]", "out[M, N]"),
-    "linear_bias_relu": ("x[M, K]", "w[K, N]", "bias[N]", "out[M, N]"),
-    "relu": ("x", "out of the same shape"),
-    "custom": ("1 to 4 inputs of any shapes", "out"),
-}
+# The ops the runtime knows: their args in call order (destination last) and allowed epilogues.
+# Any other identifier is an op the runtime runs only as native code (no numpy reference).
+LINEAR_EPILOGUES = ([], ["bias"], ["relu"], ["bias", "relu"])
 COMMANDS = {  # host program op -> its other fields
     "input": ("index", "dst"),
     "constant": ("constant", "dst"),
@@ -45,58 +53,268 @@ COMMANDS = {  # host program op -> its other fields
     "print": ("src",),
     "return": ("srcs",),
 }
+EXPR_OPS = ("ceildiv", "mul", "add", "min", "max")
+EXPR_DEPTH = 8  # the deepest nesting of [op, a, b] lists
+MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
 _COMMAND_FIELDS = tuple(sorted({field for fields in COMMANDS.values() for field in fields}))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
 # A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
 _KERNEL_KEYS = {
-    ("cpu", False): (("parallel_extent",), ()),
+    ("cpu", False): (("epilogues", "sizes", "work"), ()),
     ("cpu", True): (("scalars", "source"), ("library",)),
-    ("cuda", False): (("launch", "images"), ("cpu_fallback",)),
+    ("cuda", False): (("epilogues", "sizes", "launch", "images"), ("cpu_fallback",)),
     ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
 }
 _OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
+Dim = int | str  # a dimension: a size, or a symbol bound per call
+Expr = int | str | tuple  # a size expression: an int, a symbol, or (op, Expr, Expr)
+
+
+# --- size expressions ------------------------------------------------------------------------
+
+
+def evaluate(expr: Expr, sizes: Mapping[str, int]) -> int:
+    """The value of a (checked) size expression, the symbols taking their `sizes`."""
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, str):
+        return sizes[expr]
+    op, left, right = expr[0], evaluate(expr[1], sizes), evaluate(expr[2], sizes)
+    if op == "ceildiv":
+        return -(-left // right)
+    return {"mul": left * right, "add": left + right, "min": min(left, right), "max": max(left, right)}[op]
+
+
+def to_text(expr: Expr) -> str:
+    """A size expression for people: `ceildiv(batch, 64)`."""
+    if isinstance(expr, tuple):
+        return f"{expr[0]}({to_text(expr[1])}, {to_text(expr[2])})"
+    return str(expr)
+
+
+def symbols_of(expr: Expr) -> list[str]:
+    """The symbols of a size expression, in order of first appearance."""
+    if isinstance(expr, str):
+        return [expr]
+    if isinstance(expr, tuple):
+        return list(dict.fromkeys(symbols_of(expr[1]) + symbols_of(expr[2])))
+    return []
+
+
+# --- the typed manifest ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TensorType:
-    """A tensor's shape and dtype name; prints as `float32[2, 8]`."""
+    """A tensor's shape (ints and symbols) and dtype name; prints as `float32[batch, 8]`."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: str
 
     @property
+    def symbols(self) -> list[str]:
+        """The symbols of the shape, in order of first appearance."""
+        return list(dict.fromkeys(dim for dim in self.shape if isinstance(dim, str)))
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype]
+        """Bytes of a static tensor (a symbol counts as 1)."""
+        return math.prod(dim for dim in self.shape if isinstance(dim, int)) * self.itemsize
+
+    def concrete(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape with every symbol replaced by its size."""
+        return tuple(sizes[dim] if isinstance(dim, str) else dim for dim in self.shape)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
 @dataclass(frozen=True)
-class Hxb:
-    """A decoded and fully checked .hxb file: its manifest and its bytes."""
+class Work:
+    """A generated CPU kernel's parallel loop: its trip count per call, and the fewest
+    iterations worth giving a thread."""
 
-    manifest: dict[str, Any]
-    data: bytes
+    extent: Expr
+    grain: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A CUDA kernel's geometry: grid (size expressions), block and dynamic shared memory."""
+
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class Code:
+    """Host code for a kernel: a symbol in the module's `cpu.library` (or in blob `library`,
+    a custom kernel's own shared object); `work` for generated code, `source` for custom code."""
+
+    symbol: str
+    work: Work | None = None
+    library: int | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuCode:
+    """CUDA code for a kernel: its symbol in `images` (architecture -> blob) and its launch."""
+
+    symbol: str
+    launch: Launch
+    images: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A checked kernel. `integers` are the int64 values it takes after its pointers (its
+    `sizes` as symbols, or a custom kernel's `scalars`), evaluated per call."""
+
+    name: str
+    op: str
+    device: str
+    args: tuple[TensorType, ...]
+    epilogues: tuple[str, ...]
+    integers: tuple[Expr, ...]
+    cpu_code: Code | None  # what runs it on the host: its own code, its cpu_fallback, or nothing
+    gpu_code: GpuCode | None  # what runs it on a GPU (cuda kernels only)
+    source: str | None = None  # a custom kernel's file name
 
     @property
-    def version(self) -> int:
-        return VERSION
+    def custom(self) -> bool:
+        return self.op == "custom"
+
+    @property
+    def symbol(self) -> str:
+        return self.gpu_code.symbol if self.gpu_code else self.cpu_code.symbol
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    type: TensorType
+    blob: int
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """What the module's CPU library was built for, and its blob."""
+
+    arch: str
+    cpu: str
+    features: tuple[str, ...]
+    library: int
+
+
+@dataclass(frozen=True)
+class Blob:
+    name: str
+    offset: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Buffer:
+    type: TensorType
+    device: str
+
+
+@dataclass(frozen=True)
+class Input:
+    index: int
+    dst: int
+    op = "input"
+
+
+@dataclass(frozen=True)
+class Bind:
+    constant: int
+    dst: int
+    op = "constant"
+
+
+@dataclass(frozen=True)
+class Call:
+    kernel: int
+    args: tuple[int, ...]
+    op = "call"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    op = "transfer"
+
+
+@dataclass(frozen=True)
+class Print:
+    src: int
+    op = "print"
+
+
+@dataclass(frozen=True)
+class Return:
+    srcs: tuple[int, ...]
+    op = "return"
+
+
+Command = Input | Bind | Call | Transfer | Print | Return
+_COMMAND_TYPES = {kind.op: kind for kind in (Input, Bind, Call, Transfer, Print, Return)}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    inputs: tuple[tuple[str, TensorType], ...]
+    outputs: tuple[TensorType, ...]
+    buffers: tuple[Buffer, ...]
+    program: tuple[Command, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    producer: str
+    blobs: tuple[Blob, ...]
+    constants: tuple[Constant, ...]
+    cpu: Cpu | None
+    kernels: tuple[Kernel, ...]
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class Hxb:
+    """A decoded and fully checked .hxb file: its typed manifest, the manifest's (version-2)
+    JSON, the file's bytes and the version it was written in."""
+
+    manifest: Manifest
+    json: dict[str, Any]
+    data: bytes
+    version: int = VERSION
 
     def blob(self, index: int) -> memoryview:
         """The bytes of blob `index` (a read-only view into the file)."""
-        entry = self.manifest["blobs"][index]
-        return memoryview(self.data)[entry["offset"] : entry["offset"] + entry["size"]]
+        entry = self.manifest.blobs[index]
+        return memoryview(self.data)[entry.offset : entry.offset + entry.size]
 
 
 def decode(data: bytes | bytearray | memoryview) -> Hxb:
     """Check `data` (structure, then meaning) and return it decoded; raises HxbFormatError."""
     data = bytes(data)
-    manifest = _check_structure(data)
-    _check_meaning(manifest)
-    return Hxb(manifest, data)
+    version, manifest = _check_structure(data)
+    if version == 1:
+        manifest = _upgrade_v1(manifest)
+    return Hxb(_check_meaning(manifest), manifest, data, version)
 
 
 def read(path: str | os.PathLike[str]) -> Hxb:
@@ -106,7 +324,7 @@ def read(path: str | os.PathLike[str]) -> Hxb:
 
 
 def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
-    """Lay out a .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
+    """Lay out a version-2 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
 
     The manifest refers to blobs by their index in `blobs`; this function computes their
     offsets, sizes and checksums and the header, then decodes the result so that an invalid
@@ -155,10 +373,37 @@ def _align(offset: int) -> int:
     return -(-offset // ALIGNMENT) * ALIGNMENT
 
 
+# --- version 1 -------------------------------------------------------------------------------
+
+_V1_OPS = {"linear": [], "linear_bias": ["bias"], "linear_relu": ["relu"], "linear_bias_relu": ["bias", "relu"]}
+
+
+def _upgrade_v1(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The version-2 JSON of a version-1 manifest: fused linear ops become `linear` with
+    epilogues, generated kernels get `epilogues` and `sizes` (v1 shapes are static, so none),
+    and `parallel_extent: n` becomes `work: {extent: n, grain: 1}`. Whatever is malformed is
+    left as it is, for the version-2 checks to name."""
+    manifest = copy.deepcopy(manifest)
+    kernels = manifest.get("kernels")
+    for kernel in kernels if isinstance(kernels, list) else []:
+        if not isinstance(kernel, dict) or kernel.get("op") == "custom":
+            continue
+        if kernel.get("op") in _V1_OPS:
+            kernel["epilogues"] = list(_V1_OPS[kernel["op"]])
+            kernel["op"] = "linear"
+        else:
+            kernel.setdefault("epilogues", [])
+        kernel.setdefault("sizes", [])
+        for code in (kernel, kernel.get("cpu_fallback")):
+            if isinstance(code, dict) and "parallel_extent" in code:
+                code["work"] = {"extent": code.pop("parallel_extent"), "grain": 1}
+    return manifest
+
+
 # --- structure: header, manifest bytes, blob table -------------------------------------------
 
 
-def _check_structure(data: bytes) -> dict[str, Any]:
+def _check_structure(data: bytes) -> tuple[int, dict[str, Any]]:
     if not data.startswith(MAGIC):
         if 0 < len(data) < len(MAGIC) and MAGIC.startswith(data):
             _fail("header", f"truncated: the file has {len(data)} bytes, the header {HEADER.size}")
@@ -166,8 +411,9 @@ def _check_structure(data: bytes) -> dict[str, Any]:
     if len(data) < HEADER.size:
         _fail("header", f"truncated: the file has {len(data)} bytes, the header {HEADER.size}")
     _, version, header_size, offset, size, crc, reserved = HEADER.unpack_from(data)
-    if version != VERSION:
-        _fail("header.version", f"version {version} is not supported; this runtime reads version {VERSION}")
+    if version not in READABLE:
+        readable = " and ".join(map(str, READABLE))
+        _fail("header.version", f"version {version} is not supported; this runtime reads versions {readable}")
     for field, value, expected in [
         ("header_size", header_size, HEADER.size),
         ("manifest_offset", offset, HEADER.size),
@@ -192,7 +438,7 @@ def _check_structure(data: bytes) -> dict[str, Any]:
     if "blobs" not in manifest:
         _fail("blobs", "missing")
     _check_blob_table(data, _list(manifest["blobs"], "blobs"), end)
-    return manifest
+    return version, manifest
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -239,54 +485,48 @@ def _check_blob_table(data: bytes, table: list[Any], manifest_end: int) -> None:
             _fail(f"blobs[{i}].sha256", "checksum mismatch: the blob's bytes are corrupted")
 
 
-# --- meaning: keys, types, indices, kernels, host programs -----------------------------------
+# --- meaning: keys, types, indices, kernels, host programs; builds the Manifest ----------------
 
 
-def _check_meaning(manifest: dict[str, Any]) -> None:
+def _check_meaning(manifest: dict[str, Any]) -> Manifest:
     _object(manifest, "", ("producer", "blobs", "constants", "kernels", "entries"), ("cpu",))
-    _str(manifest["producer"], "producer")
-    blob_sizes = [blob["size"] for blob in manifest["blobs"]]
+    blobs = tuple(Blob(**blob) for blob in manifest["blobs"])  # checked with the structure
+    constants = []
     for i, constant in enumerate(_list(manifest["constants"], "constants")):
         path = f"constants[{i}]"
-        tensor = _tensor(constant, path, ("name", "blob"))
-        _str(constant["name"], f"{path}.name")
-        blob = _index(constant["blob"], f"{path}.blob", len(blob_sizes), "blob")
-        if blob_sizes[blob] != tensor.nbytes:
-            _fail(f"{path}.blob", f"blob {blob} has {blob_sizes[blob]} bytes; {tensor} needs {tensor.nbytes}")
-    kernels = _list(manifest["kernels"], "kernels")
-    for i, kernel in enumerate(kernels):
-        _check_kernel(kernel, f"kernels[{i}]", len(blob_sizes))
-    cpu_code = [i for i, kernel in enumerate(kernels) if _uses_cpu_library(kernel)]
+        tensor = _tensor(constant, path, ("name", "blob"), symbolic=False)
+        blob = _index(constant["blob"], f"{path}.blob", len(blobs), "blob")
+        if blobs[blob].size != tensor.nbytes:
+            _fail(f"{path}.blob", f"blob {blob} has {blobs[blob].size} bytes; {tensor} needs {tensor.nbytes}")
+        constants.append(Constant(_str(constant["name"], f"{path}.name"), tensor, blob))
+    kernels = tuple(_check_kernel(kernel, f"kernels[{i}]", len(blobs))
+                    for i, kernel in enumerate(_list(manifest["kernels"], "kernels")))
+    cpu_code = [i for i, kernel in enumerate(kernels) if kernel.cpu_code and kernel.cpu_code.library is None]
     if cpu_code and "cpu" not in manifest:
         _fail("cpu", f"missing, but kernels[{cpu_code[0]}] has cpu code and no library of its own")
+    cpu = None
     if "cpu" in manifest:
         if not cpu_code:
             _fail("cpu", "present, but no kernel has cpu code in cpu.library (a cpu kernel or a cpu_fallback "
                          "without a library of its own)")
-        cpu = _object(manifest["cpu"], "cpu", ("arch", "cpu", "features", "library"))
-        _str(cpu["arch"], "cpu.arch")
-        _str(cpu["cpu"], "cpu.cpu")
-        for i, feature in enumerate(_list(cpu["features"], "cpu.features")):
-            _str(feature, f"cpu.features[{i}]")
-        _index(cpu["library"], "cpu.library", len(blob_sizes), "blob")
+        spec = _object(manifest["cpu"], "cpu", ("arch", "cpu", "features", "library"))
+        features = tuple(_str(feature, f"cpu.features[{i}]")
+                         for i, feature in enumerate(_list(spec["features"], "cpu.features")))
+        cpu = Cpu(_str(spec["arch"], "cpu.arch"), _str(spec["cpu"], "cpu.cpu"), features,
+                  _index(spec["library"], "cpu.library", len(blobs), "blob"))
     entries = _list(manifest["entries"], "entries")
     if not entries:
         _fail("entries", "empty: a module needs at least one entry")
-    names: set[str] = set()
+    checked: list[Entry] = []
     for i, entry in enumerate(entries):
-        _check_entry(entry, f"entries[{i}]", manifest, names)
+        checked.append(_check_entry(entry, f"entries[{i}]", constants, kernels, checked))
+    return Manifest(_str(manifest["producer"], "producer"), blobs, tuple(constants), cpu, kernels, tuple(checked))
 
 
-def _uses_cpu_library(kernel: dict[str, Any]) -> bool:
-    """Whether a (checked) kernel has cpu code in `cpu.library` rather than in a library of its own."""
-    code = kernel if kernel["device"] == "cpu" else kernel.get("cpu_fallback")
-    return code is not None and "library" not in code
-
-
-def _check_kernel(kernel: Any, path: str, blob_count: int) -> None:
+def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
     _object(kernel, path, ("name", "op", "device", "symbol", "args"), _OPTIONAL_KERNEL_KEYS)
-    _str(kernel["name"], f"{path}.name")
-    op = _choice(kernel["op"], f"{path}.op", tuple(KERNEL_OPS))
+    name = _str(kernel["name"], f"{path}.name")
+    op = _identifier(kernel["op"], f"{path}.op")
     device = _choice(kernel["device"], f"{path}.device", DEVICES)
     custom = op == "custom"
     required, optional = _KERNEL_KEYS[device, custom]
@@ -295,28 +535,37 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> None:
             _fail(f"{path}.{key}", f"only {_kernels_with(key)} have this key")
         if key in required and key not in kernel:
             _fail(f"{path}.{key}", f"missing ({_kernels_with(key)} need it)")
-    _identifier(kernel["symbol"], f"{path}.symbol")
-    _check_args(op, _list(kernel["args"], f"{path}.args"), f"{path}.args")
+    symbol = _identifier(kernel["symbol"], f"{path}.symbol")
+    epilogues = () if custom else tuple(_identifier(e, f"{path}.epilogues[{j}]")
+                                        for j, e in enumerate(_list(kernel["epilogues"], f"{path}.epilogues")))
+    args = _check_args(op, epilogues, _list(kernel["args"], f"{path}.args"), path)
+    symbols = list(dict.fromkeys(dim for arg in args for dim in arg.symbols))
     if custom:  # its code takes every dimension of every arg, in order, after the pointers
-        _check_custom_code(kernel, path, blob_count)
-        dims = [size for arg in kernel["args"] for size in arg["shape"]]
-        scalars = _list(kernel["scalars"], f"{path}.scalars")
-        for j, scalar in enumerate(scalars):
-            _int(scalar, f"{path}.scalars[{j}]")
-        if scalars != dims:
-            _fail(f"{path}.scalars", f"expected the dimensions of every arg in order, {dims}, got {scalars}")
+        dims = [dim for arg in args for dim in arg.shape]
+        integers = tuple(_expr(scalar, f"{path}.scalars[{j}]", symbols)
+                         for j, scalar in enumerate(_list(kernel["scalars"], f"{path}.scalars")))
+        if list(integers) != dims:
+            _fail(f"{path}.scalars", f"expected the dimensions of every arg in order, {_json(dims)}, "
+                                     f"got {_json(kernel['scalars'])}")
+        own = _custom_code(kernel, symbol, path, blob_count) if device == "cpu" else None
+    else:  # generated: it takes one int64 per distinct symbol of its args
+        integers = tuple(_list(kernel["sizes"], f"{path}.sizes"))
+        if list(integers) != symbols:
+            _fail(f"{path}.sizes", f"expected the distinct symbols of the args in order, {_json(symbols)}, "
+                                   f"got {_json(kernel['sizes'])}")
+        own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
-        if not custom:
-            _int(kernel["parallel_extent"], f"{path}.parallel_extent")
-        return
+        return Kernel(name, op, device, args, epilogues, integers, own, None, own.source)
     launch = _object(kernel["launch"], f"{path}.launch", ("grid", "block", "shared_bytes"))
-    for key in ("grid", "block"):
-        sizes = _list(launch[key], f"{path}.launch.{key}")
-        if len(sizes) != 3:
-            _fail(f"{path}.launch.{key}", f"expected [x, y, z], got {len(sizes)} numbers")
-        for j, size in enumerate(sizes):
-            _int(size, f"{path}.launch.{key}[{j}]", minimum=1)
-    _int(launch["shared_bytes"], f"{path}.launch.shared_bytes")
+    grid = tuple(_expr(size, f"{path}.launch.grid[{j}]", symbols)
+                 for j, size in enumerate(_triple(launch, "grid", path)))
+    block = tuple(_int(size, f"{path}.launch.block[{j}]", 1)
+                  for j, size in enumerate(_triple(launch, "block", path)))
+    if math.prod(block) > 1024:
+        _fail(f"{path}.launch.block", f"{block[0]} x {block[1]} x {block[2]} threads: a block has at most 1024")
+    shared = _int(launch["shared_bytes"], f"{path}.launch.shared_bytes")
+    if shared > MAX_SHARED_BYTES:
+        _fail(f"{path}.launch.shared_bytes", f"{shared} bytes: a block has at most {MAX_SHARED_BYTES}")
     images = kernel["images"]
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
@@ -326,15 +575,28 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> None:
         if arch == "fatbin" and not custom:
             _fail(f"{path}.images.fatbin", "only custom kernels have a fatbin image")
         _index(blob, f"{path}.images.{arch}", blob_count, "blob")
+    fallback = None
     if "cpu_fallback" in kernel:
         where = f"{path}.cpu_fallback"
-        keys = (("symbol", "source"), ("library",)) if custom else (("symbol", "parallel_extent"), ())
-        fallback = _object(kernel["cpu_fallback"], where, *keys)
-        _identifier(fallback["symbol"], f"{where}.symbol")
-        if custom:
-            _check_custom_code(fallback, where, blob_count)
-        else:
-            _int(fallback["parallel_extent"], f"{where}.parallel_extent")
+        keys = (("symbol", "source"), ("library",)) if custom else (("symbol", "work"), ())
+        spec = _object(kernel["cpu_fallback"], where, *keys)
+        fallback_symbol = _identifier(spec["symbol"], f"{where}.symbol")
+        fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
+                    else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
+    gpu = GpuCode(symbol, Launch(grid, block, shared), dict(images))
+    return Kernel(name, op, device, args, epilogues, integers, fallback, gpu, kernel.get("source"))
+
+
+def _triple(launch: dict[str, Any], key: str, path: str) -> list[Any]:
+    sizes = _list(launch[key], f"{path}.launch.{key}")
+    if len(sizes) != 3:
+        _fail(f"{path}.launch.{key}", f"expected [x, y, z], got {len(sizes)} numbers")
+    return sizes
+
+
+def _work(work: Any, path: str, symbols: list[str]) -> Work:
+    _object(work, path, ("extent", "grain"))
+    return Work(_expr(work["extent"], f"{path}.extent", symbols), _int(work["grain"], f"{path}.grain", 1))
 
 
 def _kernels_with(key: str) -> str:
@@ -349,29 +611,41 @@ def _kernels_with(key: str) -> str:
     return " ".join([*words, "kernels"])
 
 
-def _check_custom_code(code: dict[str, Any], path: str, blob_count: int) -> None:
-    """The `source` of a custom kernel (or of its cpu_fallback) and its own `library`, if any."""
+def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) -> Code:
+    """The host code of a custom kernel (or of its cpu_fallback): `source` and its own `library`, if any."""
     if not isinstance(code["source"], str) or not code["source"]:
         _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
-    if "library" in code:
-        _index(code["library"], f"{path}.library", blob_count, "blob")
+    library = _index(code["library"], f"{path}.library", blob_count, "blob") if "library" in code else None
+    return Code(symbol, None, library, code["source"])
 
 
-def _check_args(op: str, specs: list[Any], path: str) -> None:
-    """A kernel's args: their types and access, and the shapes its op needs."""
-    args = [_tensor(arg, f"{path}[{j}]", ("access",)) for j, arg in enumerate(specs)]
+def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str) -> tuple[TensorType, ...]:
+    """A kernel's args: their types and access, and the shapes its op needs (a symbol is a
+    dimension equal only to itself). `path` is the kernel's."""
+    args = tuple(_tensor(arg, f"{path}.args[{j}]", ("access",)) for j, arg in enumerate(specs))
     for j, arg in enumerate(specs):
-        _choice(arg["access"], f"{path}[{j}].access", ("write",) if j == len(args) - 1 else ("read",))
+        _choice(arg["access"], f"{path}.args[{j}].access", ("write",) if j == len(args) - 1 else ("read",))
     if op == "custom":  # any shapes; float32 and float64 may mix
         if not 2 <= len(args) <= 5:
-            _fail(path, f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
-        return
-    expected = ", ".join(KERNEL_OPS[op])
-    if len(args) != len(KERNEL_OPS[op]):
-        _fail(path, f"{op} takes {len(KERNEL_OPS[op])} args ({expected}), got {len(args)}")
+            _fail(f"{path}.args", f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
+        return args
+    if not args:
+        _fail(f"{path}.args", f"{op} takes at least one arg (its destination)")
     for j, arg in enumerate(args):
         if arg.dtype != args[0].dtype:
-            _fail(f"{path}[{j}].dtype", f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
+            _fail(f"{path}.args[{j}].dtype", f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
+    if op == "relu":
+        expected = ["x", "out of the same shape"]
+        if epilogues:
+            _fail(f"{path}.epilogues", f"relu has none, got {_json(list(epilogues))}")
+    elif op == "linear":
+        if list(epilogues) not in LINEAR_EPILOGUES:
+            _fail(f"{path}.epilogues", f"expected an ordered subset of [bias, relu], got {_json(list(epilogues))}")
+        expected = ["x[M, K]", "w[K, N]", *(["bias[N]"] if "bias" in epilogues else []), "out[M, N]"]
+    else:  # an op the runtime does not know: native code only
+        return args
+    if len(args) != len(expected):
+        _fail(f"{path}.args", f"{op} takes {len(expected)} args ({', '.join(expected)}), got {len(args)}")
     shapes = [arg.shape for arg in args]
     if op == "relu":
         consistent = shapes[0] == shapes[1]
@@ -380,27 +654,35 @@ def _check_args(op: str, specs: list[Any], path: str) -> None:
         consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
         consistent = consistent and (len(args) == 3 or shapes[2] == w[1:])
     if not consistent:
-        _fail(path, f"{op} expects {expected}, got {', '.join(map(str, args))}")
+        _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
+    return args
 
 
-def _check_entry(entry: Any, path: str, manifest: dict[str, Any], names: set[str]) -> None:
+def _check_entry(entry: Any, path: str, constants: list[Constant], kernels: tuple[Kernel, ...],
+                 previous: list[Entry]) -> Entry:
     _object(entry, path, ("name", "inputs", "outputs", "buffers", "program"))
     name = _identifier(entry["name"], f"{path}.name")
-    if name in names:
+    if name in [other.name for other in previous]:
         _fail(f"{path}.name", f"a second entry named {name!r}")
-    names.add(name)
-    inputs = []
+    inputs: list[tuple[str, TensorType]] = []
     for i, spec in enumerate(_list(entry["inputs"], f"{path}.inputs")):
-        inputs.append(_tensor(spec, f"{path}.inputs[{i}]", ("name",)))
+        tensor = _tensor(spec, f"{path}.inputs[{i}]", ("name",))
         input_name = _identifier(spec["name"], f"{path}.inputs[{i}].name")
-        if input_name in [other["name"] for other in entry["inputs"][:i]]:
+        if input_name in [other for other, _ in inputs]:
             _fail(f"{path}.inputs[{i}].name", f"a second input named {input_name!r}")
-    outputs = _list(entry["outputs"], f"{path}.outputs")
-    outputs = [_tensor(spec, f"{path}.outputs[{i}]") for i, spec in enumerate(outputs)]
+        inputs.append((input_name, tensor))
+    bound_symbols = {symbol for _, tensor in inputs for symbol in tensor.symbols}
+    outputs = [_tensor(spec, f"{path}.outputs[{i}]")
+               for i, spec in enumerate(_list(entry["outputs"], f"{path}.outputs"))]
     buffers = _Buffers(_list(entry["buffers"], f"{path}.buffers"), f"{path}.buffers")
-    kernels, constants = manifest["kernels"], manifest["constants"]
+    for what, tensors in (("outputs", outputs), ("buffers", buffers.types)):
+        for i, tensor in enumerate(tensors):
+            for symbol in tensor.symbols:
+                if symbol not in bound_symbols:
+                    _fail(f"{path}.{what}[{i}].shape", f"symbol {symbol!r} is bound by no input")
     bound = [False] * len(inputs)
     program = _list(entry["program"], f"{path}.program")
+    commands: list[Command] = []
     for c, command in enumerate(program):
         where = f"{path}.program[{c}]"
         _object(command, where, ("op",), _COMMAND_FIELDS)
@@ -411,21 +693,19 @@ def _check_entry(entry: Any, path: str, manifest: dict[str, Any], names: set[str
             if bound[i]:
                 _fail(f"{where}.index", f"input {i} is bound a second time")
             bound[i] = True
-            buffers.write(command["dst"], f"{where}.dst", inputs[i], f"input {i}", HOST)
+            buffers.write(command["dst"], f"{where}.dst", inputs[i][1], f"input {i}", HOST)
         elif op == "constant":
             k = _index(command["constant"], f"{where}.constant", len(constants), "constant")
-            constant = TensorType(tuple(constants[k]["shape"]), constants[k]["dtype"])
-            buffers.write(command["dst"], f"{where}.dst", constant, f"constant {k}")
+            buffers.write(command["dst"], f"{where}.dst", constants[k].type, f"constant {k}")
         elif op == "call":
             k = _index(command["kernel"], f"{where}.kernel", len(kernels), "kernel")
-            specs, device = kernels[k]["args"], kernels[k]["device"]
+            specs, device = kernels[k].args, kernels[k].device
             args = _list(command["args"], f"{where}.args")
             if len(args) != len(specs):
                 _fail(f"{where}.args", f"kernels[{k}] takes {len(specs)} args, got {len(args)}")
             for j, (arg, spec) in enumerate(zip(args, specs, strict=True)):
                 use = buffers.write if j == len(args) - 1 else buffers.read
-                expected = TensorType(tuple(spec["shape"]), spec["dtype"])
-                use(arg, f"{where}.args[{j}]", expected, f"kernels[{k}].args[{j}]", device)
+                use(arg, f"{where}.args[{j}]", spec, f"kernels[{k}].args[{j}]", device)
         elif op == "transfer":
             src = buffers.read(command["src"], f"{where}.src")
             dst = buffers.write(command["dst"], f"{where}.dst", buffers.types[src], f"buffer {src}")
@@ -441,6 +721,9 @@ def _check_entry(entry: Any, path: str, manifest: dict[str, Any], names: set[str
                 _fail(f"{where}.srcs", f"returns {len(srcs)} values, but the entry has {len(outputs)} outputs")
             for j, src in enumerate(srcs):
                 buffers.read(src, f"{where}.srcs[{j}]", outputs[j], f"output {j}", HOST)
+        fields = {key: tuple(value) if isinstance(value, list) else value for key, value in command.items()}
+        del fields["op"]
+        commands.append(_COMMAND_TYPES[op](**fields))
     if not program or program[-1]["op"] != "return":
         _fail(f"{path}.program", "the last command must be a return")
     for i in range(len(inputs)):
@@ -449,6 +732,8 @@ def _check_entry(entry: Any, path: str, manifest: dict[str, Any], names: set[str
     for i in range(len(buffers.types)):
         if not buffers.written[i]:
             _fail(f"{path}.buffers[{i}]", "never written")
+    places = tuple(Buffer(tensor, device) for tensor, device in zip(buffers.types, buffers.devices, strict=True))
+    return Entry(name, tuple(inputs), tuple(outputs), places, tuple(commands))
 
 
 class _Buffers:
@@ -546,10 +831,42 @@ def _index(value: Any, path: str, count: int, what: str) -> int:
     return value
 
 
-def _tensor(value: Any, path: str, extra: tuple[str, ...] = ()) -> TensorType:
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _dim(value: Any, path: str, symbolic: bool) -> Dim:
+    if symbolic and isinstance(value, str):
+        return _identifier(value, path)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(path, f"expected an integer >= 0{' or a symbol' if symbolic else ''}, got {_describe(value)}")
+    return value
+
+
+def _tensor(value: Any, path: str, extra: tuple[str, ...] = (), symbolic: bool = True) -> TensorType:
     _object(value, path, ("shape", "dtype", *extra))
-    shape = tuple(_int(size, f"{path}.shape[{i}]") for i, size in enumerate(_list(value["shape"], f"{path}.shape")))
-    tensor = TensorType(shape, _choice(value["dtype"], f"{path}.dtype", tuple(DTYPES)))
+    shape = _list(value["shape"], f"{path}.shape")
+    tensor = TensorType(tuple(_dim(size, f"{path}.shape[{i}]", symbolic) for i, size in enumerate(shape)),
+                        _choice(value["dtype"], f"{path}.dtype", tuple(DTYPES)))
     if tensor.nbytes >= 2**63:
         _fail(f"{path}.shape", f"{tensor} is too large ({tensor.nbytes} bytes)")
     return tensor
+
+
+def _expr(value: Any, path: str, symbols: list[str], depth: int = 0) -> Expr:
+    """A checked size expression (lists become tuples) whose symbols are among `symbols`."""
+    if isinstance(value, str):
+        if _identifier(value, path) not in symbols:
+            _fail(path, f"symbol {value!r} is no dimension of the kernel's args ({', '.join(symbols) or 'none'})")
+        return value
+    if not isinstance(value, list):
+        return _int(value, path)
+    if depth == EXPR_DEPTH:
+        _fail(path, f"size expressions nest at most {EXPR_DEPTH} deep")
+    if len(value) != 3:
+        _fail(path, f"expected an int, a symbol or [op, expr, expr], got {len(value)} items")
+    op = _choice(value[0], f"{path}[0]", EXPR_OPS)
+    left = _expr(value[1], f"{path}[1]", symbols, depth + 1)
+    if op == "ceildiv" and (isinstance(value[2], (str, list)) or _int(value[2], f"{path}[2]") < 1):
+        _fail(f"{path}[2]", f"ceildiv divides by a literal integer >= 1, got {_describe(value[2])}")
+    return (op, left, _expr(value[2], f"{path}[2]", symbols, depth + 1))

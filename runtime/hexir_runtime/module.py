@@ -6,8 +6,9 @@ the entry's signature and runs its host program. `Module.close()` (or leaving a 
 as module:` block, or dropping the last reference) frees the module's device memory and
 unloads its GPU code.
 
-Arguments must be numpy arrays with exactly the signature's dtype and shape: nothing is cast
-or converted (a list, a float64 array for a float32 input, are errors), so a call never
+Arguments must be numpy arrays with exactly the signature's dtype and shape (a symbol in the
+shape, `float32[batch, 8]`, takes any size, the same wherever it appears): nothing is cast or
+converted (a list, a float64 array for a float32 input, are errors), so a call never
 silently changes precision. Non-contiguous arrays are accepted (copied into the entry's buffer,
 like any other).
 """
@@ -29,7 +30,7 @@ from .cpu import CpuDevice
 from .device import Device, Program
 from .errors import DeviceError, HexirRuntimeError, InputError
 from .executor import Constants, Executor
-from .format import Hxb, TensorType, decode, read
+from .format import Entry, Hxb, TensorType, decode, read
 from .reference import ReferenceDevice
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "reference")
@@ -44,11 +45,9 @@ class Signature:
     outputs: tuple[TensorType, ...]
 
     @classmethod
-    def of(cls, entry: dict[str, Any]) -> Signature:
+    def of(cls, entry: Entry) -> Signature:
         """The signature of a (checked) manifest entry."""
-        inputs = tuple((spec["name"], TensorType(tuple(spec["shape"]), spec["dtype"])) for spec in entry["inputs"])
-        outputs = tuple(TensorType(tuple(spec["shape"]), spec["dtype"]) for spec in entry["outputs"])
-        return cls(entry["name"], inputs, outputs)
+        return cls(entry.name, entry.inputs, entry.outputs)
 
     def __str__(self) -> str:
         arguments = ", ".join(f"{name}: {tensor}" for name, tensor in self.inputs)
@@ -86,8 +85,8 @@ class Module:
     def __init__(self, hxb: Hxb, device: str | Device = "auto") -> None:
         self.hxb = hxb
         manifest = hxb.manifest
-        kinds = {kernel["device"] for kernel in manifest["kernels"]}
-        kinds |= {spec["device"] for entry in manifest["entries"] for spec in entry["buffers"]}
+        kinds = {kernel.device for kernel in manifest.kernels}
+        kinds |= {buffer.device for entry in manifest.entries for buffer in entry.buffers}
         candidates = _device_objects(device, kinds)
         try:
             devices, loaded = _load_on(hxb, kinds, candidates)
@@ -100,7 +99,7 @@ class Module:
             candidates = [CpuDevice()]
             devices, loaded = _load_on(hxb, kinds, candidates)
         self.device_name = candidates[0].name
-        programs = [loaded[devices[kernel["device"]]] for kernel in manifest["kernels"]]
+        programs = [loaded[devices[kernel.device]] for kernel in manifest.kernels]
         constants = Constants(hxb)
         self._signatures: dict[str, Signature] = {}
         self._executors: dict[str, Executor] = {}
@@ -110,12 +109,12 @@ class Module:
         self._finalizer.atexit = False
         self._lock = threading.Lock()  # an entry's buffers are reused, so one call at a time
         try:
-            for entry in manifest["entries"]:
-                self._signatures[entry["name"]] = Signature.of(entry)
+            for entry in manifest.entries:
+                self._signatures[entry.name] = Signature.of(entry)
                 try:
-                    self._executors[entry["name"]] = Executor(entry, devices, programs, constants)
+                    self._executors[entry.name] = Executor(entry, devices, programs, constants)
                 except MemoryError:
-                    raise DeviceError(f"out of memory allocating the buffers of entry {entry['name']!r}") from None
+                    raise DeviceError(f"out of memory allocating the buffers of entry {entry.name!r}") from None
         except BaseException:
             self.close()  # what was loaded and allocated before the failure
             raise
@@ -199,7 +198,9 @@ def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> None:
                 f"{signature.name}(): argument {name!r} expects a numpy array {expected}, got {type(array).__name__}"
             )
         dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
-        if array.dtype != np.dtype(expected.dtype) or array.shape != expected.shape:
+        fits = len(array.shape) == len(expected.shape) and all(
+            isinstance(dim, str) or dim == size for dim, size in zip(expected.shape, array.shape, strict=True))
+        if array.dtype != np.dtype(expected.dtype) or not fits:
             actual = f"{dtype}[{', '.join(map(str, array.shape))}]"
             raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
 

@@ -2,45 +2,44 @@
 
 It is the executable definition of each op and the oracle the other devices are compared
 with. It runs the kernels of every manifest device (cpu and cuda) and never loads native code,
-so it refuses a module with custom kernels (the user's code has no numpy twin) when it loads.
+so it refuses a module with custom kernels (the user's code has no numpy twin), or with an op
+it does not know, when it loads. A `linear` applies its epilogues (bias, relu) in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .device import HostMemory
 from .errors import KernelError
-from .format import Hxb
+from .format import Hxb, Kernel
 
 
-def _linear(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    np.matmul(x, w, out=out)
-
-
-def _linear_bias(x: np.ndarray, w: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
-    np.matmul(x, w, out=out)
-    out += bias
+def _linear(epilogues: tuple[str, ...]) -> Callable[..., None]:
+    """x @ w, then its epilogues in order: + bias, max(., 0)."""
+    def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
+        out = rest[-1]
+        np.matmul(x, w, out=out)
+        for epilogue in epilogues:
+            if epilogue == "bias":
+                out += rest[0]
+            else:
+                np.maximum(out, 0, out=out)
+    return linear
 
 
 def _relu(x: np.ndarray, out: np.ndarray) -> None:
     np.maximum(x, 0, out=out)
 
 
-def _relu_after(linear: Callable[..., None]) -> Callable[..., None]:
-    def fused(*buffers: np.ndarray) -> None:
-        linear(*buffers)
-        np.maximum(buffers[-1], 0, out=buffers[-1])
-    return fused
-
-
-OPS: dict[str, Callable[..., None]] = {
-    "linear": _linear, "linear_bias": _linear_bias, "relu": _relu,
-    "linear_relu": _relu_after(_linear), "linear_bias_relu": _relu_after(_linear_bias),
-}
+def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
+    """What computes `kernel` in numpy, or None for an op without a numpy version (custom, unknown)."""
+    if kernel.op == "linear":
+        return _linear(kernel.epilogues)
+    return _relu if kernel.op == "relu" else None
 
 
 class ReferenceDevice(HostMemory):
@@ -50,12 +49,14 @@ class ReferenceDevice(HostMemory):
     kinds = ("cpu", "cuda")
 
     def load(self, hxb: Hxb) -> ReferenceProgram:
-        """Prepare the module's kernels (all of them, whatever their device); KernelError for a custom one."""
-        for index, kernel in enumerate(hxb.manifest["kernels"]):
-            if kernel["op"] not in OPS:
-                raise KernelError(f"kernels[{index}] ({kernel['name']}) is a {kernel['op']} kernel: "
+        """Prepare the module's kernels (all of them, whatever their device); KernelError for a
+        custom one or an op this runtime does not know."""
+        functions = [numpy_function(kernel) for kernel in hxb.manifest.kernels]
+        for index, (kernel, function) in enumerate(zip(hxb.manifest.kernels, functions, strict=True)):
+            if function is None:
+                raise KernelError(f"kernels[{index}] ({kernel.name}) is a {kernel.op} kernel: "
                                   "the reference device has no numpy version of it")
-        return ReferenceProgram([OPS[kernel["op"]] for kernel in hxb.manifest["kernels"]])
+        return ReferenceProgram(functions)
 
 
 class ReferenceProgram:
@@ -64,8 +65,8 @@ class ReferenceProgram:
     def __init__(self, functions: list[Callable[..., None]]) -> None:
         self.functions = functions
 
-    def launch(self, kernel: int, buffers: Sequence[Any]) -> None:
-        """Compute kernels[kernel] into the last of `buffers`."""
+    def launch(self, kernel: int, buffers: Sequence[Any], sizes: Mapping[str, int]) -> None:
+        """Compute kernels[kernel] into the last of `buffers` (whose shapes already hold the sizes)."""
         if not 0 <= kernel < len(self.functions):
             raise KernelError(f"kernel {kernel} does not exist (the module has {len(self.functions)})")
         self.functions[kernel](*buffers)

@@ -24,7 +24,12 @@ from hexir_runtime import format as hxb
 
 C_TYPES = {"float32": "float", "float64": "double"}
 
-# Every kernel the C library implements: (op, argument shapes, dtype).
+# The test kernels' names for (op, epilogues), as version 1 spelled them.
+OPS = {"linear": ("linear", []), "linear_bias": ("linear", ["bias"]), "linear_relu": ("linear", ["relu"]),
+       "linear_bias_relu": ("linear", ["bias", "relu"]), "relu": ("relu", [])}
+
+# Every kernel the C library implements: (op, argument shapes, dtype). A symbol in a shape (only
+# ever the first dimension here) is an int64_t parameter of the kernel, before first and last.
 KERNELS = [
     ("linear_bias", [[2, 8], [8, 16], [16], [2, 16]], "float32"),
     ("relu", [[2, 16], [2, 16]], "float32"),
@@ -33,7 +38,16 @@ KERNELS = [
     ("relu", [[2, 3, 4], [2, 3, 4]], "float32"),
     ("linear_bias", [[300, 96], [96, 64], [64], [300, 64]], "float64"),
     ("relu", [[300, 64], [300, 64]], "float64"),
+    ("linear_bias", [["batch", 8], [8, 16], [16], ["batch", 16]], "float32"),
+    ("relu", [["batch", 16], ["batch", 16]], "float32"),
+    ("linear", [["batch", 16], [16, 4], ["batch", 4]], "float32"),
+    ("linear_bias", [["batch", 96], [96, 64], [64], ["batch", 64]], "float64"),
 ]
+
+
+def sizes_of(shapes: list[list[Any]]) -> list[str]:
+    """The distinct symbols of a kernel's shapes in order: its `sizes`."""
+    return list(dict.fromkeys(dim for shape in shapes for dim in shape if isinstance(dim, str)))
 
 
 def symbol(op: str, shapes: list[list[int]], dtype: str) -> str:
@@ -42,19 +56,20 @@ def symbol(op: str, shapes: list[list[int]], dtype: str) -> str:
 
 
 def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
-    """A kernel in the runtime's calling convention: pointers, then the [first, last) rows."""
+    """A kernel in the runtime's calling convention: pointers, its sizes, then the [first, last) rows."""
     t = C_TYPES[dtype]
     head = f"void {symbol(op, shapes, dtype)}("
+    sizes = "".join(f"int64_t {name}, " for name in sizes_of(shapes))
     if op == "relu":
         inner = math.prod(shapes[0][1:])
-        return f"""{head}const {t} *x, {t} *out, int64_t first, int64_t last) {{
+        return f"""{head}const {t} *x, {t} *out, {sizes}int64_t first, int64_t last) {{
   for (int64_t i = first * {inner}; i < last * {inner}; ++i) out[i] = x[i] > 0 ? x[i] : 0;
 }}
 """
     (_, k), (_, n) = shapes[0], shapes[1]
     bias = op == "linear_bias"
     return f"""{head}const {t} *x, const {t} *w, {"const " + t + " *bias, " if bias else ""}{t} *out,
-    int64_t first, int64_t last) {{
+    {sizes}int64_t first, int64_t last) {{
   for (int64_t i = first; i < last; ++i)
     for (int64_t j = 0; j < {n}; ++j) {{
       {t} sum = 0;
@@ -93,16 +108,19 @@ class Builder:
         kernel as its cpu_fallback."""
         args = [{"shape": shape, "dtype": dtype, "access": "read"} for shape in shapes]
         args[-1]["access"] = "write"
-        kernel = {"name": f"k{len(self.kernels)}_{op}", "op": op, "device": device, "symbol": symbol(op, shapes, dtype)}
-        kernel["args"] = args
+        kernel = {"name": f"k{len(self.kernels)}_{op}", "op": OPS[op][0], "epilogues": OPS[op][1], "device": device,
+                  "symbol": symbol(op, shapes, dtype), "args": args, "sizes": sizes_of(shapes)}
+        rows = shapes[0][0] if shapes[0] else 1
+        work = {"extent": rows, "grain": 1}
         if device == "cpu":
-            kernel["parallel_extent"] = shapes[0][0] if shapes[0] else 1
+            kernel["work"] = work
         else:
-            kernel["launch"] = {"grid": [max(1, shapes[0][0]), 1, 1], "block": [32, 1, 1], "shared_bytes": 0}
+            grid = rows if isinstance(rows, str) else max(1, rows)
+            kernel["launch"] = {"grid": [grid, 1, 1], "block": [32, 1, 1], "shared_bytes": 0}
             cubin, ptx = self.blob("cubin", b"\x7fELF cubin"), self.blob("ptx", b".version")
             kernel["images"] = {"sm_90": cubin, "compute_90": ptx}
             if fallback:
-                kernel["cpu_fallback"] = {"symbol": kernel["symbol"], "parallel_extent": kernel["launch"]["grid"][0]}
+                kernel["cpu_fallback"] = {"symbol": kernel["symbol"], "work": work}
         self.kernels.append(kernel)
         return len(self.kernels) - 1
 
@@ -227,6 +245,19 @@ def mlp(library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, b
     return builder.build(library)
 
 
+def batched(library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """`main(x: float32[batch, 8]) -> float32[batch, 4]`, the MLP of `mlp` on any number of rows."""
+    builder, w = Builder(), weights()
+    w1, b1, w2 = (builder.constant(name, array) for name, array in w.items())
+    layer1 = builder.kernel("linear_bias", [["batch", 8], [8, 16], [16], ["batch", 16]])
+    relu = builder.kernel("relu", [["batch", 16], ["batch", 16]])
+    layer2 = builder.kernel("linear", [["batch", 16], [16, 4], ["batch", 4]])
+    entry = builder.entry()
+    h = entry.call(relu, entry.call(layer1, entry.input("x", ["batch", 8]), entry.constant(w1), entry.constant(b1)))
+    entry.ret(entry.call(layer2, h, entry.constant(w2)))
+    return builder.build(library)
+
+
 def big(library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
     """`main(x: float64[300, 96]) -> relu(x @ W + b)`: big enough to be split over threads."""
     builder, generator = Builder(), np.random.default_rng(1)
@@ -255,9 +286,9 @@ def cuda(library: bytes | None = None, fallback: bool = True) -> tuple[dict[str,
 
 @pytest.fixture(scope="session")
 def modules() -> SimpleNamespace:
-    """The module factories (`mlp`, `big`, `cuda`, `weights`, `mlp_numpy`), the `Builder`, and the C
+    """The module factories (`mlp`, `batched`, `big`, `cuda`, `weights`, `mlp_numpy`), the `Builder`, and the C
     source of every kernel of KERNELS (`kernels_source`)."""
-    return SimpleNamespace(Builder=Builder, mlp=mlp, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy,
+    return SimpleNamespace(Builder=Builder, mlp=mlp, batched=batched, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy,
                            kernels_source=KERNELS_SOURCE)
 
 
