@@ -7,22 +7,25 @@
         return hexir.linear(h, W2)
 """
 
-__version__ = "0.1.0"
+from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError, TargetError, TraceError
+from hexir.frontend.custom import CustomKernel, kernel
+from hexir.frontend.tensor import Tensor, TensorSpec
+from hexir.frontend.trace import linear, on, print, relu  # noqa: A004
+from hexir.jit import export, jit
+from hexir.ops import OpDef
+from hexir.version import __version__
 
-from hexir.errors import (  # noqa: E402
-    ArgumentError,
-    CompileError,
-    HexirError,
-    PlacementError,
-    TargetError,
-    TraceError,
-)
-from hexir.frontend.custom import CustomKernel, kernel  # noqa: E402
-from hexir.frontend.jit import export, jit  # noqa: E402
-from hexir.frontend.tensor import Tensor, TensorSpec  # noqa: E402
-from hexir.frontend.trace import linear, on, print, relu  # noqa: E402, A004
+
+def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable function
+    """Add a compute op (see `hexir.ops`) and return the function that builds it in a trace."""
+    from hexir import ops
+    from hexir.frontend.trace import op_function
+
+    return op_function(ops.register(definition))
+
 
 __all__ = [
     "jit", "export", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
-    "HexirError", "ArgumentError", "TraceError", "PlacementError", "TargetError", "CompileError", "__version__",
+    "OpDef", "register_op", "HexirError", "ArgumentError", "TraceError", "PlacementError", "TargetError",
+    "CompileError", "__version__",
 ]

@@ -21,12 +21,11 @@ from pathlib import Path
 from mlir import ir
 
 from hexir.dialects import make_context
+from hexir.driver import STAGE_NAMES, Options, parse_placement, run_stage
 from hexir.errors import ArgumentError, HexirError, InputFileError, PlacementError, TargetError
-from hexir.frontend.jit import JitFunction
 from hexir.frontend.tensor import TensorSpec
-from hexir.passes.pipeline import STAGES, Options, parse_placement, parse_target, run_stage
-
-_DTYPES = {"f32": "float32", "f64": "float64"}
+from hexir.jit import JitFunction
+from hexir.target import parse_target
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,24 +34,32 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 success, 1 compile or I/O failure, 2 bad arguments",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="FILE.py:FUNCTION (a @hexir.jit or plain function) or FILE.mlir")
-    parser.add_argument("-emit", required=True, choices=STAGES, help="how far to compile, and what to print")
+    parser.add_argument("-emit", required=True, choices=STAGE_NAMES, help="how far to compile, and what to print")
     parser.add_argument("-o", dest="output", help="write the result here (default: stdout; out.hxb for hxb)")
     parser.add_argument("-placement", default="", help="op=device,... e.g. hexir.linear=cuda,hexir.relu=cpu")
     parser.add_argument("-target", default="", help="cpu:x86-64[-v2|-v3|-v4], cuda:sm_XX (comma separated)")
     parser.add_argument("--kernel-search-path", "-kernel-search-path", action="append", default=[],
                         metavar="DIR", help="where custom kernels' files are looked for (repeatable)")
     parser.add_argument("-spec", action="append", default=[],
-                        help="argument shapes of a Python function: [name=]2x8xf32 (repeat per argument)")
+                        help="argument shapes of a Python function: [name=]2x8xf32, the first extent may be "
+                        "a symbol: x=batchx8xf32 or x=?x8xf32 (? is batch) (repeat per argument)")
     return parser
 
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec]:
+    """`[name=]DIMSxDTYPE`: DIMS are ints joined by x, the first may be a symbol (a name, or ?
+    for batch); DTYPE is f32, f64, float32 or float64 (as TensorSpec spells them)."""
     name, _, spec = text.rpartition("=")
-    match = re.fullmatch(r"((?:\d+x)*\d+)x(f32|f64)", spec)
+    match = re.fullmatch(r"(\?|[A-Za-z_][A-Za-z0-9_]*?|\d+)((?:x\d+)*)x(f32|f64|float32|float64)", spec)
     if not match:
-        raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32")
-    shape = tuple(int(d) for d in match.group(1).split("x"))
-    return name or None, TensorSpec(shape, _DTYPES[match.group(2)])
+        raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32 or x=batchx8xf32")
+    first = match.group(1)
+    shape = (None if first == "?" else int(first) if first.isdigit() else first,
+             *(int(d) for d in match.group(2).split("x")[1:]))
+    try:
+        return name or None, TensorSpec(shape, match.group(3))
+    except HexirError as error:
+        raise ArgumentError(f"-spec {text!r}: {error.message}") from None
 
 
 def _load_function(target: str) -> object:
@@ -111,8 +118,8 @@ def _load_mlir(path_text: str) -> ir.Module:
 def _options(args: argparse.Namespace, base: Options) -> Options:
     """`base` (a @hexir.jit's own options, or the defaults) with the command line's on top."""
     placement = parse_placement(args.placement) or base.placement
-    return parse_target(args.target, replace(base, placement=placement, kernel_search_path=(
-        *base.kernel_search_path, *args.kernel_search_path)))
+    return replace(base, placement=placement, target=parse_target(args.target, base.target),
+                   kernel_search_path=(*base.kernel_search_path, *args.kernel_search_path))
 
 
 def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:

@@ -19,13 +19,7 @@ from mlir.dialects import llvm as llvm_dialect
 
 from hexir.backend.toolchain import c_compiler, llvm_tool, run_tool
 from hexir.errors import CompileError, TargetError
-
-#: x86-64 micro-architecture levels and the /proc/cpuinfo flags each one needs.
-_V1 = ("sse", "sse2")
-_V2 = _V1 + ("pni", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16")
-_V3 = _V2 + ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe")
-_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-CPU_LEVELS = {"x86-64": _V1, "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
+from hexir.target import CPU_LEVELS
 
 
 @dataclass(frozen=True)

@@ -10,21 +10,16 @@ raise) when asked for a PTX version that cannot express the chip.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlir import ir, passmanager
 from mlir.dialects import gpu
 
 from hexir.backend.toolchain import nvidia_wheel_file
+from hexir.dialects.hextir import GPU_MODULE
 from hexir.errors import CompileError, TargetError
-from hexir.passes.common import generated_kernels
-from hexir.passes.to_gpu import GPU_MODULE
-
-#: Lowest PTX ISA version able to express each architecture (PTX ISA release notes).
-PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_87": "+ptx74",
-                "sm_89": "+ptx78", "sm_90": "+ptx80", "sm_100": "+ptx86", "sm_103": "+ptx88",
-                "sm_120": "+ptx87", "sm_121": "+ptx88"}
+from hexir.target import PTX_FEATURES
 
 _DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-scf-to-cf, "
                   "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, canonicalize, cse, "
@@ -43,23 +38,12 @@ def cuda_toolkit() -> str:
                        "(pip install 'hexir[cuda]') or put a CUDA toolkit's bin/ on PATH")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CudaBinary:
-    """The module's cuda images (arch -> CUBIN bytes, and PTX) and each kernel's launch."""
+    """The module's cuda images: a CUBIN per architecture, and the PTX of the lowest one."""
 
     cubins: dict[str, bytes]
     ptx: tuple[str, bytes]
-    launches: dict[str, dict]
-    _blob_indices: dict[str, int] = field(default_factory=dict)
-
-    def manifest_fields(self, kernel_name: str, add_blob) -> dict:
-        """A kernel's `launch` and `images` for the manifest; each image stored once."""
-        if not self._blob_indices:
-            for arch, data in self.cubins.items():
-                self._blob_indices[arch] = add_blob(f"cuda:{arch}.cubin", data)
-            virtual = self.ptx[0].replace("sm_", "compute_")
-            self._blob_indices[virtual] = add_blob(f"cuda:{virtual}.ptx", self.ptx[1])
-        return {"launch": self.launches[kernel_name], "images": dict(self._blob_indices)}
 
 
 def check_archs(archs: tuple[str, ...]) -> None:
@@ -97,15 +81,9 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
 
 
 def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
-    """CUBINs for every arch, the PTX of the lowest one, and each kernel's launch geometry."""
+    """CUBINs for every arch and the PTX of the lowest one."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
     cubins = _device_objects(module, archs, "bin")
     ptx = _device_objects(module, archs[:1], "isa")[archs[0]]
-    launches = {}
-    for kernel in generated_kernels(module, "cuda"):
-        name = ir.StringAttr(kernel.attributes["sym_name"]).value
-        launches[name] = {"grid": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.grid"])),
-                          "block": list(ir.DenseI64ArrayAttr(kernel.attributes["hextir.block"])),
-                          "shared_bytes": 0}
-    return CudaBinary(cubins, (archs[0], ptx), launches)
+    return CudaBinary(cubins, (archs[0], ptx))

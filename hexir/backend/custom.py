@@ -1,7 +1,7 @@
 """custom kernels: build, check and collect the user's files for the module.
 
 Input: the declarations lower-to-tir made for each `hexir.custom_call` (`hextir.custom =
-{symbol, file, grid, block}`). Output: a `CustomBuild` — cpu objects to link into the
+{symbol, file}`). Output: a `CustomBuild` — cpu objects to link into the
 module's library, prebuilt shared objects to embed as they are, and each cuda kernel's
 images (a CUBIN per target architecture and PTX, or a fatbin). Every file is checked for
 its kind, architecture and the kernel's symbol here, at export time, so a module never
@@ -18,12 +18,11 @@ from pathlib import Path
 
 from mlir import ir
 
-from hexir.backend.cuda import PTX_FEATURES, cuda_toolkit
+from hexir.backend.cuda import cuda_toolkit
 from hexir.backend.toolchain import c_compiler, llvm_tool, nvidia_wheel_file, run_tool
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import kernels
-from hexir.passes.lower_to_tir import CUSTOM
+from hexir.target import PTX_FEATURES
 
 _EM_X86_64, _EM_CUDA = 62, 190
 _ET_REL, _ET_DYN = 1, 3
@@ -38,22 +37,15 @@ class CustomBuild:
     cuda_images: dict[str, dict[str, bytes]] = field(default_factory=dict)  # file -> arch -> image
 
 
-def custom_info(kernel: ir.Operation) -> dict:
-    """{symbol, file, grid, block} of a custom kernel's declaration."""
-    info = ir.DictAttr(kernel.attributes[CUSTOM])
-    return {"symbol": ir.StringAttr(info["symbol"]).value, "file": ir.StringAttr(info["file"]).value,
-            "grid": list(ir.DenseI64ArrayAttr(info["grid"])), "block": list(ir.DenseI64ArrayAttr(info["block"]))}
-
-
 def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scratch: Path) -> CustomBuild:
     """Build every custom kernel's file once (a file used by several calls is built once)."""
     build = CustomBuild()
     symbols: dict[str, set[str] | bytes] = {}  # file -> the symbols it defines (a fatbin: its bytes)
-    for kernel in kernels(module):
-        if CUSTOM not in kernel.attributes:
+    for kernel in ht.kernels(module):
+        if ht.custom_of(kernel) is None:
             continue
-        info = custom_info(kernel)
-        path, symbol = Path(info["file"]), info["symbol"]
+        symbol, file = ht.custom_of(kernel)
+        path = Path(file)
         if str(path) not in symbols:
             if not path.is_file():
                 raise CompileError(f"custom kernel {symbol}: {path} no longer exists")

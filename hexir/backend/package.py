@@ -4,7 +4,10 @@ The host program (`func.func @main` after lower-to-tir) becomes the entry's comm
 every SSA value gets a buffer on the device that makes it; block arguments are inputs,
 `hexir.constant` binds a weight (stored once per distinct content), `hexir.call` runs a
 kernel, `hexir.transfer` copies between devices, `hexir.print` prints and `func.return`
-returns. The format itself belongs to the runtime (`hexir_runtime.format`).
+returns. Each kernel's work or launch record is copied from its `hextir.work` /
+`hextir.launch` attribute, where its schedule wrote it; symbolic extents stay symbols
+(`["batch", 784]`) and size expressions become JSON (`["ceildiv", "batch", 64]`). The format
+itself belongs to the runtime (`hexir_runtime.format`).
 """
 
 from __future__ import annotations
@@ -15,16 +18,14 @@ from pathlib import Path
 from hexir_runtime import format as hxb
 from mlir import ir
 
-from hexir import __version__
+from hexir import sizes
 from hexir.backend.cpu import CpuLibrary
 from hexir.backend.cuda import CudaBinary
-from hexir.backend.custom import CustomBuild, custom_info
+from hexir.backend.custom import CustomBuild
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import argument_names, kernels, main_function
-from hexir.passes.lower_to_tir import FALLBACK_OF
-from hexir.passes.tir_to_loops import WORK_ITEMS
+from hexir.version import __version__
 
 
 def _spec(type_: ir.Type) -> dict:
@@ -60,41 +61,58 @@ class _Packer:
         return self._constant_by_digest[digest]
 
 
-def _kernel_entry(kernel: ir.Operation) -> dict:
-    name = ir.StringAttr(kernel.attributes["sym_name"]).value
+def _record(kernel: ir.Operation) -> dict:
+    """The kernel's work (cpu) or launch (cuda) record, in the manifest's form."""
+    record = ht.record_of(kernel)
+    if isinstance(record, ht.Work):
+        return {"work": {"extent": sizes.to_json(record.extent), "grain": record.grain}}
+    if isinstance(record, ht.Launch):
+        return {"launch": {"grid": [sizes.to_json(e) for e in record.grid], "block": list(record.block),
+                           "shared_bytes": record.shared_bytes}}
+    return {}
+
+
+def _call_types(module: ir.Module) -> dict[str, list[ir.Type]]:
+    """Each kernel's buffer types, from the graph op that calls it: tensor types keep the names
+    of symbolic extents, which the lowered kernel (a bare pointer for such a buffer) has not."""
+    calls = {}
+    for op in hx.main_function(module).regions[0].blocks[0].operations:
+        if op.operation.name == "hexir.call":
+            calls[hx.callee_of(op.operation)] = [v.type for v in [*op.operands, *op.results]]
+    return calls
+
+
+def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict:
     device, op = ht.kernel_of(kernel)
-    # the signature, not the entry block: a gpu.func's block also holds its workgroup buffers
-    arg_types = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs
-    buffers = [t for t in arg_types if t != ir.IndexType.get()]  # drop the work-range arguments
-    args = [{**_spec(t), "access": "read"} for t in buffers]
+    name = ht.name_of(kernel)
+    args = [{**_spec(t), "access": "read"} for t in calls[ht.fallback_of(kernel) or name]]
     args[-1]["access"] = "write"
     entry = {"name": name, "op": op, "device": device, "symbol": name, "args": args}
-    if op == "custom":
-        info = custom_info(kernel)
-        entry.update(symbol=info["symbol"], source=Path(info["file"]).name,
-                     scalars=[d for a in args for d in a["shape"]])
-    elif device == "cpu":
-        entry["parallel_extent"] = ir.IntegerAttr(kernel.attributes[WORK_ITEMS]).value
+    custom = ht.custom_of(kernel)
+    if custom is not None:
+        entry.update(symbol=custom[0], source=Path(custom[1]).name, scalars=[d for a in args for d in a["shape"]])
+    else:
+        entry.update(epilogues=list(ht.epilogues_of(kernel)), sizes=list(ht.sizes_of(kernel)))
+    entry.update(_record(kernel))
     return entry
 
 
 def _custom_fields(kernel: ir.Operation, entry: dict, custom: CustomBuild, packer: _Packer) -> dict:
     """A custom kernel's own code: its images (cuda) or prebuilt library (cpu), each stored once."""
-    file = custom_info(kernel)["file"]
+    file = ht.custom_of(kernel)[1]
     if entry["device"] == "cuda":
         images = {arch: packer.blob_once(f"{file}:{arch}", f"{Path(file).name}:{arch}", data)
                   for arch, data in custom.cuda_images[file].items()}
-        info = custom_info(kernel)
-        return {"launch": {"grid": info["grid"], "block": info["block"], "shared_bytes": 0}, "images": images}
+        return {"images": images}
     if file in custom.shared_objects:
         return {"library": packer.blob_once(file, Path(file).name, custom.shared_objects[file])}
     return {}
 
 
 def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> dict:
-    main = main_function(module)
+    main = hx.main_function(module)
     block = main.regions[0].blocks[0]
-    names = argument_names(main)
+    names = hx.argument_names(main)
     buffers: list[dict] = []
     buffer_of: dict[ir.Value, int] = {}
     program: list[dict] = []
@@ -139,27 +157,29 @@ def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: Cud
              custom: CustomBuild) -> bytes:
     packer = _Packer()
     manifest: dict = {"producer": f"hexir {__version__}"}
-    fallbacks = {}
-    for kernel in kernels(module, "cpu"):
-        if FALLBACK_OF in kernel.attributes:
-            entry = _kernel_entry(kernel)
-            if entry["op"] == "custom":
-                entry.update(_custom_fields(kernel, entry, custom, packer))
-            fallbacks[ir.FlatSymbolRefAttr(kernel.attributes[FALLBACK_OF]).value] = entry
-    kernel_entries = []
-    for kernel in kernels(module):
-        if FALLBACK_OF in kernel.attributes:
-            continue
-        entry = _kernel_entry(kernel)
+    fallbacks, kernel_entries = {}, []
+    cuda_images: dict[str, int] = {}  # the generated kernels' images, stored once for all of them
+    calls = _call_types(module)
+    for kernel in ht.kernels(module):
+        entry = _kernel_entry(kernel, calls)
         if entry["op"] == "custom":
             entry.update(_custom_fields(kernel, entry, custom, packer))
         elif entry["device"] == "cuda":
-            entry.update(cuda_binary.manifest_fields(entry["name"], packer.blob))
+            if not cuda_images:
+                for arch, data in cuda_binary.cubins.items():
+                    cuda_images[arch] = packer.blob(f"cuda:{arch}.cubin", data)
+                virtual = cuda_binary.ptx[0].replace("sm_", "compute_")
+                cuda_images[virtual] = packer.blob(f"cuda:{virtual}.ptx", cuda_binary.ptx[1])
+            entry["images"] = dict(cuda_images)
+        if ht.fallback_of(kernel) is not None:
+            fallbacks[ht.fallback_of(kernel)] = entry
+        else:
+            kernel_entries.append(entry)
+    for entry in kernel_entries:
         fallback = fallbacks.get(entry["name"])
         if fallback is not None:
-            keys = ("symbol", "source", "library") if fallback["op"] == "custom" else ("symbol", "parallel_extent")
+            keys = ("symbol", "source", "library") if fallback["op"] == "custom" else ("symbol", "work")
             entry["cpu_fallback"] = {key: fallback[key] for key in keys if key in fallback}
-        kernel_entries.append(entry)
     if cpu_library is not None:
         manifest["cpu"] = {"arch": cpu_library.arch, "cpu": cpu_library.cpu,
                            "features": list(cpu_library.features),

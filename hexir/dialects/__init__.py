@@ -13,8 +13,8 @@ from hexir.dialects import hexir, hextir
 
 
 def make_context() -> ir.Context:
-    """A fresh MLIR context with the hexir and hextir dialects registered."""
+    """A fresh MLIR context with the hexir dialect (every defined op) and hextir registered."""
     context = ir.Context()
     with context, ir.Location.unknown():
-        irdl.load_dialects(ir.Module.parse(hexir.IRDL + hextir.IRDL))
+        irdl.load_dialects(ir.Module.parse(hexir.irdl() + hextir.IRDL))
     return context

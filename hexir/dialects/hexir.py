@@ -11,9 +11,16 @@ Ops (generic form, as IRDL prints them):
     %c = "hexir.custom_call"(%x) {kernel = "relu6", objects = {cuda = "/abs/relu6.cu"},
                                   grid = array<i64: 4, 1, 1>, block = array<i64: 256, 1, 1>, device = "auto"}
 
-`device` is "auto" until the partition pass decides "cpu" or "cuda". The shape rules live
-here (`linear_shape`, ...) and are shared by the tracer and the verifier, so a `.mlir` file
-and a traced function are held to the same rules with the same messages.
+The compute ops (linear, relu, ...) are not written here: each is defined by its registration
+in `hexir/ops.py` (`define_op` adds its IRDL definition), so adding one touches one place.
+`device` is "auto" until the partition pass decides "cpu" or "cuda".
+
+A symbolic extent (a batch size known only at run time) is `?` in the tensor type, and the
+type's encoding names it: `tensor<?x784xf32, "batch">`. Only the leading axis may be
+symbolic, so the encoding is that axis' symbol. Two tensors with the same symbol have the
+same extent there, and the types compare equal only when their symbols do.
+
+Every attribute name of the graph level, and its accessor, is here.
 """
 
 from __future__ import annotations
@@ -24,19 +31,47 @@ import numpy as np
 from mlir import ir
 
 from hexir.dialects.irdl_text import call_operands, one_of
-from hexir.errors import TraceError
+from hexir.errors import CompileError, TraceError
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float64")
-#: Ops a `-placement=` or an `on()` context may move between devices.
-PLACEABLE_OPS = ("hexir.linear", "hexir.relu", "hexir.custom_call")
-
 #: IRDL gives every operand of a variadic group one type, so calls take up to four operands
 #: of their own types, as one required and three optional groups.
 MAX_CALL_ARGS = 4
-_DEVICE = one_of("device", ("auto", *DEVICES))
 
-IRDL = f"""
+# Attribute names of the graph level.
+ARG_NAMES = "hexir.arg_names"      # on @main: the traced function's parameter names
+RESULT_FORM = "hexir.result_form"  # on @main: how the function returned ("none", "single", "tuple", "list")
+EPILOGUES = "hexir.epilogues"      # on a linear: the element-wise ops fused into it, in order
+
+_DEVICE = one_of("device", ("auto", *DEVICES))
+_compute_ops: dict[str, tuple[str, ...]] = {}
+
+
+def define_op(name: str, operands: Sequence[str]) -> None:
+    """Add the compute op `hexir.<name>` to the dialect: named tensor operands (a trailing `?`
+    marks an optional one), one tensor result, a `device` attribute."""
+    _compute_ops[name] = tuple(operands)
+
+
+def compute_ops() -> tuple[str, ...]:
+    """The full names of the defined compute ops ("hexir.linear", ...)."""
+    return tuple(f"hexir.{name}" for name in _compute_ops)
+
+
+def _compute_irdl(name: str, operands: tuple[str, ...]) -> str:
+    lines = [f"  irdl.operation @{name} {{"]
+    lines += [f'    %{o.rstrip("?")} = irdl.base "!builtin.tensor"' for o in operands]
+    listed = ", ".join(f"{o.rstrip('?')}: {'optional ' if o.endswith('?') else ''}%{o.rstrip('?')}" for o in operands)
+    lines += ['    %result = irdl.base "!builtin.tensor"', f"    irdl.operands({listed})",
+              "    irdl.results(result: %result)", _DEVICE, '    irdl.attributes {"device" = %device}', "  }"]
+    return "\n".join(lines)
+
+
+def irdl() -> str:
+    """The dialect's IRDL text: the fixed ops and every defined compute op."""
+    compute = "\n".join(_compute_irdl(name, operands) for name, operands in _compute_ops.items())
+    return f"""
 irdl.dialect @hexir {{
   irdl.operation @constant {{
     %value = irdl.base "#builtin.dense_int_or_fp_elements"
@@ -46,23 +81,7 @@ irdl.dialect @hexir {{
     %tensor = irdl.base "!builtin.tensor"
     irdl.results(result: %tensor)
   }}
-  irdl.operation @linear {{
-    %x = irdl.base "!builtin.tensor"
-    %w = irdl.base "!builtin.tensor"
-    %bias = irdl.base "!builtin.tensor"
-    %result = irdl.base "!builtin.tensor"
-    irdl.operands(x: %x, w: %w, bias: optional %bias)
-    irdl.results(result: %result)
-{_DEVICE}
-    irdl.attributes {{"device" = %device}}
-  }}
-  irdl.operation @relu {{
-    %tensor = irdl.base "!builtin.tensor"
-    irdl.operands(x: %tensor)
-    irdl.results(result: %tensor)
-{_DEVICE}
-    irdl.attributes {{"device" = %device}}
-  }}
+{compute}
   irdl.operation @print {{
     %tensor = irdl.base "!builtin.tensor"
     irdl.operands(x: %tensor)
@@ -96,14 +115,21 @@ irdl.dialect @hexir {{
 
 
 # ---- types ---------------------------------------------------------------------------
+# A shape is a tuple of dims; a dim is an int or a symbol (str).
+
+Shape = tuple
+
 
 def element_type(dtype: str) -> ir.Type:
     """The MLIR element type of a numpy dtype name (float32 or float64)."""
     return ir.F32Type.get() if dtype == "float32" else ir.F64Type.get()
 
 
-def tensor_type(shape: Sequence[int], dtype: str) -> ir.RankedTensorType:
-    return ir.RankedTensorType.get(list(shape), element_type(dtype))
+def tensor_type(shape: Sequence[int | str], dtype: str) -> ir.RankedTensorType:
+    symbols = [d for d in shape if isinstance(d, str)]
+    dims = [ir.ShapedType.get_dynamic_size() if isinstance(d, str) else d for d in shape]
+    encoding = ir.StringAttr.get(",".join(symbols)) if symbols else None
+    return ir.RankedTensorType.get(dims, element_type(dtype), encoding=encoding)
 
 
 def dtype_of(type_: ir.Type) -> str:
@@ -120,57 +146,46 @@ def dtype_of(type_: ir.Type) -> str:
     raise TraceError(f"element type {element} is not supported; expected f32 or f64")
 
 
-def shape_of(type_: ir.Type) -> tuple[int, ...]:
-    return tuple(ir.ShapedType(type_).shape)
+def shape_of(type_: ir.Type) -> Shape:
+    """The dims of a tensor type, a symbol for each `?` (named by the type's encoding)."""
+    shaped = ir.ShapedType(type_)
+    dims = list(shaped.shape)
+    dynamic = [i for i in range(len(dims)) if shaped.is_dynamic_dim(i)]
+    if not dynamic:
+        return tuple(dims)
+    encoding = type_.encoding if isinstance(type_, ir.RankedTensorType) else None
+    names = encoding.value.split(",") if isinstance(encoding, ir.StringAttr) else []
+    if len(names) != len(dynamic):
+        raise TraceError(f"{type_}: each ? extent needs a name in the type's encoding, e.g. tensor<?x8xf32, \"batch\">")
+    for i, name in zip(dynamic, names, strict=True):
+        dims[i] = name
+    return tuple(dims)
+
+
+def describe(shape: Sequence[int | str], dtype: str) -> str:
+    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
 
 
 # ---- shape rules (shared by the tracer and the verifier) ------------------------------
-
-def _describe(shape: Sequence[int], dtype: str) -> str:
-    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
-
 
 def check_dtype(op: str, argument: str, dtype: str) -> None:
     if dtype not in DTYPES:
         raise TraceError(f"{op}: argument '{argument}' has dtype {dtype}; expected float32 or float64")
 
 
-def check_extents(op: str, argument: str, shape: Sequence[int], dtype: str) -> None:
-    """Only the first axis may be empty: a buffer whose inner axis is 0 has no stride the
-    bare-pointer calling convention can express (nothing would be computed anyway)."""
+def check_extents(op: str, argument: str, shape: Sequence[int | str], dtype: str, static: bool = False) -> None:
+    """Only the first axis may be empty (a buffer whose inner axis is 0 has no stride the
+    bare-pointer calling convention can express) or symbolic; a weight (`static`) is neither."""
     if any(extent == 0 for extent in shape[1:]):
-        raise TraceError(f"{op}: argument '{argument}' is {_describe(shape, dtype)}; only the first axis "
+        raise TraceError(f"{op}: argument '{argument}' is {describe(shape, dtype)}; only the first axis "
                          "of a tensor may be empty")
+    if any(isinstance(d, str) for d in shape[1:]) or (static and any(isinstance(d, str) for d in shape)):
+        where = "a weight's" if static else "only the first axis' extent"
+        raise TraceError(f"{op}: argument '{argument}' is {describe(shape, dtype)}; {where} "
+                         f"{'extents must be static' if static else 'may be symbolic'}")
 
 
-def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> tuple[int, int]:
-    """Result shape of linear; each operand is (shape, dtype). Raises TraceError."""
-    (x_shape, x_dtype), (w_shape, w_dtype) = x, w
-    for name, (shape, dtype) in (("x", x), ("w", w)):
-        check_dtype("linear", name, dtype)
-        check_extents("linear", name, shape, dtype)
-        if len(shape) != 2:
-            raise TraceError(
-                f"linear: argument '{name}' must have rank 2, got rank {len(shape)} "
-                f"({_describe(shape, dtype)})")
-    if w_dtype != x_dtype:
-        raise TraceError(f"linear: mixed dtypes: x is {x_dtype} but w is {w_dtype}")
-    if x_shape[1] != w_shape[0]:
-        raise TraceError(
-            f"linear: inner dimensions differ: x is {_describe(x_shape, x_dtype)} and w is "
-            f"{_describe(w_shape, w_dtype)}; expected w to have {x_shape[1]} rows, got {w_shape[0]}")
-    if bias is not None:
-        b_shape, b_dtype = bias
-        if b_dtype != x_dtype:
-            raise TraceError(f"linear: mixed dtypes: x is {x_dtype} but bias is {b_dtype}")
-        if tuple(b_shape) != (w_shape[1],):
-            raise TraceError(
-                f"linear: argument 'bias' must be {_describe((w_shape[1],), x_dtype)}, "
-                f"got {_describe(b_shape, b_dtype)}")
-    return (x_shape[0], w_shape[1])
-
-
-def elementwise_shape(op: str, x: tuple) -> tuple[int, ...]:
+def elementwise_shape(op: str, x: tuple) -> Shape:
     shape, dtype = x
     check_dtype(op, "x", dtype)
     if len(shape) < 1:
@@ -194,20 +209,15 @@ def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
     return op.result
 
 
-def linear(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, device: str = "auto") -> ir.Value:
-    operands = [x, w] + ([bias] if bias is not None else [])
-    shape = linear_shape(*((shape_of(v.type), dtype_of(v.type)) for v in operands[:2]),
-                         (shape_of(bias.type), dtype_of(bias.type)) if bias is not None else None)
-    op = ir.Operation.create(
-        "hexir.linear", results=[tensor_type(shape, dtype_of(x.type))], operands=operands,
-        attributes={"device": _str(device)})
-    return op.result
-
-
-def relu(x: ir.Value, device: str = "auto") -> ir.Value:
-    op = ir.Operation.create("hexir.relu", results=[x.type], operands=[x],
-                             attributes={"device": _str(device)})
-    return op.result
+def compute(name: str, operands: Sequence[ir.Value], result: ir.Type, device: str = "auto") -> ir.Value:
+    """A defined compute op `hexir.<name>` (optional operands left out at the end)."""
+    expected = _compute_ops[name]
+    attributes = {"device": _str(device)}
+    if sum(o.endswith("?") for o in expected) > 1:  # one optional group is inferred from the count
+        attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
+            [int(i < len(operands)) for i in range(len(expected))])
+    return ir.Operation.create(f"hexir.{name}", results=[result], operands=list(operands),
+                               attributes=attributes).result
 
 
 def print_(x: ir.Value) -> ir.Operation:
@@ -246,13 +256,18 @@ def custom_call(kernel: str, args: Sequence[ir.Value], result_type: ir.Type, obj
     return op.result
 
 
+# ---- accessors -----------------------------------------------------------------------
+
 def objects_of(op: ir.Operation) -> dict[str, str]:
     """device -> file of a hexir.custom_call."""
     objects = ir.DictAttr(op.attributes["objects"])
     return {named.name: ir.StringAttr(named.attr).value for named in objects}
 
 
-# ---- accessors -----------------------------------------------------------------------
+def launch_of(op: ir.Operation) -> tuple[list[int], list[int]]:
+    """(grid, block) of a hexir.custom_call."""
+    return list(ir.DenseI64ArrayAttr(op.attributes["grid"])), list(ir.DenseI64ArrayAttr(op.attributes["block"]))
+
 
 def device_of(op: ir.Operation) -> str:
     """The device an op runs on ("auto" before partitioning); print runs on the host."""
@@ -275,6 +290,17 @@ def callee_of(op: ir.Operation) -> str:
     return ir.FlatSymbolRefAttr(op.attributes["callee"]).value
 
 
+def epilogues_of(op: ir.Operation) -> tuple[str, ...]:
+    """The element-wise ops fused into a linear, in the order they apply."""
+    if EPILOGUES not in op.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[EPILOGUES]))
+
+
+def set_epilogues(op: ir.Operation, epilogues: Sequence[str]) -> None:
+    op.attributes[EPILOGUES] = ir.ArrayAttr.get([_str(e) for e in epilogues])
+
+
 def constant_array(op: ir.Operation) -> np.ndarray:
     """The numpy value of a hexir.constant (a copy, C-contiguous, its own dtype)."""
     attr = ir.DenseElementsAttr(op.attributes["value"])
@@ -283,3 +309,33 @@ def constant_array(op: ir.Operation) -> np.ndarray:
     if attr.is_splat:
         return np.full(shape, ir.FloatAttr(attr.get_splat_value()).value, dtype=dtype)
     return np.array(attr, dtype=dtype).reshape(shape)
+
+
+def main_function(module: ir.Module) -> ir.Operation:
+    """The host program: the module's `func.func @main`."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op.operation
+    raise CompileError("the module has no func.func @main (the host program)")
+
+
+def set_main_attributes(main: ir.Operation, arg_names: Sequence[str], result_form: str) -> None:
+    main.attributes[ARG_NAMES] = ir.ArrayAttr.get([_str(n) for n in arg_names])
+    main.attributes[RESULT_FORM] = _str(result_form)
+
+
+def argument_names(main: ir.Operation) -> list[str]:
+    """The names of @main's arguments: its `hexir.arg_names` (the traced function's
+    parameters) when it has one name per argument, else arg0, arg1, ..."""
+    count = len(ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+    if ARG_NAMES in main.attributes:
+        names = [ir.StringAttr(name).value for name in ir.ArrayAttr(main.attributes[ARG_NAMES])]
+        if len(names) == count:
+            return names
+    return [f"arg{i}" for i in range(count)]
+
+
+def result_form(module: ir.Module) -> str:
+    """The form of a traced function's results, so a call can return them the same way."""
+    main = main_function(module)
+    return ir.StringAttr(main.attributes[RESULT_FORM]).value if RESULT_FORM in main.attributes else "single"

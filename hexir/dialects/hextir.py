@@ -26,15 +26,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import arith, scf
 
+from hexir import sizes
 from hexir.dialects.irdl_text import one_of
 
 LOOP_KINDS = ("serial", "parallel", "unrolled")
 BINDINGS = ("", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-KERNEL_OPS = ("linear", "linear_bias", "linear_relu", "linear_bias_relu", "relu", "custom")
 
 
 IRDL = f"""
@@ -46,7 +47,7 @@ irdl.dialect @hextir {{
   }}
   irdl.attribute @kernel {{
 {one_of("device", ("cpu", "cuda"))}
-{one_of("op", KERNEL_OPS)}
+    %op = irdl.base "#builtin.string"
     irdl.parameters(device: %device, op: %op)
   }}
   irdl.operation @load {{
@@ -73,8 +74,19 @@ irdl.dialect @hextir {{
 }}
 """
 
-SCHEDULE = "hextir.schedule"
-KERNEL = "hextir.kernel"
+# Attribute names of the kernel level.
+SCHEDULE = "hextir.schedule"        # on a loop: #hextir.loop<kind, bind>
+KERNEL = "hextir.kernel"            # on a kernel: #hextir.kernel<device, op>
+EPILOGUES = "hextir.epilogues"      # on a kernel: ["bias", "relu"], what the op applies after it
+SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
+WORK = "hextir.work"                # on a cpu kernel: its work record (below)
+LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
+FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
+CUSTOM = "hextir.custom"            # on a custom kernel's declaration: {symbol, file}
+#: Each cuda kernel gets a cpu twin, `<name>_cpu`.
+FALLBACK_SUFFIX = "_cpu"
+#: The gpu.module that holds the outlined cuda kernels.
+GPU_MODULE = "hexir_cuda"
 
 
 # ---- attributes ------------------------------------------------------------------------
@@ -156,3 +168,139 @@ def alloc_local(shape: Sequence[int], element: ir.Type, space: str = "private") 
 def barrier() -> None:
     """Every thread of a GPU block waits here until all have arrived (shared buffers)."""
     ir.Operation.create("hextir.barrier")
+
+
+# ---- work and launch records -------------------------------------------------------------
+# Written once, by the schedule that builds the kernel (from the same size expressions as its
+# loops), and read once, by the packager, which copies them into the manifest.
+
+@dataclass(frozen=True)
+class Work:
+    """A cpu kernel's parallel loop: `extent` iterations, split across threads in chunks of
+    at least `grain`."""
+
+    extent: sizes.Expr
+    grain: int = 1
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A cuda kernel's launch: grid (expressions), block (threads) and dynamic shared bytes."""
+
+    grid: tuple
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+
+
+def _i64(value: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def set_record(kernel: ir.Operation, record: Work | Launch) -> None:
+    if isinstance(record, Work):
+        kernel.attributes[WORK] = ir.DictAttr.get({
+            "extent": ir.StringAttr.get(sizes.text(record.extent)), "grain": _i64(record.grain)})
+    else:
+        kernel.attributes[LAUNCH] = ir.DictAttr.get({
+            "grid": ir.ArrayAttr.get([ir.StringAttr.get(sizes.text(e)) for e in record.grid]),
+            "block": ir.DenseI64ArrayAttr.get(list(record.block)), "shared_bytes": _i64(record.shared_bytes)})
+
+
+def record_of(kernel: ir.Operation) -> Work | Launch | None:
+    if WORK in kernel.attributes:
+        work = ir.DictAttr(kernel.attributes[WORK])
+        return Work(sizes.parse(ir.StringAttr(work["extent"]).value), ir.IntegerAttr(work["grain"]).value)
+    if LAUNCH in kernel.attributes:
+        launch = ir.DictAttr(kernel.attributes[LAUNCH])
+        grid = tuple(sizes.parse(ir.StringAttr(e).value) for e in ir.ArrayAttr(launch["grid"]))
+        return Launch(grid, tuple(ir.DenseI64ArrayAttr(launch["block"])), ir.IntegerAttr(launch["shared_bytes"]).value)
+    return None
+
+
+def size_value(expr: sizes.Expr, symbols: dict[str, ir.Value]) -> ir.Value:
+    """The index value of a size expression, built from the kernel's size arguments."""
+    if isinstance(expr, int):
+        return index(expr)
+    if isinstance(expr, str):
+        return symbols[expr]
+    op, a, b = expr
+    a, b = size_value(a, symbols), size_value(b, symbols)
+    if op == "ceildiv":
+        return arith.CeilDivUIOp(a, b).result
+    make = {"mul": arith.MulIOp, "add": arith.AddIOp, "min": arith.MinUIOp, "max": arith.MaxUIOp}[op]
+    return make(a, b).result
+
+
+# ---- kernel attributes and finders -------------------------------------------------------
+
+def _strings(values: Sequence[str]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.StringAttr.get(v) for v in values])
+
+
+def _read_strings(op: ir.Operation, name: str) -> tuple[str, ...]:
+    if name not in op.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[name]))
+
+
+def tag_kernel(kernel: ir.Operation, device: str, op: str, epilogues: Sequence[str] = (),
+               symbols: Sequence[str] = ()) -> None:
+    kernel.attributes[KERNEL] = kernel_attr(device, op)
+    kernel.attributes[EPILOGUES] = _strings(epilogues)
+    kernel.attributes[SIZES] = _strings(symbols)
+
+
+def epilogues_of(kernel: ir.Operation) -> tuple[str, ...]:
+    return _read_strings(kernel, EPILOGUES)
+
+
+def sizes_of(kernel: ir.Operation) -> tuple[str, ...]:
+    """The symbols a kernel takes as index arguments after its buffers, in order."""
+    return _read_strings(kernel, SIZES)
+
+
+def name_of(kernel: ir.Operation) -> str:
+    return ir.StringAttr(kernel.attributes["sym_name"]).value
+
+
+def fallback_of(kernel: ir.Operation) -> str | None:
+    """The cuda kernel a cpu twin stands in for, or None."""
+    return ir.FlatSymbolRefAttr(kernel.attributes[FALLBACK_OF]).value if FALLBACK_OF in kernel.attributes else None
+
+
+def set_fallback_of(kernel: ir.Operation, name: str) -> None:
+    kernel.attributes[FALLBACK_OF] = ir.FlatSymbolRefAttr.get(name)
+
+
+def set_custom(kernel: ir.Operation, symbol: str, file: str) -> None:
+    kernel.attributes[CUSTOM] = ir.DictAttr.get({"symbol": ir.StringAttr.get(symbol), "file": ir.StringAttr.get(file)})
+
+
+def custom_of(kernel: ir.Operation) -> tuple[str, str] | None:
+    """(symbol, file) of a custom kernel's declaration, or None for a generated kernel."""
+    if CUSTOM not in kernel.attributes:
+        return None
+    info = ir.DictAttr(kernel.attributes[CUSTOM])
+    return ir.StringAttr(info["symbol"]).value, ir.StringAttr(info["file"]).value
+
+
+def kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
+    """The kernel functions of a module (tagged hextir.kernel), optionally of one device:
+    `func.func`s at the top level and, once outlined, `gpu.func`s inside `gpu.module`s."""
+    candidates = []
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            candidates.append(op.operation)
+        elif op.operation.name == "gpu.module":
+            candidates.extend(inner.operation for inner in op.regions[0].blocks[0].operations)
+    found = []
+    for op in candidates:
+        tag = kernel_of(op) if op.name in ("func.func", "gpu.func") else None
+        if tag is not None and (device is None or tag[0] == device):
+            found.append(op)
+    return found
+
+
+def generated_kernels(module: ir.Module, device: str | None = None) -> list[ir.Operation]:
+    """The kernels hexir writes the body of (not the declarations of custom kernels)."""
+    return [k for k in kernels(module, device) if len(k.regions[0].blocks) > 0]

@@ -23,7 +23,7 @@ from hexir.dialects import hexir as hx
 from hexir.errors import CompileError, HexirError, TraceError
 from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import Tensor, TensorSpec
-from hexir.passes.to_gpu import check_launch
+from hexir.target import MAX_BLOCK_THREADS, check_launch
 
 CPU_FILES = (".c", ".o", ".so")
 CUDA_FILES = (".cu", ".ptx", ".cubin", ".fatbin")
@@ -74,9 +74,9 @@ class CustomKernel:
         except TraceError as error:
             raise TraceError(error.message, *where) from None
         threads = self.block[0] * self.block[1] * self.block[2]
-        if threads > 1024:
+        if threads > MAX_BLOCK_THREADS:
             raise TraceError(f"hexir.kernel {name}: block={block!r} has {threads} threads; a CUDA block "
-                             "has at most 1024", *where)
+                             f"has at most {MAX_BLOCK_THREADS}", *where)
         defining_file = where[0].rsplit(":", 1)[0] if where[0] else None
         self.search_path = tuple(os.fspath(p) for p in search_path)
         self.base = str(Path(defining_file).resolve().parent) if defining_file else os.getcwd()
@@ -106,6 +106,9 @@ class CustomKernel:
             with tracing.user_location():
                 operands = [tracing._operand(self.name, f"input {i}", value) for i, value in enumerate(inputs)]
                 specs = [t.spec for t in operands]
+                if any(spec.symbolic for spec in specs):
+                    raise TraceError(f"custom kernel {self.name}: its inputs are {', '.join(map(str, specs))}; "
+                                     "custom kernels take static shapes only (no symbolic extent)")
                 result = self.out(*specs)
                 if not isinstance(result, TensorSpec):
                     raise TraceError(f"custom kernel {self.name}: out= returned {result!r}; expected a "

@@ -11,31 +11,59 @@ from mlir import ir
 from hexir.errors import TraceError
 
 
+#: Short dtype names, as `-spec` and MLIR spell them.
+DTYPE_ALIASES = {"f32": "float32", "f64": "float64"}
+#: What `None` in a shape stands for: the batch symbol.
+BATCH = "batch"
+#: The most bytes a tensor may have: its byte count must fit an int64.
+MAX_BYTES = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class TensorSpec:
-    """The abstract value of a tensor: what a trace may depend on, and nothing else."""
+    """The abstract value of a tensor: what a trace may depend on, and nothing else.
 
-    shape: tuple[int, ...]
+    `shape` holds non-negative ints; its leading extent may instead be symbolic: a name
+    (`("batch", 784)`) or None (short for "batch"), a size known only when the module runs. The
+    same name in two specs means the same size. `dtype` is float32 or float64 (or f32, f64).
+    """
+
+    shape: tuple[int | str, ...]
     dtype: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, (tuple, list)):
             raise TraceError(f"TensorSpec: shape must be a tuple of integers, got {self.shape!r}")
-        shape = tuple(self.shape)
-        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise TraceError(f"TensorSpec: shape must be non-negative integers, got {self.shape!r}")
+        shape = tuple(BATCH if d is None and i == 0 else d for i, d in enumerate(self.shape))
+        for axis, d in enumerate(shape):
+            symbolic = isinstance(d, str) and d.isidentifier() and d.isascii()
+            if isinstance(d, str) and axis > 0:
+                raise TraceError(f"TensorSpec: only the leading extent may be symbolic, got {self.shape!r}")
+            if not symbolic and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
+                raise TraceError(f"TensorSpec: shape must be non-negative integers (the first may be a name "
+                                 f"or None), got {self.shape!r}")
         try:
-            dtype = np.dtype(self.dtype).name
+            dtype = np.dtype(DTYPE_ALIASES.get(self.dtype, self.dtype)).name
         except TypeError as error:
             raise TraceError(f"TensorSpec: {self.dtype!r} is not a dtype") from error
         if dtype not in ("float32", "float64"):
             raise TraceError(f"TensorSpec: dtype must be float32 or float64, got {dtype}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        static = [int(d) for d in shape if not isinstance(d, str)]
+        count = np.dtype(dtype).itemsize
+        for d in static:  # Python ints: no overflow while checking for it
+            count *= d
+        if count > MAX_BYTES or any(d >= 2**63 for d in static):
+            raise TraceError(f"TensorSpec: a {dtype} tensor of shape {self.shape!r} has more than 2^63 bytes")
+        object.__setattr__(self, "shape", tuple(d if isinstance(d, str) else int(d) for d in shape))
         object.__setattr__(self, "dtype", dtype)
 
     @classmethod
     def of(cls, array: np.ndarray) -> TensorSpec:
         return cls(array.shape, array.dtype.name)
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(d, str) for d in self.shape)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
@@ -50,7 +78,7 @@ class Tensor:
     value: ir.Value
 
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[int | str, ...]:
         return self.spec.shape
 
     @property

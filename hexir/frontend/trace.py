@@ -1,8 +1,9 @@
 """Tracing: running a Python function on symbolic tensors to build a hexir module.
 
-The op functions (`linear`, `relu`, `print`) check their operands with the dialect's shape
-rules, then build the op at the current insertion point with a location pointing at the
-user's line. `on(device)` records placement: ops built inside it carry `device = ...`.
+The op functions (`linear`, `relu`, and one for any op registered in `hexir/ops.py`, made by
+`op_function`) check their operands with the op's shape rule, then build the op at the
+current insertion point with a location pointing at the user's line; `print` is the host's.
+`on(device)` records placement: ops built inside it carry `device = ...`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
+from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.dialects import make_context
 from hexir.errors import HexirError, PlacementError, TraceError
@@ -153,9 +155,6 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
         arg_types = [hx.tensor_type(s.shape, s.dtype) for s in specs]
         with ir.InsertionPoint(module.body):
             main = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
-            main.operation.attributes["hexir.arg_names"] = ir.ArrayAttr.get(
-                [ir.StringAttr.get(n) for n in arg_names])
-            main.operation.attributes["hexir.source"] = ir.StringAttr.get(fn.__qualname__)
             entry = main.add_entry_block()
         args = [Tensor(spec, value) for spec, value in zip(specs, entry.arguments, strict=True)]
         _state.trace = _Trace(_captured_names(fn), kernel_search_path=tuple(kernel_search_path))
@@ -168,22 +167,10 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
             _state.trace = None
         form = "none" if result is None else "list" if isinstance(result, list) else \
             "tuple" if isinstance(result, tuple) else "single"
-        main.operation.attributes[RESULT_FORM] = ir.StringAttr.get(form)
+        hx.set_main_attributes(main.operation, arg_names, form)
         main.operation.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get(arg_types, [t.value.type for t in outputs]))
     return module
-
-
-#: How the traced function returned its results: "none", "single", "tuple" or "list".
-RESULT_FORM = "hexir.result_form"
-
-
-def result_form(module: ir.Module) -> str:
-    """The form of a traced function's results, so a call can return them the same way."""
-    for op in module.body.operations:
-        if RESULT_FORM in op.attributes:
-            return ir.StringAttr(op.attributes[RESULT_FORM]).value
-    return "single"
 
 
 def _outputs(result: object) -> list[Tensor]:
@@ -219,26 +206,41 @@ def _build(build: Callable[[], Tensor]) -> Tensor:
         raise _at_user_line(error) from None
 
 
+def _apply(definition: ops.OpDef, operands: list[Tensor]) -> Tensor:
+    """Build a registered op on tensors, its result shape given by its rule."""
+    shape = definition.shape(*((t.shape, t.dtype) for t in operands))
+    spec = TensorSpec(shape, operands[0].dtype)
+    value = hx.compute(definition.name, [t.value for t in operands], hx.tensor_type(spec.shape, spec.dtype),
+                       current_device())
+    return Tensor(spec, value)
+
+
+def op_function(definition: ops.OpDef) -> Callable[..., Tensor]:
+    """The traceable function of a registered op: `f(x, ...)` on tensors or numpy arrays."""
+    names = [o.rstrip("?") for o in definition.operands]
+
+    def apply(*operands: Tensor | np.ndarray | None) -> Tensor:
+        def build() -> Tensor:
+            given = [(n, v) for n, v in zip(names, operands, strict=False) if v is not None]
+            if len(operands) > len(names) or len(given) < sum(not o.endswith("?") for o in definition.operands):
+                raise TraceError(f"{definition.name} takes {', '.join(names)}, got {len(operands)} operand(s)")
+            return _apply(definition, [_operand(definition.name, n, v) for n, v in given])
+        return _build(build)
+    apply.__name__ = apply.__qualname__ = definition.name
+    return apply
+
+
+_linear, _relu = op_function(ops.REGISTRY["linear"]), op_function(ops.REGISTRY["relu"])
+
+
 def linear(x: Tensor | np.ndarray, w: Tensor | np.ndarray, bias: Tensor | np.ndarray | None = None) -> Tensor:
-    """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]."""
-    def build() -> Tensor:
-        operands = [_operand("linear", "x", x), _operand("linear", "w", w)]
-        if bias is not None:
-            operands.append(_operand("linear", "bias", bias))
-        specs = [(t.shape, t.dtype) for t in operands]
-        shape = hx.linear_shape(specs[0], specs[1], specs[2] if bias is not None else None)
-        value = hx.linear(*(t.value for t in operands), device=current_device())
-        return Tensor(TensorSpec(shape, operands[0].dtype), value)
-    return _build(build)
+    """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]; M may be symbolic, w and bias are static."""
+    return _linear(x, w, bias)
 
 
 def relu(x: Tensor | np.ndarray) -> Tensor:
     """`max(x, 0)`, element-wise, for a tensor of rank >= 1."""
-    def build() -> Tensor:
-        operand = _operand("relu", "x", x)
-        hx.elementwise_shape("relu", (operand.shape, operand.dtype))
-        return Tensor(operand.spec, hx.relu(operand.value, device=current_device()))
-    return _build(build)
+    return _relu(x)
 
 
 def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called print
@@ -251,4 +253,4 @@ def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called prin
     _build(build)
 
 
-__all__ = ["linear", "relu", "print", "on", "trace"]
+__all__ = ["linear", "relu", "print", "on", "trace", "op_function"]

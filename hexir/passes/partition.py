@@ -4,7 +4,7 @@ Input: a hexir module straight from the tracer (or a .mlir file); ops carry
 `device = "auto" | "cpu" | "cuda"`. Output: every op carries "cpu" or "cuda", and every
 value used on a device other than the one that made it goes through `hexir.transfer`.
 
-Rules, in order of precedence, for the placeable ops (linear, relu, custom_call):
+Rules, in order of precedence, for the placeable ops (the compute ops and custom_call):
   1. `-placement=hexir.linear=cuda` (the `placement` option) names the op's kind;
   2. the op's own device, recorded by a `with hexir.on(...)` block;
   3. "cpu" (a custom kernel with no cpu file: "cuda").
@@ -28,15 +28,21 @@ from mlir import ir
 
 from hexir.dialects import hexir as hx
 from hexir.errors import PlacementError
-from hexir.passes.common import location_of, main_function
+from hexir.passes.common import location_of
+
+
+def placeable_ops() -> tuple[str, ...]:
+    """Ops a `-placement=` or an `on()` block may move between devices."""
+    return (*hx.compute_ops(), "hexir.custom_call")
 
 
 def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
     """Decide every op's device and insert `hexir.transfer` where values cross devices."""
-    body = main_function(module).regions[0].blocks[0]
+    body = hx.main_function(module).regions[0].blocks[0]
     ops = list(body.operations)
+    placeable = placeable_ops()
     for op in ops:
-        if op.name in hx.PLACEABLE_OPS:
+        if op.name in placeable:
             hx.set_device(op, _choose(op, placement.get(op.name) or hx.device_of(op)))
     for op in ops:
         if op.name == "hexir.constant":

@@ -1,19 +1,25 @@
 """tir-to-loops: lower hextir kernels into upstream scf / memref / arith.
 
 Input: kernels from lower-to-tir (`hextir.load`/`store`/`alloc_local`, loops scheduled with
-`#hextir.loop`). Output: the same loops over `memref.load` / `memref.store`, and each cpu
-kernel's outermost `parallel` loop turned into the kernel's work range: two trailing
-`index` arguments `first`, `last` replace its bounds, so the runtime can hand
-`[first, last)` slices of it to host threads (the .hxb calling convention). Schedules of
-cuda kernels stay, with their shared buffers and barriers: `to_gpu` turns those into GPU
-indices, workgroup memory and `gpu.barrier`.
+`#hextir.loop`). Output: the same loops over `memref.load` / `memref.store`, and two changes
+to the kernels' signatures that make the .hxb calling convention (bare pointers, then int64s):
 
-    func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>) {
-      scf.for %i = %c0 to %c5 step %c1 {        func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>,
-        %v = "hextir.load"(%x, %i)         =>                      %first: index, %last: index) {
-        ...                                       scf.for %i = %first to %last step %c1 {
-      } {hextir.schedule =                          %v = memref.load %x[%i] : memref<5xf32>
-           #hextir.loop<"parallel", "">}            ...
+- a buffer with a symbolic extent (`memref<?x8xf32>`) is passed as its base pointer
+  (`memref<f32>`) and re-viewed inside the kernel with the extent from the size argument
+  (`memref.reinterpret_cast`), since a bare pointer carries no sizes;
+- a cpu kernel's outermost `parallel` loop becomes the kernel's work range: two trailing
+  `index` arguments `first`, `last` replace its bounds, so the runtime can hand `[first, last)`
+  slices of it to host threads.
+
+Schedules of cuda kernels stay, with their shared buffers and barriers: `to_gpu` turns those
+into GPU indices, workgroup memory and `gpu.barrier`.
+
+    func.func @relu_0(%x: memref<?x4xf32>, %out: memref<?x4xf32>, %batch: index) {
+      scf.for %i = %c0 to %batch step %c1 {...} {hextir.schedule = #hextir.loop<"parallel", "">}
+  =>
+    func.func @relu_0(%x: memref<f32>, %out: memref<f32>, %batch: index, %first: index, %last: index) {
+      %xs = memref.reinterpret_cast %x to offset: [0], sizes: [%batch, 4], strides: [4, 1]
+      scf.for %i = %first to %last step %c1 { %v = memref.load %xs[%i, %j] ... }
 """
 
 from __future__ import annotations
@@ -23,17 +29,54 @@ from mlir.dialects import memref
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.passes.common import generated_kernels, walk
+from hexir.passes.common import walk
 
-#: The trip count of a cpu kernel's work range, recorded for the manifest.
-WORK_ITEMS = "hextir.work_items"
 
 def tir_to_loops(module: ir.Module) -> None:
-    """Lower hextir memory ops everywhere and give cpu kernels their work-range arguments."""
-    for kernel in generated_kernels(module):
-        if ht.kernel_of(kernel)[0] == "cpu" and WORK_ITEMS not in kernel.attributes:  # not yet lowered
+    """Lower hextir memory ops everywhere and give kernels the .hxb calling convention."""
+    for kernel in ht.generated_kernels(module):
+        if not any(ht.SCHEDULE in op.attributes for op in walk(kernel, "scf.for")):
+            continue  # lowered already
+        _pass_symbolic_buffers_as_pointers(kernel)
+        if ht.kernel_of(kernel)[0] == "cpu":
             _add_work_range(kernel)
         _lower_memory_ops(kernel)
+
+
+def _set_signature(kernel: ir.Operation) -> None:
+    types = [argument.type for argument in kernel.regions[0].blocks[0].arguments]
+    kernel.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, []))
+
+
+def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
+    block = kernel.regions[0].blocks[0]
+    symbols = ht.sizes_of(kernel)
+    arguments = list(block.arguments)
+    buffers = arguments[:len(arguments) - len(symbols)]
+    dynamic = [a for a in buffers if not ir.MemRefType(a.type).has_static_shape]
+    if not dynamic:
+        return
+    if len(symbols) != 1:
+        raise CompileError(f"kernel {ht.name_of(kernel)}: symbolic buffers need exactly one size argument")
+    rows = arguments[len(buffers)]
+    first_op = block.operations[0]
+    for argument in dynamic:
+        shaped = ir.MemRefType(argument.type)
+        dims = list(shaped.shape)
+        strides = [1] * len(dims)
+        for axis in range(len(dims) - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * dims[axis + 1]
+        with ir.InsertionPoint(first_op), kernel.location:
+            view = memref.ReinterpretCastOp(
+                shaped, argument, [], [rows] if shaped.is_dynamic_dim(0) else [], [],
+                static_offsets=[0],
+                static_sizes=[ir.ShapedType.get_dynamic_size() if shaped.is_dynamic_dim(i) else d
+                              for i, d in enumerate(dims)],
+                static_strides=strides).result
+        argument.replace_all_uses_with(view)
+        view.owner.operands[0] = argument
+        argument.set_type(ir.MemRefType.get([], shaped.element_type))
+    _set_signature(kernel)
 
 
 def _add_work_range(kernel: ir.Operation) -> None:
@@ -41,19 +84,15 @@ def _add_work_range(kernel: ir.Operation) -> None:
     outer = [op for op in block.operations
              if op.name == "scf.for" and ht.schedule_of(op) == ("parallel", "")]
     if len(outer) != 1:
-        raise CompileError(f"cpu kernel {_name(kernel)} needs exactly one outermost parallel loop, "
+        raise CompileError(f"cpu kernel {ht.name_of(kernel)} needs exactly one outermost parallel loop, "
                            f"found {len(outer)}")
     loop = outer[0]
-    extent = ir.IntegerAttr(loop.operands[1].owner.attributes["value"]).value
-    kernel.attributes[WORK_ITEMS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), extent)
     index = ir.IndexType.get()
     first = block.add_argument(index, kernel.location)
     last = block.add_argument(index, kernel.location)
     loop.operands[0] = first
     loop.operands[1] = last
-    function_type = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
-    kernel.attributes["function_type"] = ir.TypeAttr.get(
-        ir.FunctionType.get([*function_type.inputs, index, index], []))
+    _set_signature(kernel)
     for op in walk(kernel, "scf.for"):
         del op.attributes[ht.SCHEDULE]
 
@@ -72,7 +111,3 @@ def _lower_memory_ops(kernel: ir.Operation) -> None:
                 value = memref.AllocaOp(op.result.type, [], []).result
                 op.result.replace_all_uses_with(value)
         op.erase()
-
-
-def _name(kernel: ir.Operation) -> str:
-    return ir.StringAttr(kernel.attributes["sym_name"]).value

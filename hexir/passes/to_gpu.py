@@ -3,12 +3,12 @@
 Input: a module after tir-to-loops whose cuda kernels still carry their GPU schedules.
 Output: the module marked `gpu.container_module`, holding `gpu.module @hexir_cuda` with one
 `gpu.func ... kernel` per cuda kernel. Each loop bound to `blockIdx.*` / `threadIdx.*` is
-replaced by `gpu.block_id` / `gpu.thread_id`, its trip count becoming the launch geometry,
-recorded on the kernel as `hextir.grid` / `hextir.block` for the manifest; shared
-`hextir.alloc_local` buffers become workgroup attributions and `hextir.barrier` a
-`gpu.barrier`. The kernel takes
-exactly the buffers of the graph op, no more (so the runtime launches it with those
-pointers): nothing is captured from outside, unlike `gpu-kernel-outlining`.
+replaced by `gpu.block_id` / `gpu.thread_id` (the schedule's launch record, `hextir.launch`,
+already says how many of each the launch has: the loop's trip count, whether constant or an
+expression of a size argument); shared `hextir.alloc_local` buffers become workgroup
+attributions and `hextir.barrier` a `gpu.barrier`. The kernel takes exactly the arguments of
+the kernel function, no more (so the runtime launches it with those pointers and sizes):
+nothing is captured from outside, unlike `gpu-kernel-outlining`.
 
     func.func @relu_1(%x: memref<5xf32>, %out: memref<5xf32>) {hextir.kernel = ...}
       scf.for %b = %c0 to %c1 { scf.for %t = %c0 to %c256 { <guarded body> }
@@ -16,7 +16,7 @@ pointers): nothing is captured from outside, unlike `gpu-kernel-outlining`.
   =>
     gpu.module @hexir_cuda {
       gpu.func @relu_1(%x: memref<5xf32>, %out: memref<5xf32>) kernel
-          attributes {hextir.grid = array<i64: 1, 1, 1>, hextir.block = array<i64: 256, 1, 1>} {
+          attributes {hextir.launch = {grid = ["1", "1", "1"], block = array<i64: 256, 1, 1>, ...}} {
         %b = gpu.block_id x
         %t = gpu.thread_id x
         <guarded body>
@@ -30,23 +30,22 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import gpu
 
+from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
-from hexir.errors import CompileError
-from hexir.passes.common import generated_kernels, main_function, walk
+from hexir.passes.common import walk
 
-GPU_MODULE = "hexir_cuda"
 _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
 
 
 def cuda_kernels_to_gpu(module: ir.Module) -> None:
     """Move every cuda kernel into `gpu.module @hexir_cuda` as a bound `gpu.func`."""
-    cuda_kernels = [k for k in generated_kernels(module, "cuda") if k.name == "func.func"]
+    cuda_kernels = [k for k in ht.generated_kernels(module, "cuda") if k.name == "func.func"]
     if not cuda_kernels:
         return
     with module.context, ir.Location.unknown():
         module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
-        with ir.InsertionPoint(main_function(module)):
-            gpu_module = gpu.GPUModuleOp(GPU_MODULE)
+        with ir.InsertionPoint(hx.main_function(module)):
+            gpu_module = gpu.GPUModuleOp(ht.GPU_MODULE)
         body = gpu_module.regions[0].blocks.append()
         for kernel in cuda_kernels:
             with ir.InsertionPoint(body), kernel.location:
@@ -60,7 +59,8 @@ def _outline(kernel: ir.Operation) -> None:
     shared = [op for op in walk(kernel, "hextir.alloc_local")
               if ir.StringAttr(op.attributes["space"]).value == "shared"]
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
-    function.operation.attributes[ht.KERNEL] = kernel.attributes[ht.KERNEL]
+    for attribute in (ht.KERNEL, ht.EPILOGUES, ht.SIZES, ht.LAUNCH):
+        function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the
     # kernel's own, counted by `workgroup_attributions`.
     block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in shared))
@@ -82,16 +82,13 @@ def _outline(kernel: ir.Operation) -> None:
             continue
         op.move_before(terminator)
     kernel.erase()
-    grid, threads = _bind_loops(function.operation, name)
-    check_launch(name, grid, threads)
-    i64 = ir.DenseI64ArrayAttr.get
-    function.operation.attributes["hextir.grid"] = i64(grid)
-    function.operation.attributes["hextir.block"] = i64(threads)
-    function.operation.attributes["known_block_size"] = ir.DenseI32ArrayAttr.get(threads)
+    _bind_loops(function.operation)
+    block_size = list(ht.record_of(function.operation).block)
+    function.operation.attributes["known_block_size"] = ir.DenseI32ArrayAttr.get(block_size)
 
 
-def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]]:
-    """Replace each bound loop by its GPU index; return (grid, block) sizes."""
+def _bind_loops(function: ir.Operation) -> None:
+    """Replace each bound loop by its GPU index."""
     bound: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -101,10 +98,8 @@ def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]
         return ir.WalkResult.ADVANCE
 
     function.walk(visit, ir.WalkOrder.PRE_ORDER)
-    sizes = {"blockIdx": [1, 1, 1], "threadIdx": [1, 1, 1]}
     for loop in bound:
         space, axis = ht.schedule_of(loop)[1].split(".")
-        sizes[space]["xyz".index(axis)] = _trip_count(loop, name)
         with ir.InsertionPoint(loop), loop.location:
             make = gpu.BlockIdOp if space == "blockIdx" else gpu.ThreadIdOp
             position = make(_DIMENSIONS[axis]).result
@@ -117,33 +112,3 @@ def _bind_loops(function: ir.Operation, name: str) -> tuple[list[int], list[int]
     for op in walk(function, "scf.for"):
         if ht.SCHEDULE in op.attributes:
             del op.attributes[ht.SCHEDULE]
-    return sizes["blockIdx"], sizes["threadIdx"]
-
-
-#: CUDA's limits on a launch: blocks per grid axis, threads per block.
-MAX_GRID = (2**31 - 1, 65535, 65535)
-MAX_BLOCK_THREADS = 1024
-
-
-def check_launch(kernel: str, grid: list[int], block: list[int]) -> None:
-    """CompileError unless CUDA can launch `grid` x `block` (checked here, not at run time)."""
-    for axis, (blocks, limit) in enumerate(zip(grid, MAX_GRID, strict=True)):
-        if blocks > limit:
-            raise CompileError(f"cuda kernel {kernel}: its launch needs {blocks} blocks along "
-                               f"{'xyz'[axis]}, more than CUDA's {limit}; the tensor is too large for one launch")
-    if block[0] * block[1] * block[2] > MAX_BLOCK_THREADS:
-        raise CompileError(f"cuda kernel {kernel}: a block of {block} has more than {MAX_BLOCK_THREADS} threads")
-
-
-def _trip_count(loop: ir.Operation, name: str) -> int:
-    bounds = []
-    for operand in list(loop.operands)[:3]:
-        owner = operand.owner
-        if not isinstance(owner, ir.Block) and owner.name == "arith.constant":
-            bounds.append(ir.IntegerAttr(owner.attributes["value"]).value)
-        else:
-            raise CompileError(f"cuda kernel {name}: a bound loop needs constant bounds to set the launch size")
-    lower, upper, step = bounds
-    if lower != 0 or step != 1:
-        raise CompileError(f"cuda kernel {name}: a bound loop must run from 0 with step 1")
-    return upper

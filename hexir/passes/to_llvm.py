@@ -2,7 +2,7 @@
 
 Input: a module after tir-to-loops. Output: a new module (same context) holding only the
 cpu kernels, lowered by upstream passes to the LLVM dialect with bare-pointer memref
-arguments, so each kernel is `void name(T*, ..., T*, i64 first, i64 last)` — the .hxb cpu
+arguments, so each kernel is `void name(T*, ..., T*, i64 size..., i64 first, i64 last)` — the .hxb cpu
 calling convention. The host program is not lowered: it becomes the manifest's command list.
 
     func.func @relu_0(%x: memref<5xf32>, %out: memref<5xf32>, %first: index, %last: index)
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from mlir import ir, passmanager
 
-from hexir.passes.common import generated_kernels
+from hexir.dialects import hextir as ht
 
 UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-arith-to-llvm, "
-            "finalize-memref-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
+            "expand-strided-metadata, finalize-memref-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
             "convert-cf-to-llvm, reconcile-unrealized-casts)")
 
 
@@ -26,7 +26,7 @@ def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
     with module.context, ir.Location.unknown():
         lowered = ir.Module.create()
         with ir.InsertionPoint(lowered.body):
-            for kernel in generated_kernels(module, "cpu"):
+            for kernel in ht.generated_kernels(module, "cpu"):
                 clone = kernel.clone()
                 for attribute in [name for name in clone.attributes if name.startswith("hextir.")]:
                     del clone.attributes[attribute]

@@ -1,15 +1,15 @@
 """verify: the hexir graph obeys the shape and dtype rules (IRDL checks structure only).
 
 Input: a hexir module, traced or parsed from a `.mlir` file. Output: the same module, or a
-`TraceError` at the offending op's location. The rules are the dialect's own
-(`hexir.linear_shape`, ...), the ones the tracer applies, so both inputs fail alike:
+`TraceError` at the offending op's location. The rules are each op's registered shape rule
+(`hexir/ops.py`), the ones the tracer applies, so both inputs fail alike:
 
     %y = "hexir.linear"(%x, %w) : (tensor<2x8xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
   error: prog.mlir:3:8: linear: inner dimensions differ: x is float32[2, 8] and w is ...
 
-Besides: @main takes and returns tensors of f32 or f64, every shape is static (later
-stages size buffers and loops from them), a constant's value has its result's type, and a
-call names a kernel of the module.
+Besides: @main takes and returns ranked tensors of f32 or f64 whose only symbolic extent
+(`tensor<?x8xf32, "batch">`) is the leading one, a constant's value has its result's type,
+and a call names a kernel of the module.
 """
 
 from __future__ import annotations
@@ -18,52 +18,54 @@ import re
 
 from mlir import ir
 
+from hexir import ops
 from hexir.dialects import hexir as hx
+from hexir.dialects import hextir as ht
 from hexir.errors import CompileError, TraceError
-from hexir.passes.common import argument_names, kernels, location_of, main_function
-from hexir.passes.to_gpu import check_launch
+from hexir.passes.common import location_of
+from hexir.target import check_launch
 
-_GRAPH_OPS = ("hexir.constant", "hexir.linear", "hexir.relu", "hexir.print", "hexir.transfer",
-              "hexir.call", "hexir.custom_call", "func.return")
+_GRAPH_OPS = ("hexir.constant", "hexir.print", "hexir.transfer", "hexir.call", "hexir.custom_call", "func.return")
 
 
 def verify(module: ir.Module) -> None:
     """Check @main's signature and every op of it against hexir's rules; raise TraceError at
     the first breach."""
-    main = main_function(module)
+    main = hx.main_function(module)
     if not main.regions[0].blocks:
         raise TraceError("main has no body; expected the host program", location_of(main))
     _check_signature(main)
-    # a cpu twin (hextir.fallback_of) is reached through its cuda kernel, never called directly
-    kernel_names = {ir.StringAttr(k.attributes["sym_name"]).value for k in kernels(module)
-                    if "hextir.fallback_of" not in k.attributes}
+    # a cpu twin is reached through its cuda kernel, never called directly
+    kernel_names = {ht.name_of(k) for k in ht.kernels(module) if ht.fallback_of(k) is None}
     for op in main.regions[0].blocks[0].operations:
         op = op.operation
-        if op.name not in _GRAPH_OPS:
-            raise TraceError(f"'{op.name}' is not a hexir graph op; expected one of {', '.join(_GRAPH_OPS)}",
-                             location_of(op))
+        if op.name not in _GRAPH_OPS and ops.lookup(op.name) is None:
+            raise TraceError(f"'{op.name}' is not a hexir graph op; expected one of "
+                             f"{', '.join(_GRAPH_OPS + hx.compute_ops())}", location_of(op))
         try:
             _check(op, kernel_names)
         except TraceError as error:
             raise TraceError(error.message, location_of(op)) from None
 
 
-def _check_static_tensor(type_: ir.Type) -> None:
+def _check_tensor(type_: ir.Type) -> hx.Shape:
     if not isinstance(type_, ir.RankedTensorType):
         raise TraceError(f"{type_} is not a tensor; expected a tensor of f32 or f64")
-    if not type_.has_static_shape:
-        raise TraceError(f"{type_} has a dynamic shape; expected a static shape")
+    shape = hx.shape_of(type_)
+    if any(isinstance(d, str) for d in shape[1:]):
+        raise TraceError(f"{type_} has a symbolic extent after the first axis; only the leading one may be")
+    return shape
 
 
 def _check_signature(main: ir.Operation) -> None:
     """The runtime passes @main tensors of f32 or f64 and takes tensors back."""
     function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
     values = [(f"argument '{name}'", type_)
-              for name, type_ in zip(argument_names(main), function_type.inputs, strict=True)]
+              for name, type_ in zip(hx.argument_names(main), function_type.inputs, strict=True)]
     values += [(f"result {position}", type_) for position, type_ in enumerate(function_type.results)]
     for what, type_ in values:
         try:
-            _check_static_tensor(type_)
+            _check_tensor(type_)
             hx.dtype_of(type_)
         except TraceError as error:
             raise TraceError(f"main: {what}: {error.message}", location_of(main)) from None
@@ -71,21 +73,22 @@ def _check_signature(main: ir.Operation) -> None:
 
 def _check(op: ir.Operation, kernel_names: set[str]) -> None:
     short_name = op.name.split(".")[1]
-    values = [(f"operand {i}", v) for i, v in enumerate(op.operands)]
-    values += [(f"result {i}", v) for i, v in enumerate(op.results)]
-    for what, value in values:
+    for what, value in [*((f"operand {i}", v) for i, v in enumerate(op.operands)),
+                        *((f"result {i}", v) for i, v in enumerate(op.results))]:
         try:
-            _check_static_tensor(value.type)
+            _check_tensor(value.type)
         except TraceError as error:
             raise TraceError(f"{short_name}: {what}: {error.message}") from None
     specs = [(hx.shape_of(v.type), hx.dtype_of(v.type)) for v in op.operands]
-    if op.name == "hexir.linear":
-        if "hexir.epilogue" in op.attributes and hx.string_attr(op, "hexir.epilogue") != "relu":
-            raise TraceError(f"linear: hexir.epilogue is {hx.string_attr(op, 'hexir.epilogue')!r}; the only "
-                             "epilogue is \"relu\"")
-        expected = hx.linear_shape(specs[0], specs[1], specs[2] if len(specs) == 3 else None)
-    elif op.name in ("hexir.relu", "hexir.transfer"):
-        if op.name == "hexir.transfer" and hx.string_attr(op, "source") == hx.string_attr(op, "target"):
+    definition = ops.lookup(op.name)
+    if definition is not None:
+        for epilogue in hx.epilogues_of(op):
+            fused = ops.REGISTRY.get(epilogue)
+            if op.name != "hexir.linear" or fused is None or fused.scalar is None:
+                raise TraceError(f"{short_name}: epilogue {epilogue!r} is not an element-wise op a linear can fuse")
+        expected = definition.shape(*specs)
+    elif op.name == "hexir.transfer":
+        if hx.string_attr(op, "source") == hx.string_attr(op, "target"):
             raise TraceError(f"transfer: source and target are both {hx.string_attr(op, 'source')}")
         expected = hx.elementwise_shape(short_name, specs[0])
     elif op.name == "hexir.print":
@@ -109,8 +112,8 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
         return
     result = (hx.shape_of(op.result.type), hx.dtype_of(op.result.type))
     if result != (tuple(expected), specs[0][1]):
-        raise TraceError(f"{short_name}: result type is {result[1]}{list(result[0])}, "
-                         f"expected {specs[0][1]}{list(expected)}")
+        raise TraceError(f"{short_name}: result type is {hx.describe(*result)}, "
+                         f"expected {hx.describe(expected, specs[0][1])}")
 
 
 def _check_custom_call(op: ir.Operation) -> None:
@@ -122,12 +125,13 @@ def _check_custom_call(op: ir.Operation) -> None:
     if not objects or not set(objects) <= set(hx.DEVICES):
         raise TraceError(f"custom_call {kernel}: objects must map some of {', '.join(hx.DEVICES)} to files, "
                          f"got {', '.join(objects) or 'nothing'}")
-    for name in ("grid", "block"):
-        dims = list(ir.DenseI64ArrayAttr(op.attributes[name]))
+    grid, block = hx.launch_of(op)
+    for name, dims in (("grid", grid), ("block", block)):
         if len(dims) != 3 or min(dims) < 1:
             raise TraceError(f"custom_call {kernel}: {name} must be 3 positive sizes, got {dims}")
+    if any(isinstance(d, str) for v in [*op.operands, op.result] for d in hx.shape_of(v.type)):
+        raise TraceError(f"custom_call {kernel}: custom kernels take tensors of static shapes only")
     try:
-        check_launch(kernel, list(ir.DenseI64ArrayAttr(op.attributes["grid"])),
-                     list(ir.DenseI64ArrayAttr(op.attributes["block"])))
+        check_launch(kernel, grid, block)
     except CompileError as error:
         raise TraceError(error.message) from None

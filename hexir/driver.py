@@ -1,0 +1,161 @@
+"""The compiler driver: the options, the one ordered list of stages, and running a prefix of it.
+
+It is the only module that imports both the passes and the backends (the layers below it
+never import upward: tests/compiler/test_layers.py holds that). `-emit=<stage>` runs the
+stages up to and including that one and returns what it makes:
+
+    mlir         the traced hexir graph (or the .mlir input), verified
+    mlir-hetero  partitioned: every op has a device, transfers inserted
+    mlir-tir     element-wise ops fused into their linears, then hextir kernels built by the
+                 schedules (loops with schedules, work/launch records); the graph calls them
+    mlir-linalg  kernels lowered into upstream scf/memref/arith loops, with the .hxb calling
+                 convention (the name is the original tool's)
+    mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
+    llvm         LLVM IR of the cpu kernels
+    hxb          the packaged module
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlir import ir, passmanager
+
+from hexir.backend import cpu as cpu_backend
+from hexir.backend import cuda as cuda_backend
+from hexir.backend.custom import build_custom
+from hexir.backend.package import package
+from hexir.dialects import hexir as hx
+from hexir.dialects import hextir as ht
+from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError
+from hexir.passes.fuse import fuse
+from hexir.passes.lower_to_tir import lower_to_tir
+from hexir.passes.partition import partition, placeable_ops
+from hexir.passes.tir_to_loops import tir_to_loops
+from hexir.passes.to_gpu import cuda_kernels_to_gpu
+from hexir.passes.to_llvm import cpu_kernels_to_llvm
+from hexir.passes.verify import verify
+from hexir.target import Target
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything besides the program that changes what is compiled (part of the jit key)."""
+
+    placement: tuple[tuple[str, str], ...] = ()     # (op name, device), e.g. ("hexir.linear", "cuda")
+    target: Target = field(default_factory=Target)
+    kernel_search_path: tuple[str, ...] = ()        # where custom kernels' files are looked for
+
+
+Step = Callable[[ir.Module, Options], object]
+
+
+def _passes(*steps: tuple[str, Callable[[ir.Module, Options], None]] | str) -> Step:
+    """A stage made of passes, ours (a name and a function) or upstream's (a pipeline text),
+    run by one PassManager so that they compose by name."""
+    def run(module: ir.Module, options: Options) -> ir.Module:
+        with module.context:
+            manager = passmanager.PassManager("builtin.module")
+            for step in steps:
+                if isinstance(step, str):
+                    manager.add(step)
+                    continue
+                name, body = step
+
+                def pass_body(op: ir.Operation, pass_: object, body: Callable = body) -> None:
+                    with module.context, ir.Location.unknown():  # types need a location; ops take their own
+                        body(module, options)
+                pass_body.__name__ = name
+                manager.add(pass_body, name=name)
+            try:
+                manager.run(module.operation)
+            except HexirError:
+                raise
+            except ir.MLIRError as error:  # an upstream pass or the verifier refused our IR
+                raise CompileError(f"pass pipeline failed: {error}") from None
+        return module
+    return run
+
+
+def _outline_gpu(module: ir.Module, options: Options) -> ir.Module:
+    if ht.generated_kernels(module, "cuda"):
+        cuda_kernels_to_gpu(module)
+    return module
+
+
+def _llvm(module: ir.Module, options: Options) -> str:
+    if not ht.generated_kernels(module, "cpu"):
+        return "; no cpu kernels\n"
+    return cpu_backend.llvm_ir(cpu_kernels_to_llvm(module))
+
+
+def _hxb(module: ir.Module, options: Options) -> bytes:
+    target = options.target
+    cpu_module = cpu_kernels_to_llvm(module) if ht.generated_kernels(module, "cpu") else None
+    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
+        custom = build_custom(module, target.cpu, target.cuda_archs, Path(scratch))
+        library = None
+        if cpu_module is not None or custom.cpu_objects:
+            library = cpu_backend.compile_kernels(cpu_module, target.cpu, custom.cpu_objects)
+    cuda_binary = cuda_backend.compile_kernels(module, target.cuda_archs) if ht.generated_kernels(module, "cuda") \
+        else None
+    return package(module, library, cuda_binary, custom)
+
+
+#: The stages in order; each transforms the module in place, the last ones make text or bytes.
+#: (cse only after lower-to-tir: canonicalize would fold 1-trip loops away, and their schedules with them)
+STAGES: list[tuple[str, Step]] = [
+    ("mlir", _passes(("hexir-verify", lambda m, o: verify(m)))),
+    ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
+    ("mlir-tir", _passes(("hexir-fuse", lambda m, o: fuse(m)),
+                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse")),
+    ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
+    ("mlir-gpu", _outline_gpu),
+    ("llvm", _llvm),
+    ("hxb", _hxb),
+]
+STAGE_NAMES = tuple(name for name, _ in STAGES)
+_TERMINAL = ("llvm", "hxb")  # stages that make text or bytes rather than a module
+
+
+def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | str | bytes:
+    """Run the stages up to `stage` on `module` (in place) and return what that stage makes."""
+    if stage not in STAGE_NAMES:
+        raise ArgumentError(f"unknown stage {stage!r}; expected one of {', '.join(STAGE_NAMES)}")
+    result: object = module
+    for name, step in STAGES:
+        if name in _TERMINAL and name != stage:
+            continue
+        result = step(module, options)
+        if name == stage:
+            return result
+    raise AssertionError("unreachable: the stage is in the list")
+
+
+def compile_module(module: ir.Module, options: Options) -> bytes:
+    """The .hxb bytes of a hexir module."""
+    return run_stage(module, "hxb", options)
+
+
+def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
+    """`hexir.linear=cuda,hexir.relu=cpu` (or a dict) -> validated (op, device) pairs."""
+    if not text:
+        return ()
+    items = text.items() if isinstance(text, dict) else (
+        part.split("=", 1) if "=" in part else (part, None) for part in text.split(",") if part.strip())
+    pairs = {}
+    placeable = placeable_ops()
+    for op, device in items:
+        if not isinstance(op, str) or not isinstance(device, (str, type(None))):
+            raise PlacementError(f"placement: expected op name -> device name strings, got {op!r}: {device!r}")
+        op = op.strip()
+        if op not in placeable:
+            raise PlacementError(f"placement: unknown op {op!r}; placeable ops are {', '.join(placeable)}")
+        if device is None or device.strip() not in hx.DEVICES:
+            raise PlacementError(f"placement: unknown device {device!r} for {op}; expected one of "
+                                 f"{', '.join(hx.DEVICES)}")
+        pairs[op] = device.strip()
+    return tuple(sorted(pairs.items()))

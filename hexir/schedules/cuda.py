@@ -1,0 +1,164 @@
+"""cuda schedules: every loop bound to a GPU index, every shape guarded.
+
+linear (x[M,K] @ w[K,N], epilogues bias and fused element-wise ops): each 16x16-thread block
+computes a tile x tile tile of out. It walks K in slices of `step`: the block stages x[tile
+rows, step] and w[step, tile columns] in shared memory (consecutive threads read consecutive
+addresses, so the loads coalesce; out-of-range elements are staged as 0), waits at a barrier,
+and each thread accumulates a per x per block of sums (rows ty+16i, columns tx+16j, so a
+warp's stores are consecutive too) in a private buffer that NVVM keeps in registers.
+
+    for by in [0, ceil(M/tile)) bind blockIdx.y       x_tile, w_tile: shared buffers
+      for bx in [0, ceil(N/tile)) bind blockIdx.x
+        for ty in [0, 16) bind threadIdx.y            sums[per][per] = 0
+          for tx in [0, 16) bind threadIdx.x          for each k slice: stage; barrier; FMAs; barrier
+                                                      out[row, col] = epilogues(sums) where row < M, col < N
+
+elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
+element count. The guards make any shape work: 1, primes, sizes no block size divides, and a
+row count known only at run time (the grid is then an expression of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlir import ir
+from mlir.dialects import arith, memref, scf
+
+from hexir import sizes
+from hexir.dialects import hextir as ht
+from hexir.schedules import Request, extent
+
+#: linear: (out tile per block, k slice per step, sums per thread axis) — small and large.
+SMALL_TILING, LARGE_TILING = (64, 16, 4), (128, 16, 8)
+#: Large tiles only when they still give every SM of a big GPU (132 on an H100/H200) two blocks.
+LARGE_TILES_FROM = 256
+#: With a row count known only at run time, large tiles from this many columns on.
+LARGE_TILES_FROM_COLUMNS = 2048
+ELEMENTWISE_BLOCK = 256
+
+
+def linear_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int]:
+    """The tiling of an [m, n] output: 128x128 tiles with 8x8 sums per thread do more work per
+    shared-memory load (0.70 of cuBLAS at 4096^3 f32 on the H200, against 0.57 for 64x64),
+    but a small output would leave SMs idle (0.47 against 0.71 at 1024^3): see
+    bench/results/2026-11-30-h200-tilings.md."""
+    large = LARGE_TILING[0]
+    if isinstance(m, str):
+        return LARGE_TILING if n >= LARGE_TILES_FROM_COLUMNS else SMALL_TILING
+    return LARGE_TILING if -(-m // large) * -(-n // large) >= LARGE_TILES_FROM else SMALL_TILING
+
+
+def _contract() -> ir.Attribute:
+    """Let the multiply and add fuse into one FMA (one rounding instead of two)."""
+    return ir.Attribute.parse("#arith.fastmath<contract>")
+
+
+def _less(a: ir.Value, bound: ir.Value) -> ir.Value:
+    return arith.CmpIOp(arith.CmpIPredicate.ult, a, bound).result
+
+
+def _times(a: ir.Value, b: int) -> ir.Value:
+    return arith.MulIOp(a, ht.index(b)).result
+
+
+def _plus(a: ir.Value, b: ir.Value) -> ir.Value:
+    return arith.AddIOp(a, b).result
+
+
+def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: ir.Value, columns: ir.Value) -> ir.Value:
+    """buffer[row, column] where that is inside [rows, columns), else 0 (no load happens)."""
+    element = ir.MemRefType(buffer.type).element_type
+    inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result, [element], has_else=True)
+    with ir.InsertionPoint(inside.then_block):
+        scf.YieldOp([ht.load(buffer, [row, column])])
+    with ir.InsertionPoint(inside.else_block):
+        scf.YieldOp([arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result])
+    return inside.results[0]
+
+
+def _stage(source: ir.Value, tile: ir.Value, thread: ir.Value, threads: int, loads: int, width: int,
+           origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> None:
+    """Copy a [loads * threads / width, width] block of `source` at `origin` into `tile`, each
+    thread `loads` elements, consecutive threads at consecutive addresses."""
+    with ht.loop(0, loads, "unrolled") as e:
+        position = _plus(thread, _times(e, threads))
+        r = arith.DivUIOp(position, ht.index(width)).result
+        c = arith.RemUIOp(position, ht.index(width)).result
+        value = _guarded_load(source, _plus(origin[0], r), _plus(origin[1], c), *bounds)
+        ht.store(value, tile, [r, c])
+
+
+def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    x, w, out = args[0], args[1], args[-1]
+    bias = args[2] if "bias" in request.epilogues else None
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    element = ir.MemRefType(out.type).element_type
+    tile, step, per = linear_tiling(m, n)
+    threads = tile // per                                    # 16 threads per axis
+    loads = tile * step // (threads * threads)               # elements each thread stages per slice
+    grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)
+    rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
+    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
+            ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
+        x_tile = ht.alloc_local([tile, step], element, "shared")
+        w_tile = ht.alloc_local([step, tile], element, "shared")
+        with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
+                ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
+            sums = ht.alloc_local([per, per], element)
+            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+            with ht.loop(0, per, "unrolled") as r, ht.loop(0, per, "unrolled") as c:
+                ht.store(zero, sums, [r, c])
+            thread = _plus(_times(ty, threads), tx)
+            row0, column0 = _times(block_row, tile), _times(block_column, tile)
+            with ht.loop(0, -(-k_extent // step), "serial") as k_slice:
+                k0 = _times(k_slice, step)
+                _stage(x, x_tile, thread, threads * threads, loads, step, (row0, k0), (rows, depth))
+                _stage(w, w_tile, thread, threads * threads, loads, tile, (k0, column0), (depth, columns))
+                ht.barrier()
+                with ht.loop(0, step, "unrolled") as kk, ht.loop(0, per, "unrolled") as i:
+                    a = ht.load(x_tile, [_plus(ty, _times(i, threads)), kk])
+                    with ht.loop(0, per, "unrolled") as j:
+                        b = ht.load(w_tile, [kk, _plus(tx, _times(j, threads))])
+                        product = arith.MulFOp(a, b, fastmath=_contract()).result
+                        total = arith.AddFOp(ht.load(sums, [i, j]), product, fastmath=_contract()).result
+                        ht.store(total, sums, [i, j])
+                ht.barrier()
+            with ht.loop(0, per, "unrolled") as i, ht.loop(0, per, "unrolled") as j:
+                row = _plus(row0, _plus(ty, _times(i, threads)))
+                column = _plus(column0, _plus(tx, _times(j, threads)))
+                inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
+                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
+                    value = ht.load(sums, [i, j])
+                    if bias is not None:
+                        value = arith.AddFOp(value, ht.load(bias, [column])).result
+                    for apply in request.fused():  # a fused op costs an instruction here, no pass over memory
+                        value = apply(value)
+                    ht.store(value, out, [row, column])
+                    scf.YieldOp([])
+    return ht.Launch(grid, (threads, threads, 1))
+
+
+def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    x, out = args
+    shaped = ir.MemRefType(x.type)
+    total: sizes.Expr = 1
+    for axis in range(shaped.rank):
+        total = sizes.mul(total, extent(x, axis, request))
+    flat_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size() if isinstance(total, tuple | str) else total],
+                                  shaped.element_type)
+    reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get(
+        [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in range(shaped.rank)])])
+    flat_x = memref.CollapseShapeOp(flat_type, x, reassociation).result if shaped.rank > 1 else x
+    flat_out = memref.CollapseShapeOp(flat_type, out, reassociation).result if shaped.rank > 1 else out
+    blocks = sizes.ceildiv(total, ELEMENTWISE_BLOCK)
+    count = ht.size_value(total, symbols)
+    apply = request.scalars[request.op]
+    with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
+            ht.loop(0, ELEMENTWISE_BLOCK, "parallel", "threadIdx.x") as thread:
+        position = _plus(_times(block, ELEMENTWISE_BLOCK), thread)
+        guard = scf.IfOp(_less(position, count))
+        with ir.InsertionPoint(guard.then_block):
+            ht.store(apply(ht.load(flat_x, [position])), flat_out, [position])
+            scf.YieldOp([])
+    return ht.Launch((blocks, 1, 1), (ELEMENTWISE_BLOCK, 1, 1))
