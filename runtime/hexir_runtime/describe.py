@@ -73,7 +73,7 @@ def _kernel(index: int, kernel: Kernel) -> list[str]:
     lines = [f"  [{index}] {safe(kernel.name)}: {kernel.device} {op}({args})"]
     integers = ", ".join(map(to_text, kernel.integers))
     if kernel.gpu_code is None:
-        lines.append(f"      symbol {kernel.symbol}, {_where(kernel.cpu_code)}")
+        lines.append(f"      symbol {kernel.symbol}, {_where(kernel.cpu_code, source=False)}")
     else:
         launch = kernel.gpu_code.launch
         grid = ", ".join(map(to_text, launch.grid))
@@ -91,12 +91,12 @@ def _kernel(index: int, kernel: Kernel) -> list[str]:
     return lines
 
 
-def _where(code: Code) -> str:
+def _where(code: Code, source: bool = True) -> str:
     """How host code runs: a generated kernel's parallel loop, or where a custom kernel's code is."""
     if code.work is not None:
         return _work(code.work)
     where = f"library in blob {code.library}" if code.library is not None else "in the cpu library"
-    return where if code.source is None else f"from {safe(code.source)}, {where}"
+    return f"from {safe(code.source)}, {where}" if source else where
 
 
 def _work(work: Work) -> str:

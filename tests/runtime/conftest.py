@@ -288,8 +288,8 @@ def cuda(library: bytes | None = None, fallback: bool = True) -> tuple[dict[str,
 def modules() -> SimpleNamespace:
     """The module factories (`mlp`, `batched`, `big`, `cuda`, `weights`, `mlp_numpy`), the `Builder`, and the C
     source of every kernel of KERNELS (`kernels_source`)."""
-    return SimpleNamespace(Builder=Builder, mlp=mlp, batched=batched, big=big, cuda=cuda, weights=weights, mlp_numpy=mlp_numpy,
-                           kernels_source=KERNELS_SOURCE)
+    return SimpleNamespace(Builder=Builder, mlp=mlp, batched=batched, big=big, cuda=cuda, weights=weights,
+                           mlp_numpy=mlp_numpy, kernels_source=KERNELS_SOURCE)
 
 
 @pytest.fixture(scope="session")

@@ -223,8 +223,8 @@ def test_info_lists_custom_kernels_their_sources_and_libraries(modules, tmp_path
     hxb.write(tmp_path / "gpu.hxb", *gpu_module(modules))
     assert hexir_run([str(tmp_path / "cpu.hxb"), "--info"]) == 0
     out = capsys.readouterr().out
-    for line in ["  [0] k0_linear_bias: cpu linear_bias(", "      symbol linear_bias_2x8_8x16_16_2x16_float32, "
-                 "parallel_extent 2\n",
+    for line in ["  [0] k0_linear_bias: cpu linear+bias(", "      symbol linear_bias_2x8_8x16_16_2x16_float32, "
+                 "work extent 2\n",
                  "  [1] k1_relu6: cpu custom(read float32[2, 16], write float32[2, 16])\n"
                  "      symbol relu6, in the cpu library\n      source relu6.c, scalars [2, 16, 2, 16]\n",
                  "  [2] k2_scale_columns: cpu custom(read float32[2, 16], read float64[16], write float64[2, 16])\n"
@@ -274,8 +274,10 @@ CPU_MUTATIONS = {  # mutation of cpu_module()'s manifest -> (field, part of the 
     "source not a string": (lambda m: m["kernels"][1].update(source=["relu6.c"]), "kernels[1].source", "got an array"),
     "source on a generated kernel": (lambda m: m["kernels"][0].update(source="linear.c"), "kernels[0].source",
                                      "only custom kernels have this key"),
-    "parallel_extent on a custom kernel": (lambda m: m["kernels"][1].update(parallel_extent=2),
-                                           "kernels[1].parallel_extent", "only generated cpu kernels have this key"),
+    "work on a custom kernel": (lambda m: m["kernels"][1].update(work={"extent": 2, "grain": 1}),
+                                "kernels[1].work", "only generated cpu kernels have this key"),
+    "sizes on a custom kernel": (lambda m: m["kernels"][1].update(sizes=[]), "kernels[1].sizes",
+                                 "only generated kernels have this key"),
     "library on a generated kernel": (lambda m: m["kernels"][0].update(library=4), "kernels[0].library",
                                       "only custom cpu kernels have this key"),
     "library index": (lambda m: m["kernels"][2].update(library=9), "kernels[2].library", "blob index in [0, 6), got 9"),
@@ -294,8 +296,8 @@ GPU_MUTATIONS = {  # mutation of gpu_module()'s manifest -> (field, part of the 
     "scalars": (lambda m: m["kernels"][0].update(scalars=[2, 16]), "kernels[0].scalars", "[2, 16, 2, 16], got [2, 16]"),
     "library outside the fallback": (lambda m: m["kernels"][1].update(library=1), "kernels[1].library",
                                      "only custom cpu kernels have this key"),
-    "generated fallback keys": (lambda m: m["kernels"][0]["cpu_fallback"].update(parallel_extent=2),
-                                "kernels[0].cpu_fallback.parallel_extent",
+    "generated fallback keys": (lambda m: m["kernels"][0]["cpu_fallback"].update(work={"extent": 2, "grain": 1}),
+                                "kernels[0].cpu_fallback.work",
                                 "unknown key (allowed: symbol, source, library)"),
     "fallback without source": (lambda m: _drop(m["kernels"][0]["cpu_fallback"], "source"),
                                 "kernels[0].cpu_fallback.source", "missing"),
@@ -334,7 +336,7 @@ def test_generated_kernels_keep_their_rules(modules):
     assert_rule(parts, lambda m: m["kernels"][0]["images"].update(fatbin=0), "kernels[0].images.fatbin",
                 "only custom kernels have a fatbin image")
     assert_rule(parts, lambda m: m["kernels"][0]["cpu_fallback"].update(source="relu.c"),
-                "kernels[0].cpu_fallback.source", "unknown key (allowed: symbol, parallel_extent)")
+                "kernels[0].cpu_fallback.source", "unknown key (allowed: symbol, work)")
     assert_rule(parts, lambda m: m["kernels"][0]["args"][0].update(dtype="float64"), "kernels[0].args[1].dtype",
                 "expected float64 like args[0]")
 
@@ -353,7 +355,7 @@ def test_what_custom_kernels_may_do(modules):
     entry.ret(entry.transfer(entry.call(gpu, entry.transfer(on_cpu, "cuda")), "cpu"))
     parts = builder.build()
     manifest = hxb.decode(hxb.encode(*parts)).manifest
-    assert "cpu" not in manifest and manifest["kernels"][0]["scalars"] == []
+    assert manifest.cpu is None and manifest.kernels[0].integers == ()
     assert_rule(parts, lambda m: _drop(m["kernels"][1]["cpu_fallback"], "library"), "cpu",
                 "missing, but kernels[1] has cpu code and no library of its own")
     assert_rule(parts, lambda m: m.update(cpu={"arch": "x86_64", "cpu": "x86-64", "features": [], "library": 0}),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hexir_runtime import DeviceError, KernelError, load
 from hexir_runtime import cpu as cpu_device
 from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice, check_host
+from hexir_runtime.format import Cpu
 from hexir_runtime.reference import ReferenceDevice
 
 DEVICES = ["reference", "cpu"]
@@ -48,7 +50,7 @@ def test_devices_agree_on_float64(modules, c_library):
     reference, native = load(data, "reference").main(x), load(data, "cpu").main(x)
     assert native.dtype == np.float64
     np.testing.assert_allclose(native, reference, rtol=1e-12, atol=1e-12)
-    constants = hxb.decode(data).manifest["constants"]
+    constants = hxb.decode(data).json["constants"]
     w, b = (np.frombuffer(hxb.decode(data).blob(c["blob"]), c["dtype"]).reshape(c["shape"]) for c in constants)
     np.testing.assert_allclose(native, np.maximum(x @ w + b, 0), rtol=1e-12, atol=1e-12)
 
@@ -158,10 +160,10 @@ def test_missing_cpu_features(modules, c_library, monkeypatch):
 
 
 def test_check_host_normalises_architectures():
-    section = {"arch": "x86_64", "cpu": "x86-64-v3", "features": ["avx2", "fma"]}
+    section = Cpu("x86_64", "x86-64-v3", ("avx2", "fma"), 0)
     check_host(section, machine="AMD64", flags={"avx2", "fma", "sse2"})
-    check_host({**section, "arch": "amd64"}, machine="x86_64", flags={"avx2", "fma"})
-    check_host({**section, "arch": "arm64", "features": []}, machine="aarch64", flags=set())
+    check_host(replace(section, arch="amd64"), machine="x86_64", flags={"avx2", "fma"})
+    check_host(replace(section, arch="arm64", features=()), machine="aarch64", flags=set())
     with pytest.raises(DeviceError, match="x86-64-v3 and needs CPU features this machine lacks: fma"):
         check_host(section, machine="x86_64", flags={"avx2"})
     with pytest.raises(DeviceError, match="for x86_64, but this machine is aarch64"):

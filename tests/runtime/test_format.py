@@ -10,6 +10,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hexir_runtime import HxbFormatError
 from hexir_runtime import format as hxb
@@ -17,7 +18,7 @@ from hexir_runtime import format as hxb
 
 def raw(manifest_text: bytes, tail: bytes = b"") -> bytes:
     """A file with a correct header around any manifest bytes (no checks)."""
-    header = hxb.HEADER.pack(hxb.MAGIC, 1, 40, 40, len(manifest_text), zlib.crc32(manifest_text), 0)
+    header = hxb.HEADER.pack(hxb.MAGIC, 2, 40, 40, len(manifest_text), zlib.crc32(manifest_text), 0)
     return header + manifest_text + tail
 
 
@@ -39,19 +40,20 @@ def assert_format_error(data: bytes, field: str, text: str = "") -> HxbFormatErr
 def test_round_trip(parts, data):
     manifest, blobs = parts
     module = hxb.decode(data)
-    assert module.version == 1
-    assert {key: module.manifest[key] for key in manifest} == manifest
-    assert [blob["name"] for blob in module.manifest["blobs"]] == [name for name, _ in blobs]
+    assert module.version == 2
+    assert {key: module.json[key] for key in manifest} == manifest
+    assert module.manifest.kernels[0].epilogues == ("bias",) and module.manifest.constants[0].name == "W1"
+    assert [blob["name"] for blob in module.json["blobs"]] == [name for name, _ in blobs]
     for i, (_, payload) in enumerate(blobs):
         assert bytes(module.blob(i)) == payload
-        entry = module.manifest["blobs"][i]
+        entry = module.json["blobs"][i]
         assert entry["offset"] % 64 == 0
         assert entry["sha256"] == hashlib.sha256(payload).hexdigest()
 
 
 def test_header_layout(data):
     magic, version, header_size, offset, size, crc, reserved = struct.unpack_from("<8sIIQQII", data)
-    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 1, 40, 40, 0)
+    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 2, 40, 40, 0)
     assert zlib.crc32(data[40 : 40 + size]) == crc
     json.loads(data[40 : 40 + size])  # the manifest is plain JSON
 
@@ -64,8 +66,8 @@ def test_encode_is_deterministic_and_write_read(parts, data, tmp_path):
 
 def test_encode_checks_what_it_writes(parts):
     manifest = copy.deepcopy(parts[0])
-    manifest["kernels"][0]["op"] = "conv"
-    message = r"kernels\[0\]\.op: expected one of linear, linear_bias, linear_relu, linear_bias_relu, relu"
+    manifest["kernels"][0]["op"] = "conv 2d"
+    message = r"kernels\[0\]\.op: expected an identifier"
     with pytest.raises(HxbFormatError, match=message):
         hxb.encode(manifest, parts[1])
     with pytest.raises(HxbFormatError, match="encode computes the blob table"):
@@ -89,9 +91,9 @@ def test_empty_blobs_and_no_blobs(modules):
     entry = builder.entry()
     entry.ret(entry.input("x", [0, 3]))
     data = hxb.encode(*builder.build())
-    assert hxb.decode(data).manifest["blobs"] == []
+    assert hxb.decode(data).json["blobs"] == [] and hxb.decode(data).manifest.blobs == ()
     builder.constant("nothing", modules.weights()["b1"][:0])
-    assert hxb.decode(hxb.encode(*builder.build())).manifest["blobs"][0]["size"] == 0
+    assert hxb.decode(hxb.encode(*builder.build())).json["blobs"][0]["size"] == 0
 
 
 # --- structure -------------------------------------------------------------------------------
@@ -108,8 +110,9 @@ def test_foreign_files_have_bad_magic(foreign):
 
 
 def test_unknown_version(data):
-    error = assert_format_error(patch(data, 8, struct.pack("<I", 2)), "header.version")
-    assert error.reason == "version 2 is not supported; this runtime reads version 1"
+    for version in (0, 3):
+        error = assert_format_error(patch(data, 8, struct.pack("<I", version)), "header.version")
+        assert error.reason == f"version {version} is not supported; this runtime reads versions 1 and 2"
 
 
 @pytest.mark.parametrize(
@@ -122,7 +125,7 @@ def test_header_fields(data, offset, value, field):
 
 
 def test_truncated_anywhere(data):
-    blob_edges = [edge for blob in hxb.decode(data).manifest["blobs"] for edge in (blob["offset"], blob["offset"] + 1)]
+    blob_edges = [edge for blob in hxb.decode(data).json["blobs"] for edge in (blob["offset"], blob["offset"] + 1)]
     cuts = {*range(0, 48), *range(48, len(data), 97), *blob_edges, len(data) - 1}
     for cut in sorted(cuts):
         with pytest.raises(HxbFormatError) as caught:
@@ -140,15 +143,20 @@ def test_corrupted_manifest_fails_its_crc(data):
 
 
 def test_corrupted_blob_fails_its_checksum(data):
-    blob = hxb.decode(data).manifest["blobs"][1]
+    blob = hxb.decode(data).json["blobs"][1]
     corrupted = patch(data, blob["offset"] + 5, bytes([data[blob["offset"] + 5] ^ 1]))
     assert_format_error(corrupted, "blobs[1].sha256", "checksum mismatch")
 
 
-def test_padding_must_be_zero(data):
-    blob = hxb.decode(data).manifest["blobs"][0]
-    assert blob["offset"] > 40 + struct.unpack_from("<Q", data, 24)[0]  # padding after the manifest
-    assert_format_error(patch(data, blob["offset"] - 1, b"\1"), "blobs[0].offset", "padding")
+def test_padding_must_be_zero(modules):
+    builder = modules.Builder()
+    for name in "ab":  # 4 bytes each: 60 bytes of padding after the first
+        builder.constant(name, np.ones(1, np.float32))
+    entry = builder.entry()
+    entry.ret(entry.input("x", [1]))
+    data = hxb.encode(*builder.build())
+    blob = hxb.decode(data).manifest.blobs[1]
+    assert_format_error(patch(data, blob.offset - 1, b"\1"), "blobs[1].offset", "padding")
 
 
 @pytest.mark.parametrize(
@@ -210,7 +218,26 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
     "bool dim": (lambda m: m["constants"][1].update(shape=[True]), "constants[1].shape[0]", "got True"),
     "huge shape": (lambda m: m["entries"][0]["buffers"][0].update(shape=[2**40, 2**40]),
                    "entries[0].buffers[0].shape", "too large"),
-    "kernel op": (lambda m: m["kernels"][0].update(op="conv"), "kernels[0].op", "got 'conv'"),
+    "kernel op": (lambda m: m["kernels"][0].update(op="conv-2d"), "kernels[0].op", "got 'conv-2d'"),
+    "linear epilogues": (lambda m: m["kernels"][0].update(epilogues=["relu", "bias"]), "kernels[0].epilogues",
+                         'expected an ordered subset of [bias, relu], got ["relu", "bias"]'),
+    "relu epilogues": (lambda m: m["kernels"][1].update(epilogues=["bias"]), "kernels[1].epilogues",
+                       'relu has none, got ["bias"]'),
+    "bias without its arg": (lambda m: m["kernels"][2].update(epilogues=["bias"]), "kernels[2].args",
+                             "linear takes 4 args (x[M, K], w[K, N], bias[N], out[M, N]), got 3"),
+    "sizes": (lambda m: m["kernels"][1].update(sizes=["n"]), "kernels[1].sizes",
+              'expected the distinct symbols of the args in order, [], got ["n"]'),
+    "extent symbol": (lambda m: m["kernels"][1]["work"].update(extent="n"), "kernels[1].work.extent",
+                      "symbol 'n' is no dimension of the kernel's args (none)"),
+    "grain": (lambda m: m["kernels"][1]["work"].update(grain=0), "kernels[1].work.grain", "integer >= 1"),
+    "symbolic constant": (lambda m: m["constants"][1].update(shape=["n"]), "constants[1].shape[0]",
+                          "expected an integer >= 0, got 'n'"),
+    "unbound symbol": (lambda m: m["entries"][0]["buffers"][6].update(shape=["n", 4]),
+                       "entries[0].buffers[6].shape", "symbol 'n' is bound by no input"),
+    "unbound output symbol": (lambda m: m["entries"][0]["outputs"][0].update(shape=[2, "n"]),
+                              "entries[0].outputs[0].shape", "symbol 'n' is bound by no input"),
+    "symbol not an identifier": (lambda m: m["entries"][0]["inputs"][0].update(shape=["2x", 8]),
+                                 "entries[0].inputs[0].shape[0]", "expected an identifier"),
     "linear shapes": (lambda m: m["kernels"][2]["args"][1].update(shape=[15, 4]), "kernels[2].args",
                       "linear expects x[M, K], w[K, N], out[M, N], got float32[2, 16], float32[15, 4]"),
     "bias shape": (lambda m: m["kernels"][0]["args"][2].update(shape=[15]), "kernels[0].args", "bias[N]"),
@@ -222,9 +249,11 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
     "access": (lambda m: m["kernels"][1]["args"][1].update(access="read"), "kernels[1].args[1].access",
                "expected one of write"),
     "symbol": (lambda m: m["kernels"][1].update(symbol="relu; rm -rf"), "kernels[1].symbol", "identifier"),
-    "extent": (lambda m: m["kernels"][1].update(parallel_extent=-1), "kernels[1].parallel_extent", ">= 0"),
+    "extent": (lambda m: m["kernels"][1]["work"].update(extent=-1), "kernels[1].work.extent", ">= 0"),
+    "v1 extent": (lambda m: m["kernels"][1].update(parallel_extent=2), "kernels[1].parallel_extent", "unknown key"),
     "launch on cpu": (lambda m: m["kernels"][1].update(launch={}), "kernels[1].launch", "only cuda kernels"),
-    "no extent": (lambda m: _drop(m["kernels"][1], "parallel_extent"), "kernels[1].parallel_extent", "missing"),
+    "no work": (lambda m: _drop(m["kernels"][1], "work"), "kernels[1].work", "missing"),
+    "no sizes": (lambda m: _drop(m["kernels"][1], "sizes"), "kernels[1].sizes", "missing (generated kernels need it)"),
     "cpu section missing": (lambda m: _drop(m, "cpu"), "cpu", "missing, but kernels[0] has cpu code"),
     "fallback on a cpu kernel": (lambda m: m["kernels"][1].update(cpu_fallback={}), "kernels[1].cpu_fallback",
                                  "only cuda kernels have this key"),
@@ -293,7 +322,7 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
                                "entries[0].program[5].srcs[0]", "must be on cpu"),
     "input on device": (lambda m: m["entries"][0]["buffers"][0].update(device="cuda"), "entries[0].program[0].dst",
                         "must be on cpu"),
-    "call on the wrong device": (lambda m: m["kernels"][0].update(device="cpu", parallel_extent=2) or
+    "call on the wrong device": (lambda m: m["kernels"][0].update(device="cpu", work={"extent": 2, "grain": 1}) or
                                  [m["kernels"][0].pop(key) for key in ("launch", "images", "cpu_fallback")],
                                  "entries[0].program[2].args[0]",
                                  "buffer 1 is on cuda, but kernels[0].args[0] must be on cpu"),
@@ -301,12 +330,19 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
                                      "present, but no kernel has cpu code"),
     "fallback symbol": (lambda m: m["kernels"][0]["cpu_fallback"].update(symbol=""), "kernels[0].cpu_fallback.symbol",
                         "identifier"),
-    "fallback extent": (lambda m: _drop(m["kernels"][0]["cpu_fallback"], "parallel_extent"),
-                        "kernels[0].cpu_fallback.parallel_extent", "missing"),
+    "fallback work": (lambda m: _drop(m["kernels"][0]["cpu_fallback"], "work"),
+                      "kernels[0].cpu_fallback.work", "missing"),
     "missing launch": (lambda m: _drop(m["kernels"][0], "launch"), "kernels[0].launch", "missing (cuda kernels"),
-    "extent on cuda": (lambda m: m["kernels"][0].update(parallel_extent=2), "kernels[0].parallel_extent",
-                       "only generated cpu kernels"),
-    "grid": (lambda m: m["kernels"][0]["launch"].update(grid=[1, 0, 1]), "kernels[0].launch.grid[1]", ">= 1"),
+    "work on cuda": (lambda m: m["kernels"][0].update(work={"extent": 2, "grain": 1}), "kernels[0].work",
+                     "only generated cpu kernels"),
+    "grid": (lambda m: m["kernels"][0]["launch"].update(grid=[1, -1, 1]), "kernels[0].launch.grid[1]", ">= 0"),
+    "grid expression": (lambda m: m["kernels"][0]["launch"].update(grid=[["div", 2, 1], 1, 1]),
+                        "kernels[0].launch.grid[0][0]", "expected one of ceildiv, mul, add, min, max, got 'div'"),
+    "block": (lambda m: m["kernels"][0]["launch"].update(block=[32, 0, 1]), "kernels[0].launch.block[1]", ">= 1"),
+    "block size": (lambda m: m["kernels"][0]["launch"].update(block=[64, 32, 1]), "kernels[0].launch.block",
+                   "64 x 32 x 1 threads: a block has at most 1024"),
+    "shared bytes": (lambda m: m["kernels"][0]["launch"].update(shared_bytes=232449),
+                     "kernels[0].launch.shared_bytes", "232449 bytes: a block has at most 232448"),
     "block rank": (lambda m: m["kernels"][0]["launch"].update(block=[32]), "kernels[0].launch.block", "[x, y, z]"),
     "image name": (lambda m: m["kernels"][0]["images"].update(sm90=0), "kernels[0].images.sm90", "sm_<number>"),
     "ptx is compute_NN": (lambda m: m["kernels"][0]["images"].update(ptx=1), "kernels[0].images.ptx",
@@ -333,4 +369,4 @@ def test_the_example_in_the_format_document():
     example = json.loads(re.search(r"```json\n(.*?)```", document, re.S).group(1).replace("…", "0" * 64))
     sizes = {blob["name"]: blob["size"] for blob in example.pop("blobs")}
     data = hxb.encode(example, [(name, bytes(size)) for name, size in sizes.items()])
-    assert [blob["offset"] for blob in hxb.decode(data).manifest["blobs"]][1] % 64 == 0
+    assert [blob["offset"] for blob in hxb.decode(data).json["blobs"]][1] % 64 == 0
