@@ -987,3 +987,51 @@ def test_a_fatbin_is_loaded_as_it_is_once_per_module(custom_file, fake):
     load(custom_file, "cuda")
     assert fake.loaded == [FATBIN]  # no NUL added, the sm_80 CUBIN not tried on the 9.0 GPU
     assert fake.calls.count("cuModuleGetFunction") == 2
+
+
+# ---- launch records with size expressions (a hand-built module, no compiler needed) -----------
+
+
+@pytest.fixture
+def symbolic_relu(modules, fake) -> bytes:
+    """`main(x: float32[batch, 3]) -> relu(x)` on cuda, grid [ceildiv(batch, 2), 1, 1], its
+    kernel taught to the fake GPU, its PTX naming it."""
+    builder = modules.Builder()
+    relu = builder.kernel("relu", [["batch", 3], ["batch", 3]], device="cuda", fallback=False)
+    kernel = builder.kernels[relu]
+    kernel["launch"] = {"grid": [["ceildiv", "batch", 2], 1, 1], "block": [64, 1, 1], "shared_bytes": 64 * 1024}
+    ptx = kernel["images"]["compute_90"]
+    builder.blobs[ptx] = ("ptx", f".version 8.0\n.target sm_90\n.entry {kernel['symbol']}(\n".encode())
+    kernel["images"] = {"compute_90": ptx}
+    entry = builder.entry()
+    entry.ret(entry.transfer(entry.call(relu, entry.transfer(entry.input("x", ["batch", 3]), "cuda")), "cpu"))
+    fake.kernels[kernel["symbol"]] = kernel
+    return hxb.encode(*builder.build())
+
+
+def test_grids_are_evaluated_per_call_and_sizes_follow_the_pointers(symbolic_relu, fake):
+    module = load(symbolic_relu, "cuda")
+    assert "cuFuncSetAttribute" in fake.calls  # 64 KiB of shared memory needs opting in
+    for batch, blocks in [(5, 3), (1, 1), (4, 2)]:
+        x = x_of((batch, 3), seed=batch)
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+        launch = fake.launches[-1]
+        assert (launch["grid"], launch["block"], launch["shared"]) == ((blocks, 1, 1), (64, 1, 1), 64 * 1024)
+        assert launch["scalars"] == [batch]  # one int64 per entry of `sizes`, after the pointers
+    assert len(fake.launches) == 3
+
+
+def test_an_empty_grid_is_not_launched(symbolic_relu, fake):
+    module = load(symbolic_relu, "cuda")
+    assert module.main(np.zeros((0, 3), np.float32)).shape == (0, 3)
+    assert fake.launches == [] and "cuLaunchKernel" not in fake.calls
+
+
+def test_a_grid_beyond_cuda_limits_is_a_kernel_error(symbolic_relu, fake, monkeypatch):
+    module = load(symbolic_relu, "cuda")
+    monkeypatch.setattr(hexir_runtime.cuda, "MAX_GRID", (2, 65535, 65535))  # not 2^31 - 1: no 48 GiB input
+    with pytest.raises(KernelError) as caught:
+        module.main(np.zeros((5, 3), np.float32))
+    assert str(caught.value) == ("kernels[0] (k0_relu) needs 3 blocks along grid x (ceildiv(batch, 2)); "
+                                 "CUDA allows at most 2")
+    assert "cuLaunchKernel" not in fake.calls
