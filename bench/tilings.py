@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import hexir
-from hexir.passes import gpu_schedule
+from hexir.schedules import cuda as gpu_schedule
 
 TILINGS = [(64, 16, 4), (128, 8, 8), (128, 16, 8), (64, 8, 4)]
 SIZES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]

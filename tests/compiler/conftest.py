@@ -22,7 +22,7 @@ from hexir_runtime import format as hxb
 from mlir import ir
 
 from hexir.dialects import make_context
-from hexir.passes.pipeline import Options, run_stage
+from hexir.driver import Options, run_stage
 
 LLVM_BIN = Path(llvm.__file__).parent / "bin"
 FILECHECK = LLVM_BIN / "FileCheck"
@@ -57,7 +57,7 @@ def lower(ir_text: str, stage: str, **options) -> str | bytes:
 
 def manifest(data: bytes) -> dict:
     """The manifest of an .hxb, read (and checked) the way the runtime reads it."""
-    return hxb.decode(data).manifest
+    return hxb.decode(data).json
 
 
 def line_of(path: str | Path, tag: str) -> int:

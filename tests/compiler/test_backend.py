@@ -14,8 +14,9 @@ import hexir
 from hexir.backend import cpu as cpu_backend
 from hexir.backend.toolchain import llvm_tool, run_tool
 from hexir.errors import CompileError, TargetError
-from hexir.passes.lower_to_tir import CPU_ROWS
-from hexir.passes.pipeline import Options, compile_module, parse_target
+from hexir.schedules.cpu import ROWS as CPU_ROWS
+from hexir.driver import Options, compile_module
+from hexir.target import Target, parse_target
 
 from .conftest import LLVM_BIN, parse
 
@@ -34,7 +35,7 @@ def mlp(x):
 
 
 def _compile(target: str | None = None) -> hxb.Hxb:
-    return hxb.decode(compile_module(mlp.trace(X), parse_target(target, Options())))
+    return hxb.decode(compile_module(mlp.trace(X), Options(target=parse_target(target))))
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def v3() -> hxb.Hxb:
 
 def _library(module: hxb.Hxb, tmp_path) -> str:
     path = tmp_path / "kernels.so"
-    path.write_bytes(bytes(module.blob(module.manifest["cpu"]["library"])))
+    path.write_bytes(bytes(module.blob(module.json["cpu"]["library"])))
     return str(path)
 
 
@@ -59,7 +60,7 @@ def _disassembly(path: str) -> str:
 
 
 def test_library_is_an_elf_shared_object_for_x86_64(baseline):
-    data = bytes(baseline.blob(baseline.manifest["cpu"]["library"]))
+    data = bytes(baseline.blob(baseline.json["cpu"]["library"]))
     assert data[:4] == b"\x7fELF"
     assert data[4] == 2  # 64-bit
     e_type, e_machine = struct.unpack_from("<HH", data, 16)
@@ -71,20 +72,20 @@ def test_library_exports_every_kernel_symbol(baseline, tmp_path):
     symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "-D", "--defined-only", _library(baseline, tmp_path)],
                              capture_output=True, text=True, check=True).stdout
     exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
-    kernels = {k["symbol"] for k in baseline.manifest["kernels"]}
+    kernels = {k["symbol"] for k in baseline.json["kernels"]}
     assert kernels == {"linear_0", "linear_1"}  # the relu is fused into linear_0
     assert kernels <= exported
 
 
 def test_default_target_is_the_portable_baseline(baseline, tmp_path):
-    cpu = baseline.manifest["cpu"]
+    cpu = baseline.json["cpu"]
     assert (cpu["arch"], cpu["cpu"], cpu["features"]) == ("x86_64", "x86-64", ["sse", "sse2"])
     assert not [line for line in _disassembly(_library(baseline, tmp_path)).splitlines()
                 if "\tv" in line or "ymm" in line], "baseline code uses VEX (AVX) instructions"
 
 
 def test_x86_64_v3_changes_the_manifest_and_the_code(v3, tmp_path):
-    cpu = v3.manifest["cpu"]
+    cpu = v3.json["cpu"]
     assert cpu["cpu"] == "x86-64-v3"
     assert {"avx", "avx2", "fma", "bmi2"} <= set(cpu["features"])
     assert "avx512f" not in cpu["features"]
@@ -124,7 +125,7 @@ def test_parse_target_keeps_the_placement():
 # ---- the manifest ---------------------------------------------------------------------------
 
 def test_manifest_describes_the_host_program(baseline):
-    entry = baseline.manifest["entries"][0]
+    entry = baseline.json["entries"][0]
     assert entry["name"] == "main"
     assert entry["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "float32"}]
     assert entry["outputs"] == [{"shape": [2, 4], "dtype": "float32"}]
@@ -134,7 +135,7 @@ def test_manifest_describes_the_host_program(baseline):
 
 
 def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
-    linear_relu, linear_bias = baseline.manifest["kernels"]
+    linear_relu, linear_bias = baseline.json["kernels"]
     assert linear_relu["op"] == "linear_relu" and linear_relu["device"] == "cpu"
     assert [a["shape"] for a in linear_relu["args"]] == [[2, 8], [8, 16], [2, 16]]
     assert [a["access"] for a in linear_relu["args"]] == ["read", "read", "write"]
@@ -144,7 +145,7 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
     # a relu of an input has no linear to fuse into: it stays a kernel of its own
     relu_of_input = hexir.jit(lambda h: hexir.relu(h))
     (relu,) = hxb.decode(compile_module(relu_of_input.trace(hexir.TensorSpec((2, 16), "float32")),
-                                        Options())).manifest["kernels"]
+                                        Options())).json["kernels"]
     assert relu["op"] == "relu" and relu["device"] == "cpu"
     assert [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
     assert [a["access"] for a in relu["args"]] == ["read", "write"]
@@ -155,7 +156,7 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
 
 def test_constants_hold_the_weights_by_name(baseline):
     stored = {c["name"]: np.frombuffer(bytes(baseline.blob(c["blob"])), dtype=c["dtype"]).reshape(c["shape"])
-              for c in baseline.manifest["constants"]}
+              for c in baseline.json["constants"]}
     assert set(stored) == {"W1", "W2", "B2"}
     np.testing.assert_array_equal(stored["W1"], W1)
     np.testing.assert_array_equal(stored["W2"], W2)
@@ -171,8 +172,8 @@ def test_equal_weights_are_stored_once():
         return hexir.linear(hexir.linear(x, first), second)
 
     module = hxb.decode(compile_module(f.trace(hexir.TensorSpec((3, 4), "float32")), Options()))
-    assert len(module.manifest["constants"]) == 1
-    constant_commands = [c for c in module.manifest["entries"][0]["program"] if c["op"] == "constant"]
+    assert len(module.json["constants"]) == 1
+    constant_commands = [c for c in module.json["entries"][0]["program"] if c["op"] == "constant"]
     assert [c["constant"] for c in constant_commands] == [0, 0]
 
 
@@ -182,8 +183,8 @@ def test_export_writes_an_hxb_for_a_plain_function(tmp_path):
 
     path = hexir.export(plain, tmp_path / "relu.hxb", hexir.TensorSpec((5,), "float64"), target="cpu:x86-64-v2")
     module = hxb.read(path)
-    assert module.manifest["cpu"]["cpu"] == "x86-64-v2"
-    assert module.manifest["kernels"][0]["args"][0] == {"shape": [5], "dtype": "float64", "access": "read"}
+    assert module.json["cpu"]["cpu"] == "x86-64-v2"
+    assert module.json["kernels"][0]["args"][0] == {"shape": [5], "dtype": "float64", "access": "read"}
 
 
 # ---- the tools --------------------------------------------------------------------------------

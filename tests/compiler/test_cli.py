@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hexir.cli import main
-from hexir.passes.pipeline import STAGES
+from hexir.driver import STAGES
 
 from .conftest import MLP, REPO, manifest
 

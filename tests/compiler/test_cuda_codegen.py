@@ -26,9 +26,9 @@ import hexir
 import hexir.cli
 from hexir.backend import cuda as cuda_backend
 from hexir.errors import TargetError
-from hexir.passes import gpu_schedule
-from hexir.passes.lower_to_tir import CPU_ROWS
-from hexir.passes.pipeline import CUDA_ARCHS
+from hexir.schedules import cuda as gpu_schedule
+from hexir.schedules.cpu import ROWS as CPU_ROWS
+from hexir.target import CUDA_ARCHS
 
 from .conftest import LLVM_BIN, filecheck, lower
 
@@ -194,7 +194,7 @@ def numpy_of(chain: str, arrays: list[np.ndarray]) -> np.ndarray:
 
 def read(path: Path) -> tuple[dict, hxb.Hxb]:
     module = hxb.read(path)
-    return module.manifest, module
+    return module.json, module
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -136,7 +136,7 @@ def test_default_placement_prefers_the_cpu_file(tmp_path):
 
 def test_tir_declares_the_kernel_and_transfers_are_inserted():
     fn = hexir.jit(lambda x: scale2()(hexir.relu(x)), placement="hexir.custom_call=cuda")
-    from hexir.passes.pipeline import run_stage
+    from hexir.driver import run_stage
     text = str(run_stage(fn.trace(SPEC), "mlir-tir", fn.options))
     assert 'func.func private @scale2_1(memref<3x5xf32>, memref<3x5xf32>) attributes {hextir.custom = ' in text
     assert '#hextir.kernel<"cuda", "custom">' in text
@@ -183,7 +183,7 @@ def test_a_cu_file_becomes_a_cubin_per_arch_and_ptx(tmp_path):
     path = export(tmp_path, lambda x: scale2(cuda="kernels/scale2.cu")(x), hexir.TensorSpec((300, 7), "float32"),
                   target="cuda:sm_80,cuda:sm_90")
     data = hexir_runtime.format.decode(path.read_bytes())
-    kernel = data.manifest["kernels"][0]
+    kernel = data.json["kernels"][0]
     assert kernel["launch"] == {"grid": [-(-300 * 7 // 128), 1, 1], "block": [128, 1, 1], "shared_bytes": 0}
     assert sorted(kernel["images"]) == ["compute_80", "sm_80", "sm_90"]
     for arch in ("sm_80", "sm_90"):
@@ -192,13 +192,13 @@ def test_a_cu_file_becomes_a_cubin_per_arch_and_ptx(tmp_path):
         assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == int(arch[3:])
     ptx = bytes(data.blob(kernel["images"]["compute_80"]))
     assert b".entry scale2(" in ptx and b".target sm_80" in ptx
-    assert "cpu_fallback" not in kernel and "cpu" not in data.manifest
+    assert "cpu_fallback" not in kernel and "cpu" not in data.json
 
 
 def test_ptx_and_cubin_files_are_taken(tmp_path):
     first = hexir_runtime.format.decode(export(tmp_path, lambda x: scale2(cuda="kernels/scale2.cu")(x),
                                                SPEC).read_bytes())
-    images = first.manifest["kernels"][0]["images"]
+    images = first.json["kernels"][0]["images"]
     (tmp_path / "scale2.ptx").write_bytes(bytes(first.blob(images["compute_90"])))
     (tmp_path / "scale2.cubin").write_bytes(bytes(first.blob(images["sm_90"])))
     for name, keys in (("scale2.ptx", ["compute_90", "sm_90"]), ("scale2.cubin", ["sm_90"])):

@@ -308,7 +308,7 @@ def test_schedule_of_an_unscheduled_loop_is_none():
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("op", ht.KERNEL_OPS)
+@pytest.mark.parametrize("op", ["linear", "relu", "custom"])
 def test_kernel_attr_round_trips(device, op):
     def build():
         function = ir.InsertionPoint.current.block.owner

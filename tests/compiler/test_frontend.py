@@ -12,8 +12,8 @@ from mlir import ir
 import hexir
 from hexir import HexirError, PlacementError, TensorSpec, TraceError
 from hexir.dialects import hexir as hx
-from hexir.frontend.jit import JitFunction
-from hexir.passes.pipeline import run_stage
+from hexir.jit import JitFunction
+from hexir.driver import run_stage
 
 from .conftest import filecheck, line_of
 

@@ -23,8 +23,8 @@ from hexir_runtime.cpu import CpuDevice
 import hexir
 from hexir.errors import TraceError
 from hexir.passes.fuse import fuse
-from hexir.passes.lower_to_tir import CPU_ROWS
-from hexir.passes.pipeline import Options, run_stage
+from hexir.schedules.cpu import ROWS as CPU_ROWS
+from hexir.driver import Options, run_stage
 
 from .conftest import filecheck, lower, parse
 
@@ -277,7 +277,7 @@ def test_jit_of_a_fused_layer_matches_numpy_on_the_cpu(dtype, bias, tmp_path):
     y = jitted(x)
     assert y.dtype == np.dtype(dtype) and y.shape == expected.shape
     np.testing.assert_allclose(y, expected, **TOLERANCE[dtype])
-    (kernel,) = hxb.decode(jitted.compile(x)).manifest["kernels"]
+    (kernel,) = hxb.decode(jitted.compile(x)).json["kernels"]
     assert (kernel["op"], kernel["device"]) == (op_of(bias), "cpu")
     # the row blocks split over 4 threads: each block's epilogue covers its own rows, and only them
     path = hexir.export(layer, tmp_path / "layer.hxb", x)
@@ -294,7 +294,7 @@ def test_fusing_changes_no_bit_of_the_cpu_result(dtype):
         y = hexir.linear(x, w, b)
         return y, hexir.relu(y)  # the linear's result returned too: its relu is not fused
 
-    ops = [kernel["op"] for kernel in hxb.decode(apart.compile(x)).manifest["kernels"]]
+    ops = [kernel["op"] for kernel in hxb.decode(apart.compile(x)).json["kernels"]]
     assert ops == ["linear_bias", "relu"]
     linear, relu = apart(x)
     np.testing.assert_array_equal(hexir.jit(layer)(x), relu)
@@ -306,7 +306,7 @@ def test_fusing_changes_no_bit_of_the_cpu_result(dtype):
 def test_a_fused_cuda_layer_matches_numpy_on_the_cpu_fallback_and_the_reference(dtype, bias, tmp_path):
     x, _, _, layer, expected = layer_of(dtype, bias, seed=2)
     path = hexir.export(layer, tmp_path / "layer.hxb", x, placement=BOTH_ON_CUDA)
-    (kernel,) = hxb.read(path).manifest["kernels"]
+    (kernel,) = hxb.read(path).json["kernels"]
     assert (kernel["op"], kernel["device"], kernel["cpu_fallback"]["symbol"]) == (op_of(bias), "cuda", "linear_0_cpu")
     for device in ("cpu", "reference"):
         y = hexir_runtime.load(path, device=device).main(x)

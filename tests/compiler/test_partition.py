@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hexir.errors import PlacementError
-from hexir.passes.pipeline import parse_placement
+from hexir.driver import parse_placement
 
 from .conftest import filecheck, lower, manifest
 

@@ -10,8 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import hexir
-from hexir.passes.lower_to_tir import CPU_ROWS
-from hexir.passes.pipeline import Options, compile_module
+from hexir.schedules.cpu import ROWS as CPU_ROWS
+from hexir.driver import Options, compile_module
 
 from .conftest import manifest
 
