@@ -59,45 +59,176 @@ func.func @main(%arg0: tensor<2x3x5xf64>) -> tensor<2x3x5xf64> {
 # ---- the scheduled and the outlined IR --------------------------------------------------------
 
 
+# x[3, 5] @ W[5, 7] + b, then relu, all fused into one cuda kernel (the relu is the linear's only user).
+FUSED_BIAS_RELU = """\
+func.func @main(%arg0: tensor<3x5xf32>) -> tensor<3x7xf32> {
+  %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>} : () -> tensor<5x7xf32>
+  %b = "hexir.constant"() {device = "auto", name = "b", value = dense<-1.0> : tensor<7xf32>} : () -> tensor<7xf32>
+  %1 = "hexir.linear"(%arg0, %0, %b) {device = "auto"} : (tensor<3x5xf32>, tensor<5x7xf32>, tensor<7xf32>) -> tensor<3x7xf32>
+  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<3x7xf32>) -> tensor<3x7xf32>
+  return %2 : tensor<3x7xf32>
+}
+"""
+
+# The small tiling, from the schedule's docstring: 64x64 tiles of out, k slices of 16, 4x4 sums
+# per thread, so 16x16 threads stage 64*16 / 256 = 4 elements of each tile per slice.
+TILE, STEP, PER = 64, 16, 4
+
+
+def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
+    """FileCheck lines for the cuda linear kernel of x[3, 5] @ w[5, 7] (M, K, N = 3, 5, 7, so
+    each bound is told apart by its constant): x is staged as [TILE, STEP] from (row0 + r,
+    k0 + c) guarded by row < M and k < K; w as [STEP, TILE] from (k0 + r, col0 + c) guarded by
+    k < K and col < N; the store of out[row, col] is guarded by row < M and col < N, both,
+    with `epilogue` between the sum's load and the store."""
+    return f"""
+        CHECK:      scf.for %[[BY:arg[0-9]+]] = %c0 to %c1 step %c1 {{
+        CHECK-NEXT:   scf.for %[[BX:arg[0-9]+]] = %c0 to %c1 step %c1 {{
+        CHECK-NEXT:     %[[XTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<{TILE}x{STEP}xf32, #gpu.address_space<workgroup>>
+        CHECK-NEXT:     %[[WTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>
+        CHECK:          scf.for %[[TY:arg[0-9]+]] = %c0 to %c16 step %c1 {{
+        CHECK-NEXT:       scf.for %[[TX:arg[0-9]+]] = %c0 to %c16 step %c1 {{
+        CHECK-NEXT:         %[[SUMS:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{PER}x{PER}xf32>
+        CHECK-NEXT:         %[[ZERO:cst[_0-9]*]] = arith.constant 0.000000e+00 : f32
+        CHECK:              %[[T1:[0-9]+]] = arith.muli %[[TY]], %c16 : index
+        CHECK-NEXT:         %[[THREAD:[0-9]+]] = arith.addi %[[T1]], %[[TX]] : index
+        CHECK:              %[[ROW0:[0-9]+]] = arith.muli %[[BY]], %c{TILE} : index
+        CHECK-NEXT:         %[[COL0:[0-9]+]] = arith.muli %[[BX]], %c{TILE} : index
+        CHECK-NEXT:         scf.for %[[KS:arg[0-9]+]] = %c0 to %c1 step %c1 {{
+        CHECK-NEXT:           %[[K0:[0-9]+]] = arith.muli %[[KS]], %c{STEP} : index
+
+        x: [TILE, STEP] of x at (row0, k0), rows < M = 3 and columns < K = 5
+        CHECK-NEXT:           scf.for %[[XE:arg[0-9]+]] = %c0 to %c4 step %c1 {{
+        CHECK-NEXT:             %c256 = arith.constant 256 : index
+        CHECK-NEXT:             %[[XE256:[0-9]+]] = arith.muli %[[XE]], %c256 : index
+        CHECK-NEXT:             %[[XPOS:[0-9]+]] = arith.addi %[[THREAD]], %[[XE256]] : index
+        CHECK-NEXT:             %[[XR:[0-9]+]] = arith.divui %[[XPOS]], %c{STEP} : index
+        CHECK-NEXT:             %[[XC:[0-9]+]] = arith.remui %[[XPOS]], %c{STEP} : index
+        CHECK-NEXT:             %[[XROW:[0-9]+]] = arith.addi %[[ROW0]], %[[XR]] : index
+        CHECK-NEXT:             %[[XCOL:[0-9]+]] = arith.addi %[[K0]], %[[XC]] : index
+        CHECK-NEXT:             %[[XIN1:[0-9]+]] = arith.cmpi ult, %[[XROW]], %c3 : index
+        CHECK-NEXT:             %[[XIN2:[0-9]+]] = arith.cmpi ult, %[[XCOL]], %c5 : index
+        CHECK-NEXT:             %[[XIN:[0-9]+]] = arith.andi %[[XIN1]], %[[XIN2]] : i1
+        CHECK-NEXT:             %[[XV:[0-9]+]] = scf.if %[[XIN]] -> (f32) {{
+        CHECK-NEXT:               %[[XL:[0-9]+]] = "hextir.load"(%arg0, %[[XROW]], %[[XCOL]]) : (memref<3x5xf32>, index, index) -> f32
+        CHECK-NEXT:               scf.yield %[[XL]] : f32
+        CHECK-NEXT:             }} else {{
+        CHECK-NEXT:               scf.yield %[[ZERO]] : f32
+        CHECK-NEXT:             }}
+        CHECK-NEXT:             "hextir.store"(%[[XV]], %[[XTILE]], %[[XR]], %[[XC]])
+        CHECK-NEXT:           }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}
+
+        w: [STEP, TILE] of w at (k0, col0), rows < K = 5 and columns < N = 7
+        CHECK-NEXT:           scf.for %[[WE:arg[0-9]+]] = %c0 to %c4 step %c1 {{
+        CHECK-NEXT:             %c256 = arith.constant 256 : index
+        CHECK-NEXT:             %[[WE256:[0-9]+]] = arith.muli %[[WE]], %c256 : index
+        CHECK-NEXT:             %[[WPOS:[0-9]+]] = arith.addi %[[THREAD]], %[[WE256]] : index
+        CHECK-NEXT:             %[[WR:[0-9]+]] = arith.divui %[[WPOS]], %c{TILE} : index
+        CHECK-NEXT:             %[[WC:[0-9]+]] = arith.remui %[[WPOS]], %c{TILE} : index
+        CHECK-NEXT:             %[[WROW:[0-9]+]] = arith.addi %[[K0]], %[[WR]] : index
+        CHECK-NEXT:             %[[WCOL:[0-9]+]] = arith.addi %[[COL0]], %[[WC]] : index
+        CHECK-NEXT:             %[[WIN1:[0-9]+]] = arith.cmpi ult, %[[WROW]], %c5 : index
+        CHECK-NEXT:             %[[WIN2:[0-9]+]] = arith.cmpi ult, %[[WCOL]], %c7 : index
+        CHECK-NEXT:             %[[WIN:[0-9]+]] = arith.andi %[[WIN1]], %[[WIN2]] : i1
+        CHECK-NEXT:             %[[WV:[0-9]+]] = scf.if %[[WIN]] -> (f32) {{
+        CHECK-NEXT:               %[[WL:[0-9]+]] = "hextir.load"(%arg1, %[[WROW]], %[[WCOL]]) : (memref<5x7xf32>, index, index) -> f32
+        CHECK-NEXT:               scf.yield %[[WL]] : f32
+        CHECK-NEXT:             }} else {{
+        CHECK-NEXT:               scf.yield %[[ZERO]] : f32
+        CHECK-NEXT:             }}
+        CHECK-NEXT:             "hextir.store"(%[[WV]], %[[WTILE]], %[[WR]], %[[WC]])
+        CHECK-NEXT:           }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}
+        CHECK-NEXT:           "hextir.barrier"() : () -> ()
+
+        the sums: x tile [ty + 16 i, kk] times w tile [kk, tx + 16 j]
+        CHECK-NEXT:           scf.for %[[KK:arg[0-9]+]] = %c0 to %c{STEP} step %c1 {{
+        CHECK-NEXT:             scf.for %[[FI:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
+        CHECK-NEXT:               %[[FI16:[0-9]+]] = arith.muli %[[FI]], %c16 : index
+        CHECK-NEXT:               %[[FROW:[0-9]+]] = arith.addi %[[TY]], %[[FI16]] : index
+        CHECK-NEXT:               %[[A:[0-9]+]] = "hextir.load"(%[[XTILE]], %[[FROW]], %[[KK]])
+        CHECK-NEXT:               scf.for %[[FJ:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
+        CHECK-NEXT:                 %[[FJ16:[0-9]+]] = arith.muli %[[FJ]], %c16 : index
+        CHECK-NEXT:                 %[[FCOL:[0-9]+]] = arith.addi %[[TX]], %[[FJ16]] : index
+        CHECK-NEXT:                 %[[B:[0-9]+]] = "hextir.load"(%[[WTILE]], %[[KK]], %[[FCOL]])
+        CHECK-NEXT:                 %[[P:[0-9]+]] = arith.mulf %[[A]], %[[B]] fastmath<contract> : f32
+        CHECK-NEXT:                 %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %[[FI]], %[[FJ]])
+        CHECK-NEXT:                 %[[NEW:[0-9]+]] = arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
+        CHECK-NEXT:                 "hextir.store"(%[[NEW]], %[[SUMS]], %[[FI]], %[[FJ]])
+        CHECK:                "hextir.barrier"() : () -> ()
+        CHECK-NEXT:         }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+
+        the store: out[row0 + ty + 16 i, col0 + tx + 16 j] where row < M = 3 and col < N = 7
+        CHECK-NEXT:         scf.for %[[I:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
+        CHECK-NEXT:           scf.for %[[J:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
+        CHECK-NEXT:             %[[I16:[0-9]+]] = arith.muli %[[I]], %c16 : index
+        CHECK-NEXT:             %[[RIN:[0-9]+]] = arith.addi %[[TY]], %[[I16]] : index
+        CHECK-NEXT:             %[[ROW:[0-9]+]] = arith.addi %[[ROW0]], %[[RIN]] : index
+        CHECK-NEXT:             %[[J16:[0-9]+]] = arith.muli %[[J]], %c16 : index
+        CHECK-NEXT:             %[[CIN:[0-9]+]] = arith.addi %[[TX]], %[[J16]] : index
+        CHECK-NEXT:             %[[COL:[0-9]+]] = arith.addi %[[COL0]], %[[CIN]] : index
+        CHECK-NEXT:             %[[IN1:[0-9]+]] = arith.cmpi ult, %[[ROW]], %c3 : index
+        CHECK-NEXT:             %[[IN2:[0-9]+]] = arith.cmpi ult, %[[COL]], %c7 : index
+        CHECK-NEXT:             %[[IN:[0-9]+]] = arith.andi %[[IN1]], %[[IN2]] : i1
+        CHECK-NEXT:             scf.if %[[IN]] {{
+        CHECK-NEXT:               %[[SUM:[0-9]+]] = "hextir.load"(%[[SUMS]], %[[I]], %[[J]]) : (memref<{PER}x{PER}xf32>, index, index) -> f32
+        {epilogue}
+        CHECK-NEXT:               "hextir.store"(%[[{ret}]], %{out}, %[[ROW]], %[[COL]]) : (f32, memref<3x7xf32>, index, index) -> ()
+        CHECK-NEXT:             }}
+        CHECK:        }} {{hextir.schedule = #hextir.loop<"parallel", "threadIdx.x">}}
+        CHECK-NEXT:   }} {{hextir.schedule = #hextir.loop<"parallel", "threadIdx.y">}}
+        CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}}
+        CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"parallel", "blockIdx.y">}}
+        CHECK-NEXT: return
+    """
+
+
 def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
-    filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), """
-        CHECK-LABEL: func.func public @linear_0(
-        CHECK-SAME: %{{.+}}: memref<3x5xf32>, %{{.+}}: memref<5x7xf32>, %{{.+}}: memref<3x7xf32>)
-        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">
-        CHECK: arith.cmpi ult, %{{.+}}, %c3{{(_[0-9]+)?}} : index
-        CHECK: arith.cmpi ult, %{{.+}}, %c7{{(_[0-9]+)?}} : index
-        CHECK: scf.if
-        CHECK: #hextir.loop<"parallel", "threadIdx.x">
-        CHECK-NEXT: #hextir.loop<"parallel", "threadIdx.y">
-        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
-        CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.y">
+    launch = 'hextir.launch = {block = array<i64: 16, 16, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}'
+    filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), f"""
+        CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
+        CHECK-SAME: %{{{{.+}}}}: memref<3x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<3x7xf32>)
+        CHECK-SAME: attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
+        {linear_kernel_checks("arg2", "", "SUM")}
+
+        CHECK:      func.func public @[[LINEAR]]_cpu(
+        CHECK-SAME: hextir.epilogues = [], hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.sizes = [], hextir.work = {{extent = "1", grain = 1 : i64}}
+        CHECK-NOT:  Idx
+        CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return
 
-        CHECK-LABEL: func.func public @linear_0_cpu(
-        CHECK-SAME: hextir.fallback_of = @linear_0, hextir.kernel = #hextir.kernel<"cpu", "linear">
-        CHECK-NOT: Idx
-        CHECK: #hextir.loop<"parallel", "">
-        CHECK-NEXT: return
-
-        CHECK-LABEL: func.func public @relu_1(
-        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "relu">
-        CHECK: arith.cmpi ult, %{{.+}}, %c21{{(_[0-9]+)?}} : index
-        CHECK: #hextir.loop<"parallel", "threadIdx.x">
+        CHECK:      func.func public @[[RELU:relu_[0-9]+]](
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "relu">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
+        CHECK:      arith.cmpi ult, %{{{{.+}}}}, %c21 : index
+        CHECK:      #hextir.loop<"parallel", "threadIdx.x">
         CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
         CHECK-NEXT: return
 
         CHECK-LABEL: func.func @main(
-        CHECK: "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK: %[[Y:.+]] = "hexir.call"({{.+}}) {callee = @linear_0, device = "cuda"
-        CHECK: %[[R:.+]] = "hexir.call"(%[[Y]]) {callee = @relu_1, device = "cuda"
-        CHECK: "hexir.transfer"(%[[Y]]) {source = "cuda", target = "cpu"}
-        CHECK: "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
+        CHECK: "hexir.transfer"(%arg0) {{source = "cpu", target = "cuda"}}
+        CHECK: %[[Y:.+]] = "hexir.call"({{{{.+}}}}) {{callee = @[[LINEAR]], device = "cuda"
+        CHECK: %[[R:.+]] = "hexir.call"(%[[Y]]) {{callee = @[[RELU]], device = "cuda"
+        CHECK: "hexir.transfer"(%[[Y]]) {{source = "cuda", target = "cpu"}}
+        CHECK: "hexir.transfer"(%[[R]]) {{source = "cuda", target = "cpu"}}
+    """)
+
+
+def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
+    epilogue = """
+        CHECK-NEXT:               %[[BIAS:[0-9]+]] = "hextir.load"(%arg2, %[[COL]]) : (memref<7xf32>, index) -> f32
+        CHECK-NEXT:               %[[BIASED:[0-9]+]] = arith.addf %[[SUM]], %[[BIAS]] : f32
+        CHECK-NEXT:               %[[RELU:[0-9]+]] = arith.maximumf %[[BIASED]], %[[ZERO]] : f32"""
+    filecheck(lower(FUSED_BIAS_RELU, "mlir-tir", placement=ON_CUDA), f"""
+        CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
+        CHECK-SAME: %{{{{.+}}}}: memref<3x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<7xf32>, %{{{{.+}}}}: memref<3x7xf32>)
+        CHECK-SAME: attributes {{hextir.epilogues = ["bias", "relu"], hextir.kernel = #hextir.kernel<"cuda", "linear">
+        {linear_kernel_checks("arg3", epilogue, "RELU")}
+        CHECK-NOT:  hexir.relu
     """)
 
 
 def test_tir_relu_of_any_rank_is_one_flat_guarded_axis():
     filecheck(lower(RELU_3D, "mlir-tir", placement=ON_CUDA), """
-        CHECK-LABEL: func.func public @relu_0(
+        CHECK-LABEL: func.func public @relu_
         CHECK: memref.collapse_shape %arg0 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
         CHECK: memref.collapse_shape %arg1 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
         CHECK: arith.cmpi ult, %{{.+}}, %c30{{(_[0-9]+)?}} : index
