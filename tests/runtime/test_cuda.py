@@ -1009,8 +1009,9 @@ def symbolic_relu(modules, fake) -> bytes:
     return hxb.encode(*builder.build())
 
 
-def test_grids_are_evaluated_per_call_and_sizes_follow_the_pointers(symbolic_relu, fake):
+def test_grids_are_evaluated_per_call_and_sizes_follow_the_pointers(symbolic_relu, fake, request):
     module = load(symbolic_relu, "cuda")
+    request.addfinalizer(module.close)  # while the fake driver is still plugged in
     assert "cuFuncSetAttribute" in fake.calls  # 64 KiB of shared memory needs opting in
     for batch, blocks in [(5, 3), (1, 1), (4, 2)]:
         x = x_of((batch, 3), seed=batch)
@@ -1021,14 +1022,16 @@ def test_grids_are_evaluated_per_call_and_sizes_follow_the_pointers(symbolic_rel
     assert len(fake.launches) == 3
 
 
-def test_an_empty_grid_is_not_launched(symbolic_relu, fake):
+def test_an_empty_grid_is_not_launched(symbolic_relu, fake, request):
     module = load(symbolic_relu, "cuda")
+    request.addfinalizer(module.close)
     assert module.main(np.zeros((0, 3), np.float32)).shape == (0, 3)
     assert fake.launches == [] and "cuLaunchKernel" not in fake.calls
 
 
-def test_a_grid_beyond_cuda_limits_is_a_kernel_error(symbolic_relu, fake, monkeypatch):
+def test_a_grid_beyond_cuda_limits_is_a_kernel_error(symbolic_relu, fake, monkeypatch, request):
     module = load(symbolic_relu, "cuda")
+    request.addfinalizer(module.close)
     monkeypatch.setattr(hexir_runtime.cuda, "MAX_GRID", (2, 65535, 65535))  # not 2^31 - 1: no 48 GiB input
     with pytest.raises(KernelError) as caught:
         module.main(np.zeros((5, 3), np.float32))
