@@ -3,8 +3,9 @@ of a cuda-placed module (launch geometry, images, cpu fallbacks, transfers), the
 for EM_CUDA of the requested SM, holding the kernels) and the PTX, bad targets refused before
 any pass runs, and the cuda module's cpu fallbacks and reference run compared with numpy.
 
-The launch geometry is computed here from the shapes and the schedule's tile sizes
-(`hexir.passes.gpu_schedule`), never copied from the compiler's output.
+The launch geometry is computed here from the shapes and the tile sizes the schedule documents
+(64x64 tiles of 16x16 threads, 128x128 for large outputs; 256-thread blocks for element-wise
+ops), never from the compiler's own functions or output.
 """
 
 from __future__ import annotations
@@ -240,33 +241,38 @@ def test_tir_relu_of_any_rank_is_one_flat_guarded_axis():
 
 def test_gpu_stage_outlines_the_cuda_kernels_into_one_gpu_module():
     text = lower(PROGRAM, "mlir-gpu", placement=ON_CUDA)
-    tile, _, per = gpu_schedule.linear_tiling(3, 7)
-    threads = tile // per
+    threads = TILE // PER  # one small tile covers out[3, 7]
+    linear_launch = f'hextir.launch = {{block = array<i64: {threads}, {threads}, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}'
+    relu_launch = 'hextir.launch = {block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}'
     filecheck(text, f"""
         CHECK: module attributes {{gpu.container_module}}
-        CHECK: func.func public @linear_0_cpu(
+        CHECK: func.func public @[[LINEAR:linear_[0-9]+]]_cpu(
         CHECK: gpu.module @hexir_cuda {{
-        CHECK: gpu.func @linear_0(%{{{{[a-z0-9]+}}}}: memref<3x5xf32>, %{{{{[a-z0-9]+}}}}: memref<5x7xf32>,
+        CHECK: gpu.func @[[LINEAR]](%{{{{[a-z0-9]+}}}}: memref<3x5xf32>, %{{{{[a-z0-9]+}}}}: memref<5x7xf32>,
         CHECK-SAME: %{{{{[a-z0-9]+}}}}: memref<3x7xf32>)
+        CHECK-SAME: workgroup(%{{{{[a-z0-9]+}}}} : memref<{TILE}x{STEP}xf32, #gpu.address_space<workgroup>>, %{{{{[a-z0-9]+}}}} : memref<{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>)
         CHECK-SAME: kernel
-        CHECK-SAME: hextir.block = array<i64: {threads}, {threads}, 1>, hextir.grid = array<i64: 1, 1, 1>
+        CHECK-SAME: {linear_launch}
+        CHECK-SAME: known_block_size = array<i32: {threads}, {threads}, 1>
         CHECK-DAG: gpu.block_id y
         CHECK-DAG: gpu.block_id x
         CHECK-DAG: gpu.thread_id y
         CHECK-DAG: gpu.thread_id x
         CHECK: arith.cmpi ult
         CHECK: gpu.return
-        CHECK: gpu.func @relu_1(%{{{{[a-z0-9]+}}}}: memref<3x7xf32>, %{{{{[a-z0-9]+}}}}: memref<3x7xf32>) kernel
-        CHECK-SAME: hextir.block = array<i64: {gpu_schedule.ELEMENTWISE_BLOCK}, 1, 1>, hextir.grid = array<i64: 1, 1, 1>
+        CHECK: gpu.func @[[RELU:relu_[0-9]+]](%{{{{[a-z0-9]+}}}}: memref<3x7xf32>, %{{{{[a-z0-9]+}}}}: memref<3x7xf32>) kernel
+        CHECK-SAME: {relu_launch}
+        CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
         CHECK: gpu.block_id x
         CHECK: gpu.thread_id x
         CHECK: gpu.return
         CHECK: func.func @main(
     """)
     gpu_module = text[text.index("gpu.module @hexir_cuda"):text.index("func.func @main(")]
-    for leftover in ("hextir.schedule", "hextir.load", "hextir.store", "hextir.alloc_local", "hextir.barrier"):
+    for leftover in ("hextir.schedule", "hextir.load", "hextir.store", "hextir.alloc_local", "hextir.barrier",
+                     "hextir.grid", "hextir.block"):
         assert leftover not in gpu_module, f"the gpu.module still has {leftover!r}"
-    assert "func.func public @linear_0(" not in text and "func.func public @relu_1(" not in text
+    assert not re.search(r"func\.func public @(linear|relu)_[0-9]+\(", text)
 
 
 # ---- compiling modules --------------------------------------------------------------------------
@@ -334,21 +340,32 @@ def ceil_div(a: int, b: int) -> int:
 
 # ---- the manifest ------------------------------------------------------------------------------
 
-LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031), (2048, 3, 2049)]
+LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031), (2048, 3, 2049),
+                 (2048, 2, 2048), (2049, 2, 2047), (1024, 2, 1024)]
+ELEMENTWISE_BLOCK = 256
+
+
+def expected_tile(m: int, n: int) -> int:
+    """The out tile of a cuda linear: 128x128 when that still makes at least 256 blocks (two per
+    SM of a 132-SM GPU), else 64x64; either way 16x16 threads."""
+    return 128 if ceil_div(m, 128) * ceil_div(n, 128) >= 256 else 64
 
 
 def test_large_outputs_get_large_tiles():
-    assert gpu_schedule.linear_tiling(2048, 2049) == gpu_schedule.LARGE_TILING
-    assert gpu_schedule.linear_tiling(1024, 1024) == gpu_schedule.SMALL_TILING  # 64 large tiles: too few
-    assert gpu_schedule.linear_tiling(1, 1000) == gpu_schedule.SMALL_TILING
+    assert (gpu_schedule.SMALL_TILING, gpu_schedule.LARGE_TILING) == ((64, 16, 4), (128, 16, 8))
+    assert gpu_schedule.ELEMENTWISE_BLOCK == ELEMENTWISE_BLOCK
+    assert gpu_schedule.linear_tiling(2048, 2049) == (128, 16, 8)  # 16 x 17 = 272 large tiles
+    assert gpu_schedule.linear_tiling(2048, 2048) == (128, 16, 8)  # exactly 256
+    assert gpu_schedule.linear_tiling(2048, 1920) == (64, 16, 4)  # 16 x 15 = 240: too few
+    assert gpu_schedule.linear_tiling(1024, 1024) == (64, 16, 4)  # 64 large tiles: too few
+    assert gpu_schedule.linear_tiling(1, 1000) == (64, 16, 4)
 
 
 @pytest.mark.parametrize(("m", "k", "n"), LINEAR_SHAPES, ids=lambda d: str(d))
 def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
     (kernel,) = read(build("linear", "float32", m, k, n))[0]["kernels"]
-    tile, _, per = gpu_schedule.linear_tiling(m, n)
-    threads = tile // per
-    assert kernel["launch"] == {"grid": [ceil_div(n, tile), ceil_div(m, tile), 1], "block": [threads, threads, 1],
+    tile = expected_tile(m, n)
+    assert kernel["launch"] == {"grid": [ceil_div(n, tile), ceil_div(m, tile), 1], "block": [16, 16, 1],
                                 "shared_bytes": 0}
     grid, block = kernel["launch"]["grid"], kernel["launch"]["block"]
     assert grid[0] * tile >= n > (grid[0] - 1) * tile and grid[1] * tile >= m > (grid[1] - 1) * tile
@@ -359,7 +376,7 @@ def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
 def test_relu_launch_is_the_element_count_ceil_divided_by_the_block(build, shape):
     chain, dims = ("relu1", (shape[0], 1, 1)) if len(shape) == 1 else ("relu3", (*shape, 1)[:3])
     (kernel,) = read(build(chain, "float32", *dims))[0]["kernels"]
-    block = gpu_schedule.ELEMENTWISE_BLOCK
+    block = ELEMENTWISE_BLOCK
     total = math.prod(kernel["args"][0]["shape"])
     assert total == math.prod(shape)
     assert kernel["launch"] == {"grid": [ceil_div(total, block), 1, 1], "block": [block, 1, 1], "shared_bytes": 0}
@@ -369,17 +386,19 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     m = 9
     manifest, _ = read(build("linear_relu_apart", "float32", m, 4, 5))  # two kernels: one image for both
     linear, relu = manifest["kernels"]
-    assert [(k["name"], k["op"], k["device"], k["symbol"]) for k in (linear, relu)] == [
-        ("linear_0", "linear", "cuda", "linear_0"), ("relu_1", "relu", "cuda", "relu_1")]
-    assert "parallel_extent" not in linear
+    assert [(k["op"], k["epilogues"], k["sizes"], k["device"]) for k in (linear, relu)] == [
+        ("linear", [], [], "cuda"), ("relu", [], [], "cuda")]
+    assert re.fullmatch(r"linear_[0-9]+", linear["name"]) and re.fullmatch(r"relu_[0-9]+", relu["name"])
+    assert [k["symbol"] for k in (linear, relu)] == [linear["name"], relu["name"]]
+    assert "work" not in linear and "parallel_extent" not in linear
     assert linear["images"] == relu["images"]  # one binary per architecture for the whole module
     assert set(linear["images"]) == {"sm_90", "compute_90"}
     blobs = manifest["blobs"]
     assert blobs[linear["images"]["sm_90"]]["name"] == "cuda:sm_90.cubin"
     assert blobs[linear["images"]["compute_90"]]["name"] == "cuda:compute_90.ptx"
     # the cpu twins keep the cpu schedules: linear over blocks of CPU_ROWS rows, relu over the rows
-    assert linear["cpu_fallback"] == {"symbol": "linear_0_cpu", "parallel_extent": ceil_div(m, CPU_ROWS)}
-    assert relu["cpu_fallback"] == {"symbol": "relu_1_cpu", "parallel_extent": m}
+    assert linear["cpu_fallback"] == {"symbol": linear["name"] + "_cpu", "work": {"extent": ceil_div(m, CPU_ROWS), "grain": 1}}
+    assert relu["cpu_fallback"] == {"symbol": relu["name"] + "_cpu", "work": {"extent": m, "grain": 1}}
     assert blobs[manifest["cpu"]["library"]]["name"] == "cpu.so"
     assert [arg["access"] for arg in linear["args"]] == ["read", "read", "write"]
     assert [arg["shape"] for arg in linear["args"]] == [[m, 4], [4, 5], [m, 5]]
@@ -391,8 +410,9 @@ def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):
     library.write_bytes(bytes(module.blob(manifest["cpu"]["library"])))
     symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", str(library)],
                              capture_output=True, text=True, check=True).stdout.split()
-    assert {"linear_0_cpu", "relu_1_cpu"} <= set(symbols)
-    assert "linear_0" not in symbols  # the GPU kernels live only in the CUBIN/PTX
+    names = [kernel["name"] for kernel in manifest["kernels"]]
+    assert {f"{name}_cpu" for name in names} <= set(symbols)
+    assert not set(names) & set(symbols)  # the GPU kernels live only in the CUBIN/PTX
 
 
 # ---- the CUBIN and the PTX ---------------------------------------------------------------------
@@ -471,9 +491,11 @@ def test_the_cubins_of_two_archs_differ_in_their_sm(two_archs):
 def test_the_cubin_holds_every_kernel_as_a_global_function(two_archs):
     for arch in ("sm_80", "sm_90"):
         symbols = elf_symbols(images_of(two_archs)[arch])
-        for name in ("linear_0", "relu_1"):
+        names = [kernel["name"] for kernel in read(two_archs)[0]["kernels"]]
+        assert len(names) == 2
+        for name in names:
             assert symbols.get(name) == (2, 1), f"{arch}: {name} is not a global function"  # STT_FUNC, STB_GLOBAL
-        assert "linear_0_cpu" not in symbols
+            assert f"{name}_cpu" not in symbols
 
 
 def test_static_shared_memory_fits_the_default_limit(two_archs):
@@ -481,9 +503,9 @@ def test_static_shared_memory_fits_the_default_limit(two_archs):
     a launch gets without opting in (float64 tiles are the largest)."""
     (kernel, _) = read(two_archs)[0]["kernels"]
     sections = elf_sections(images_of(two_archs)["sm_90"])
-    static = sections.get(".nv.shared.linear_0", 0)
-    tile, step, _ = gpu_schedule.linear_tiling(*kernel["args"][-1]["shape"])
-    assert static >= 2 * tile * step * 8  # the x and w tiles, float64, staged through shared memory
+    static = sections.get(f".nv.shared.{kernel['name']}", 0)
+    assert kernel["args"][-1]["shape"] == [33, 65] and expected_tile(33, 65) == TILE
+    assert static >= 2 * TILE * STEP * 8  # the x and w tiles, float64, staged through shared memory
     assert static + kernel["launch"]["shared_bytes"] <= 48 * 1024
 
 
@@ -495,8 +517,8 @@ def test_the_ptx_is_text_for_the_lowest_arch_with_every_entry(build):
     assert re.search(r"^\.version \d+\.\d+$", text, re.MULTILINE)
     assert re.search(r"^\.target sm_90$", text, re.MULTILINE)
     assert re.search(r"^\.address_size 64$", text, re.MULTILINE)
-    assert re.search(r"^\.visible \.entry linear_0\($", text, re.MULTILINE)
-    assert re.search(r"^\.visible \.entry relu_1\($", text, re.MULTILINE)
+    for kernel in read(path)[0]["kernels"]:
+        assert re.search(rf"^\.visible \.entry {kernel['name']}\($", text, re.MULTILINE)
     # each entry's thread limit is the block the manifest launches it with
     limits = [tuple(map(int, found)) for found in re.findall(r"^\.maxntid (\d+), (\d+), (\d+)$", text, re.MULTILINE)]
     assert limits == [tuple(kernel["launch"]["block"]) for kernel in read(path)[0]["kernels"]]
@@ -564,7 +586,7 @@ def timeline(manifest: dict) -> list[tuple[str, str, str]]:
             steps.append(("transfer", devices[command["src"]], devices[command["dst"]]))
         elif command["op"] == "call":
             kernel = kernels[command["kernel"]]
-            steps.append(("call", kernel["op"], kernel["device"]))
+            steps.append(("call", "_".join([kernel["op"], *kernel["epilogues"]]), kernel["device"]))
     return steps
 
 
