@@ -139,7 +139,8 @@ def test_foreign_op_in_main_is_rejected_by_name():
     text = graph("""  %c = arith.constant 1.0 : f32
   return""", args="")
     with pytest.raises(TraceError, match=r"^-:3:8: 'arith.constant' is not a hexir graph op; expected one of "
-                                         r"hexir.constant, hexir.linear, hexir.relu"):
+                                         r"hexir.constant, hexir.print, hexir.transfer, hexir.call, "
+                                         r"hexir.custom_call, func.return, hexir.linear, hexir.relu$"):
         lower(text, "mlir")
 
 
@@ -157,19 +158,28 @@ def test_every_stage_verifies_first(stage):
 # ---- inputs verify lets through, which later stages crash on --------------------------------
 
 @pytest.mark.parametrize("stage", ["mlir", "llvm"])
-def test_dynamic_shape_is_rejected(stage):
+def test_unnamed_dynamic_extent_is_rejected(stage):
     text = _linear("tensor<?x8xf32>", "tensor<8x4xf32>", "tensor<?x4xf32>")
-    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': tensor<\?x8xf32> has a dynamic shape; "
-                                         r"expected a static shape$"):
+    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': tensor<\?x8xf32>: each \? extent needs a "
+                                         r"name in the type's encoding, e.g. tensor<\?x8xf32, \"batch\">$"):
         lower(text, stage)
 
 
-def test_dynamic_shape_inside_main_is_reported_at_its_op():
+def test_named_leading_extent_is_accepted_and_others_are_not():
+    text = _linear('tensor<?x8xf32, "batch">', "tensor<8x4xf32>", 'tensor<?x4xf32, "batch">')
+    assert '-> tensor<?x4xf32, "batch">' in lower(text, "mlir")
+    text = _linear('tensor<2x?xf32, "k">', "tensor<8x4xf32>", "tensor<2x4xf32>")
+    with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': tensor<2x\?xf32, \"k\"> has a symbolic "
+                                         r"extent after the first axis; only the leading one may be$"):
+        lower(text, "mlir")
+
+
+def test_unnamed_dynamic_extent_inside_main_is_reported_at_its_op():
     text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<?x4xf32>
   "hexir.print"(%1) : (tensor<?x4xf32>) -> ()
   return""")
-    with pytest.raises(TraceError, match=r"^-:3:8: linear: result 0: tensor<\?x4xf32> has a dynamic shape; "
-                                         r"expected a static shape$"):
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: result 0: tensor<\?x4xf32>: each \? extent needs a name "
+                                         r"in the type's encoding, e.g. tensor<\?x8xf32, \"batch\">$"):
         lower(text, "mlir")
 
 
