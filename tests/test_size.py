@@ -1,4 +1,4 @@
-"""The line budget (STYLE.md: small and honest): hexir/ and runtime/ stay under 4,000 lines of
+"""The line budget (STYLE.md: small and honest): hexir/ and runtime/ stay within 6,500 lines of
 code, counting neither blank lines, comments nor docstrings. Raise it only with a reason."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET = 4000
+BUDGET = 6500
 _NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
 
 

@@ -38,7 +38,7 @@ def _relu(x: np.ndarray, out: np.ndarray) -> None:
 def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
     """What computes `kernel` in numpy, or None for an op without a numpy version (custom, unknown)."""
     if kernel.op == "linear":
-        return _linear(kernel.epilogues)
+        return _linear(kernel.epilogues) if set(kernel.epilogues) <= {"bias", "relu"} else None
     return _relu if kernel.op == "relu" else None
 
 

@@ -7,9 +7,11 @@
 a dtype, shapes with 1, primes and sizes no block size divides, up to a few thousand, and a
 placement of every op (every combination for linear+relu) — and compiles each to a small
 .hxb whose weights are *arguments*, so the files stay small and the values are drawn where
-they run. `run` draws random values for each case, runs it with `--device=cuda` and
-`--device=cpu` (the cpu twins of the GPU kernels), compares both with numpy in float64 and
-prints a summary. Exit status 0 only if every case passes.
+they run. Symbolic cases have a batch (`M`) known only at run time: one module, and `run`
+draws several batch sizes for it (0 and 1 among them). `run` draws random values for each
+case, runs it with `--device=cuda` and `--device=cpu` (the cpu twins of the GPU kernels),
+compares both with numpy in float64 and prints a summary. Exit status 0 only if every case
+passes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-11}
 CHAINS = ("linear", "linear_bias", "relu", "linear_relu")
 #: (linear, relu) devices for linear+relu: every combination that has a GPU op.
 SPLITS = (("cuda", "cuda"), ("cuda", "cpu"), ("cpu", "cuda"))
+#: Batch sizes a symbolic case is run with: empty, one row, and around every tile edge.
+BATCHES = (0, 1, 2, 3, 31, 63, 64, 65, 127, 128, 129, 255, 1000, 2053)
 
 
 def build(out: Path, examples: int) -> None:
@@ -44,20 +48,20 @@ def build(out: Path, examples: int) -> None:
               suppress_health_check=list(HealthCheck))
     @given(chain=st.sampled_from(CHAINS), dtype=st.sampled_from(["float32", "float64"]),
            big_axis=st.sampled_from("MKN"), big=interesting, m=small, k=small, n=small,
-           split=st.sampled_from(SPLITS))
-    def draw(chain, dtype, big_axis, big, m, k, n, split):
+           split=st.sampled_from(SPLITS), symbolic=st.booleans())
+    def draw(chain, dtype, big_axis, big, m, k, n, split, symbolic):
         dims = {"M": m, "K": k, "N": n, big_axis: big}  # one axis may be large, the others moderate
-        add(chain, dtype, dims["M"], dims["K"], dims["N"], split)
+        add(chain, dtype, dims["M"], dims["K"], dims["N"], split, symbolic)
 
-    def add(chain, dtype, m, k, n, split):
+    def add(chain, dtype, m, k, n, split, symbolic=False):
         # single-op chains put their op on the GPU; linear+relu takes every split with a GPU op
         linear_device, relu_device = split if chain == "linear_relu" else ("cuda", "cuda")
-        specs, fn = _case_function(chain, m, k, n, dtype)
+        specs, fn = _case_function(chain, "batch" if symbolic else m, k, n, dtype)
         placement = {"hexir.linear": linear_device, "hexir.relu": relu_device}
         name = f"case{len(cases):03d}"
         hexir.export(fn, out / f"{name}.hxb", *specs, placement=placement, target="cuda:sm_90")
-        cases.append({"name": name, "chain": chain, "dtype": dtype, "m": m, "k": k, "n": n,
-                      "placement": placement, "inputs": [list(s.shape) for s in specs]})
+        cases.append({"name": name, "chain": chain, "dtype": dtype, "m": "batch" if symbolic else m, "k": k,
+                      "n": n, "placement": placement, "inputs": [list(s.shape) for s in specs]})
 
     # Every chain, dtype and split once at awkward sizes, then what hypothesis draws.
     for chain in CHAINS:
@@ -65,6 +69,8 @@ def build(out: Path, examples: int) -> None:
             for split in (SPLITS if chain == "linear_relu" else SPLITS[:1]):
                 add(chain, dtype, 1, 1, 1, split)
                 add(chain, dtype, 33, 257, 97, split)
+                add(chain, dtype, None, 257, 97, split, symbolic=True)
+                add(chain, dtype, None, 3, 1031, split, symbolic=True)
     draw()
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
     print(f"built {len(cases)} cases in {out}")
@@ -115,8 +121,13 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
     rng = np.random.default_rng(seed)
     failures, worst, started = [], {d: 0.0 for d in devices}, time.perf_counter()
     device_line = ""
-    for case in cases:
-        arrays = [rng.standard_normal(shape).astype(case["dtype"]) for shape in case["inputs"]]
+    runs = []
+    for case in cases:  # a symbolic case runs at three batch sizes drawn here
+        batches = rng.choice(BATCHES, 3, replace=False) if case["m"] == "batch" else [None]
+        runs += [(case, [[int(b) if d == "batch" else d for d in shape] for shape in case["inputs"]])
+                 for b in batches]
+    for case, shapes in runs:
+        arrays = [rng.standard_normal(shape).astype(case["dtype"]) for shape in shapes]
         expected = reference(case["chain"], arrays)
         results = {}
         for device in devices:
@@ -130,7 +141,7 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
             error = relative_error(results[device], expected)
             worst[device] = max(worst[device], error)
             if not error <= TOLERANCE[case["dtype"]] or np.isnan(results[device]).any():
-                failures.append(f"{case['name']} ({case['chain']} {case['dtype']} M={case['m']} K={case['k']} "
+                failures.append(f"{case['name']} ({case['chain']} {case['dtype']} M={shapes[0][0]} K={case['k']} "
                                 f"N={case['n']} {case['placement']}) on {device}: relative error {error:.3e}")
         bound = TOLERANCE[case["dtype"]] * 10
         scale = max(1.0, float(np.abs(expected).max())) if expected.size else 1.0
@@ -145,7 +156,8 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
         print(f"{dtype:<14}: {sum(c['dtype'] == dtype for c in cases)} cases, tolerance {TOLERANCE[dtype]:.0e}")
     for device in devices:
         print(f"max rel error : {device} {worst[device]:.3e} (vs numpy float64)")
-    print(f"passed        : {len(cases) * len(devices) - len(failures)} of {len(cases) * len(devices)} runs "
+    print(f"symbolic      : {sum(c['m'] == 'batch' for c in cases)} cases, each at 3 batch sizes")
+    print(f"passed        : {len(runs) * len(devices) - len(failures)} of {len(runs) * len(devices)} runs "
           f"in {elapsed:.1f} s")
     for failure in failures:
         print(f"FAIL {failure}")
