@@ -89,6 +89,11 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
 
 
 def _zero_like(value: ir.Value) -> ir.Value:
+    """0 of a value's type: a float, or a vector of them (the cpu linear's epilogue works on vectors)."""
+    if isinstance(value.type, ir.VectorType):
+        element = ir.VectorType(value.type).element_type
+        return arith.ConstantOp(value.type, ir.DenseElementsAttr.get_splat(
+            value.type, ir.FloatAttr.get(element, 0.0))).result
     return arith.ConstantOp(value.type, ir.FloatAttr.get(value.type, 0.0)).result
 
 

@@ -94,7 +94,8 @@ def _add_work_range(kernel: ir.Operation) -> None:
     loop.operands[1] = last
     _set_signature(kernel)
     for op in walk(kernel, "scf.for"):
-        del op.attributes[ht.SCHEDULE]
+        if ht.SCHEDULE in op.attributes:
+            del op.attributes[ht.SCHEDULE]
 
 
 def _lower_memory_ops(kernel: ir.Operation) -> None:

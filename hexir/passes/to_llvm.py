@@ -16,9 +16,9 @@ from mlir import ir, passmanager
 
 from hexir.dialects import hextir as ht
 
-UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-arith-to-llvm, "
-            "expand-strided-metadata, finalize-memref-to-llvm, convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, "
-            "convert-cf-to-llvm, reconcile-unrealized-casts)")
+UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-vector-to-llvm, "
+            "expand-strided-metadata, finalize-memref-to-llvm, convert-arith-to-llvm, "
+            "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
 
 
 def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
