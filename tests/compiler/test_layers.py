@@ -20,7 +20,7 @@ LAYERS = [
     ("ops", ("hexir.ops",)),
     ("frontend, passes, backends", ("hexir.frontend", "hexir.passes", "hexir.backend")),
     ("driver", ("hexir.driver",)),
-    ("api", ("hexir.jit", "hexir.cli", "hexir")),
+    ("api", ("hexir.jit", "hexir.cache", "hexir.explain", "hexir.cli", "hexir")),
 ]
 
 
