@@ -1,8 +1,21 @@
 """@jit and export: trace once per signature, compile to a .hxb, run it with the runtime.
 
-The cache key is explicit (`JitFunction.cache_key`): the abstract arguments (shape, dtype),
-the device of any enclosing `hexir.on()` block, and the compile options (placement,
-targets). The function itself is the JitFunction's own. Same key -> no new trace.
+A call binds its arguments to the function's parameters (positionally or by keyword,
+defaults filled in). A numpy array is a tensor input of the compiled module; any other
+value (a number, string, None, a tuple of those; a parameter left to its default) is
+*static*: the traced code sees it as a plain Python value and a new value means a new trace,
+as JAX's `static_argnames`. The module's inputs are the tensors only.
+
+The in-process key (`JitFunction.cache_key`) is explicit: the abstract tensor arguments
+(shape, dtype), the static values (with their types: 1 and 1.0 differ), the device of any
+enclosing `hexir.on()` block, and the compile options. A call whose key was seen before is a
+dict lookup and the runtime call. A new key traces the function; the traced module then
+keys the compile cache on disk (`hexir/cache.py`), so a second process skips the compile.
+
+Captured arrays: numpy arrays the function reads from outside (globals, closures) become
+constants of the compiled module. Once traced, each is made read-only
+(`array.flags.writeable = False`), so writing into it in place raises numpy's own error
+instead of leaving the compiled code silently stale. Pass an array as an argument to vary it.
 
 Batch sizes (`dynamic`): by default the first call's shapes are compiled as they are; when a
 later call differs from it only in the leading extent of some inputs, the function is
@@ -31,74 +44,133 @@ import numpy as np
 from mlir import ir
 from typeguard import TypeCheckError, check_type
 
+from hexir import cache
 from hexir.dialects.hexir import result_form
-from hexir.driver import Options, compile_module, parse_placement
+from hexir.driver import Options, parse_placement
 from hexir.errors import TraceError
+from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import BATCH, TensorSpec
 from hexir.frontend.trace import current_device, trace, user_where
 from hexir.target import parse_target
+
+_STATIC_TYPES = (bool, int, float, complex, str, bytes, type(None), np.generic)
+
+
+def _static_key(value: Any) -> tuple:
+    """A static value with its type (1, 1.0 and True are equal in Python but trace differently)."""
+    if type(value) is tuple:
+        return (tuple, tuple(_static_key(item) for item in value))
+    if not isinstance(value, _STATIC_TYPES):
+        raise TypeError(value)
+    return (type(value), value)
+
+
+class _Bound:
+    """`fn` with its static arguments filled in, called with the tensors only. It shows the
+    tracer `fn`'s globals and closure (which name captured arrays in the IR) and records the
+    arrays that became constants (`captured`)."""
+
+    def __init__(self, fn: Callable, count: int, statics: dict[int, Any]):
+        self.fn, self.count, self.statics, self.captured = fn, count, statics, []
+        self.__globals__, self.__code__, self.__closure__ = fn.__globals__, fn.__code__, fn.__closure__
+
+    def __call__(self, *tensors: Any) -> Any:
+        it = iter(tensors)
+        result = self.fn(*(self.statics[i] if i in self.statics else next(it) for i in range(self.count)))
+        self.captured = [array for array, _ in tracing._current().constants.values()]
+        return result
 
 
 class JitFunction:
     """A traced-and-compiled version of a Python function over tensors."""
 
-    def __init__(self, fn: Callable, options: Options, dynamic: bool | None = None):
+    def __init__(self, fn: Callable, options: Options, dynamic: bool | None = None, cache: bool = True):
         self.fn = fn
         self.options = options
         self.dynamic = dynamic
+        self.cache = cache
         self.trace_count = 0
-        self._compiled: dict[tuple, tuple[Any, str]] = {}   # key -> (loaded module, result form)
+        self._calls: dict[tuple, tuple] = {}    # call key -> (entry, result form, tensor positions, native?)
+        self._compiled: dict[tuple, tuple[Any, str]] = {}   # cache_key -> (loaded module, result form)
         self._first: dict[tuple, tuple[TensorSpec, ...]] = {}  # the first specs of each shape family
         self._lock = threading.Lock()  # one trace per signature, even from several threads
         if not callable(fn):
             raise TraceError(f"@hexir.jit needs a function, got {type(fn).__name__}", *user_where())
-        parameters = list(inspect.signature(fn).parameters.values())
-        for parameter in parameters:
+        self.signature = inspect.signature(fn)
+        for parameter in self.signature.parameters.values():
             if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
                 raise TraceError(f"@hexir.jit: {fn.__qualname__} takes {parameter}; only plain "
-                                 "positional tensor arguments are supported", *user_where())
+                                 "positional tensor arguments are supported (they may be passed by keyword, "
+                                 "and take static values and defaults)", *user_where())
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", parameter.name):
                 raise TraceError(f"@hexir.jit: {fn.__qualname__}'s argument {parameter.name!r} must be an ASCII "
                                  "identifier: it names the input in the .hxb module", *user_where())
-        self.arg_names = tuple(p.name for p in parameters)
+        self.arg_names = tuple(self.signature.parameters)
         functools.update_wrapper(self, fn)
 
-    def specs_of(self, args: tuple) -> tuple[TensorSpec, ...]:
-        """The abstract values of call arguments (arrays or TensorSpecs), checked."""
+    def bind(self, args: tuple, kwargs: dict) -> tuple:
+        """Every parameter's value in order, from a call's arguments (defaults filled in)."""
+        if not kwargs and len(args) == len(self.arg_names):
+            return args
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            name, names = self.fn.__qualname__, ", ".join(self.arg_names)
+            if kwargs:
+                raise TraceError(f"{name}(): {error} (its arguments: {names})", *user_where()) from None
+            raise TraceError(f"{name}() takes {len(self.arg_names)} argument(s) ({names}), got {len(args)}",
+                             *user_where()) from None
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def split(self, values: tuple) -> tuple[tuple[TensorSpec, ...], dict[int, Any]]:
+        """The tensor arguments' specs and the static values by position, checked."""
         name = self.fn.__qualname__
-        if len(args) != len(self.arg_names):
-            raise TraceError(f"{name}() takes {len(self.arg_names)} argument(s) "
-                             f"({', '.join(self.arg_names)}), got {len(args)}", *user_where())
-        specs = []
-        for arg_name, value in zip(self.arg_names, args, strict=True):
+        specs, statics = [], {}
+        for position, (arg_name, value) in enumerate(zip(self.arg_names, values, strict=True)):
             if isinstance(value, TensorSpec):
                 specs.append(value)
-                continue
-            if not isinstance(value, np.ndarray):
-                raise TraceError(f"{name}(): argument '{arg_name}' must be a numpy array, "
-                                 f"got {type(value).__name__}", *user_where())
-            if value.dtype.name not in ("float32", "float64"):
-                raise TraceError(f"{name}(): argument '{arg_name}' has dtype {value.dtype}; "
-                                 "expected float32 or float64", *user_where())
-            specs.append(TensorSpec.of(value))
-        return tuple(specs)
+            elif isinstance(value, np.ndarray):
+                if value.dtype.name not in ("float32", "float64"):
+                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {value.dtype}; "
+                                     "expected float32 or float64", *user_where())
+                specs.append(TensorSpec.of(value))
+            else:
+                try:
+                    _static_key(value)
+                except TypeError:
+                    raise TraceError(f"{name}(): argument '{arg_name}' must be a numpy array, got "
+                                     f"{type(value).__name__} (a static argument is a number, string, None or "
+                                     "a tuple of those)", *user_where()) from None
+                statics[position] = value
+        return tuple(specs), statics
 
-    def cache_key(self, specs: tuple[TensorSpec, ...]) -> tuple:
-        return (specs, current_device(), self.options)
+    def specs_of(self, args: tuple, kwargs: dict | None = None) -> tuple[TensorSpec, ...]:
+        """The abstract values of the tensor arguments of a call (arrays or TensorSpecs), checked."""
+        return self.split(self.bind(args, kwargs or {}))[0]
 
-    def trace(self, *args: Any) -> ir.Module:
-        """The hexir module of this function for these arguments (arrays or TensorSpecs)."""
-        specs = self.specs_of(args)
+    def cache_key(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any] | None = None) -> tuple:
+        static = tuple((position, _static_key(value)) for position, value in sorted((statics or {}).items()))
+        return (specs, static, current_device(), self.options)
+
+    def trace(self, *args: Any, **kwargs: Any) -> ir.Module:
+        """The hexir module of this function for these arguments (arrays or TensorSpecs, and static values)."""
+        return self._trace(*self.split(self.bind(args, kwargs)))[0]
+
+    def _trace(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[ir.Module, _Bound]:
         self.trace_count += 1
-        return trace(self.fn, specs, self.arg_names, self.options.kernel_search_path)
+        bound = _Bound(self.fn, len(self.arg_names), statics)
+        names = [n for i, n in enumerate(self.arg_names) if i not in statics]
+        return trace(bound, specs, names, self.options.kernel_search_path), bound
 
-    def compile(self, *args: Any) -> bytes:
-        """The .hxb bytes of this function for these arguments (arrays or TensorSpecs)."""
-        return compile_module(self.trace(*args), self.options)
+    def compile(self, *args: Any, **kwargs: Any) -> bytes:
+        """The .hxb bytes of this function for these arguments (arrays or TensorSpecs, and static values)."""
+        module, _ = self._trace(*self.split(self.bind(args, kwargs)))
+        return cache.compile_cached(module, self.options, self.cache)
 
-    def _family(self, specs: tuple[TensorSpec, ...]) -> tuple:
+    def _family(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple:
         """What must stay equal for one module to serve two calls: all but the leading extents."""
-        return (tuple((s.dtype, len(s.shape), s.shape[1:]) for s in specs), current_device(), self.options)
+        return (tuple((s.dtype, len(s.shape), s.shape[1:]) for s in specs), self.cache_key((), statics))
 
     def _generalize(self, specs: tuple[TensorSpec, ...], changed: list[bool]) -> tuple[TensorSpec, ...]:
         """`specs` with the leading extent of each `changed` input symbolic; inputs with equal
@@ -114,47 +186,64 @@ class JitFunction:
             result.append(TensorSpec((symbols[size], *spec.shape[1:]), spec.dtype))
         return tuple(result)
 
-    def _choose(self, specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    def _choose(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[TensorSpec, ...]:
         """The specs to compile for a call with `specs` (see the module's docstring)."""
         if self.dynamic is False:
             return specs
         if self.dynamic:
             return self._generalize(specs, [len(s.shape) > 0 for s in specs])
-        first = self._first.setdefault(self._family(specs), specs)
+        first = self._first.setdefault(self._family(specs, statics), specs)
         changed = [len(s.shape) > 0 and s.shape[0] != f.shape[0] for s, f in zip(specs, first, strict=True)]
         return self._generalize(specs, changed) if any(changed) else specs
 
-    def __call__(self, *args: Any) -> Any:
-        """Run the function on numpy arrays; compiled on the first call of each signature. The
-        result has the function's own form: None, an array, or a tuple/list of arrays."""
-        for arg_name, value in zip(self.arg_names, args, strict=False):
-            if isinstance(value, TensorSpec):
-                raise TraceError(f"{self.fn.__qualname__}(): argument '{arg_name}' is a TensorSpec; a call "
-                                 "needs arrays (TensorSpecs are for .compile() and hexir.export)", *user_where())
-        args = tuple(_native(value) for value in args)
-        key = self.cache_key(self.specs_of(args))
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            specs = key[0]
-            with self._lock:
-                compiled = self._compiled[key] = self._load(self._choose(specs))
-        loaded, form = compiled
-        outputs = loaded.main(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the function on numpy arrays (and static values); compiled on the first call of each
+        signature. The result has the function's own form: None, an array, or a tuple/list of arrays."""
+        values = args if not kwargs and len(args) == len(self.arg_names) else self.bind(args, kwargs)
+        try:
+            key = (tuple([(v.shape, v.dtype) if isinstance(v, np.ndarray) else _static_key(v) for v in values]),
+                   current_device())
+            call = self._calls.get(key)
+        except TypeError:  # an unhashable or unsupported value: _prepare says which
+            key, call = None, None
+        if call is None:
+            call = self._prepare(values, key)
+        run, form, tensors, native = call
+        if tensors is not None:
+            values = [values[i] for i in tensors]
+        outputs = run(*(values if native else map(_native, values)))
         if form == "single":
             return outputs
         outputs = () if outputs is None else outputs if isinstance(outputs, tuple) else (outputs,)
         return None if form == "none" else list(outputs) if form == "list" else outputs
 
-    def _load(self, specs: tuple[TensorSpec, ...]) -> tuple[Any, str]:
+    def _prepare(self, values: tuple, key: tuple | None) -> tuple:
+        """What a call with `values` runs (compiled now unless this signature was before)."""
+        for arg_name, value in zip(self.arg_names, values, strict=True):
+            if isinstance(value, TensorSpec):
+                raise TraceError(f"{self.fn.__qualname__}(): argument '{arg_name}' is a TensorSpec; a call "
+                                 "needs arrays (TensorSpecs are for .compile() and hexir.export)", *user_where())
+        specs, statics = self.split(values)
+        with self._lock:
+            loaded, form = self._load(self._choose(specs, statics), statics)
+            tensors = [i for i in range(len(values)) if i not in statics] if statics else None
+            native = all(v.dtype.isnative for v in values if isinstance(v, np.ndarray))
+            call = (loaded.main, form, tensors, native)
+            if key is not None:
+                self._calls[key] = call
+        return call
+
+    def _load(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[Any, str]:
         """The loaded module for `specs`, compiled unless it was already (under the lock)."""
-        key = self.cache_key(specs)
+        key = self.cache_key(specs, statics)
         if key not in self._compiled:
-            self.trace_count += 1
-            module = trace(self.fn, specs, self.arg_names, self.options.kernel_search_path)
+            module, bound = self._trace(specs, statics)
+            for array in bound.captured:  # the module holds their values now: see the module's docstring
+                array.flags.writeable = False
             form = result_form(module)
             with warnings.catch_warnings(record=True) as notices:  # e.g. "no usable GPU"
                 warnings.simplefilter("always")
-                loaded = hexir_runtime.load(compile_module(module, self.options))
+                loaded = hexir_runtime.load(cache.compile_cached(module, self.options, self.cache))
             for notice in notices:  # said once per signature, at the caller's line
                 warnings.warn(str(notice.message), notice.category, stacklevel=4)
             self._compiled[key] = (loaded, form)
@@ -194,36 +283,39 @@ def _checked(fn: Callable) -> Callable:
 
 @_checked
 def jit(fn: Callable | None = None, *, placement: str | dict | None = None, target: str | None = None,
-        kernel_search_path: Sequence[str | os.PathLike] = (), dynamic: bool | None = None) -> Any:
+        kernel_search_path: Sequence[str | os.PathLike] = (), dynamic: bool | None = None, cache: bool = True) -> Any:
     """Compile `fn` on its first call for each argument signature, then run the compiled code.
 
     `placement` ("hexir.linear=cuda,...") overrides `on()` blocks; `target` chooses the code
     generation targets ("cpu:x86-64-v3,cuda:sm_90"); `kernel_search_path` is where custom
     kernels' files are looked for after their own folders; `dynamic` says when batch sizes are
-    symbolic (None: from the second leading size seen; True: always; False: never).
+    symbolic (None: from the second leading size seen; True: always; False: never); `cache=False`
+    keeps compiled modules out of the compile cache on disk (see `hexir/cache.py`).
     """
     options = Options(placement=parse_placement(placement), target=parse_target(target),
                       kernel_search_path=tuple(map(os.fspath, kernel_search_path)))
     if fn is None:
-        return lambda f: JitFunction(f, options, dynamic)
-    return JitFunction(fn, options, dynamic)
+        return lambda f: JitFunction(f, options, dynamic, cache)
+    return JitFunction(fn, options, dynamic, cache)
 
 
 @_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
-           target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = ()) -> Path:
-    """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs) into a .hxb file."""
+           target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = (), **static: Any) -> Path:
+    """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs, and static values;
+    keyword arguments other than the options are `fn`'s own, e.g. static values) into a .hxb file."""
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
     if placement is not None or target is not None or kernel_search_path:
         options = jitted.options
         jitted = JitFunction(jitted.fn, replace(
             options, placement=parse_placement(placement) or options.placement,
             target=parse_target(target, options.target),
-            kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path))))
+            kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path))),
+            cache=jitted.cache)
     path = Path(path)
     if not path.parent.is_dir():  # before the compile, not after it
         raise TraceError(f"hexir.export: cannot write {path}: the folder {path.parent} does not exist", *user_where())
-    data = jitted.compile(*example_args)
+    data = jitted.compile(*example_args, **static)
     try:
         path.write_bytes(data)
     except OSError as error:
