@@ -67,20 +67,23 @@ def row_blocks(m: int) -> int:
     return -(-m // CPU_ROWS)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_row_blocks_cover_every_row_once(threads):
+def test_row_blocks_cover_every_row_once():
     """Every row count around the block size (full blocks, a short last block, a single short
-    block), split across threads by the work record: the product is numpy's, every row once."""
+    block), split across threads by the work record: the product is numpy's, every row once.
+    One module serves them all: its row count is the symbol `batch`."""
     assert CPU_ROWS > 1
+    data = lower(LINEAR_OF_M.replace("tensor<{m}x8xf32>", 'tensor<?x8xf32, "batch">')
+                 .replace("tensor<{m}x4xf32>", 'tensor<?x4xf32, "batch">').format(), "hxb")
+    (kernel,) = hxb.decode(data).json["kernels"]
+    assert kernel["sizes"] == ["batch"]
+    assert kernel["work"] == {"extent": ["ceildiv", "batch", CPU_ROWS], "grain": 1}
     rng = np.random.default_rng(7)
     w = rng.standard_normal((8, 4)).astype(np.float32)
+    modules = [hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)) for threads in (1, 3)]
     for m in range(1, 4 * CPU_ROWS + 2):
-        data = lower(LINEAR_OF_M.format(m=m), "hxb")
-        (kernel,) = hxb.decode(data).json["kernels"]
-        assert kernel["work"] == {"extent": -(-m // CPU_ROWS), "grain": 1}, m
         x = rng.standard_normal((m, 8)).astype(np.float32)
-        module = hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0))
-        np.testing.assert_allclose(module.main(x, w), x @ w, rtol=1e-5, atol=1e-5, err_msg=f"m={m}")
+        for module in modules:
+            np.testing.assert_allclose(module.main(x, w), x @ w, rtol=1e-5, atol=1e-5, err_msg=f"m={m}")
 
 
 # m = 2: one block, shorter than CPU_ROWS; m = 9: several blocks, the last one short
