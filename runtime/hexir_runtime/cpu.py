@@ -9,11 +9,19 @@ chunks really run in parallel. A custom kernel is called once, as `void symbol(T
 TN *argN, int64_t scalar0, ...)`, from the module's library or from a shared object of its own
 (its `library` blob). Which code runs a kernel (its own or its cpu_fallback) is the manifest's
 `Kernel.cpu_code`.
+
+Trust: a module's CPU code comes in builds for several CPU levels (`cpu.libraries`, best first);
+the first whose features this host has is loaded, so no instruction it lacks can run. Its
+kernel table (`hexir_kernels`, written by the compiler into the code) must describe every kernel
+exactly as the manifest does, and a kernel's symbol must be defined by the library itself: dlsym
+also finds the symbols of its dependencies (libc's `system`), so each address is checked with
+dladdr. How libraries are loaded without leaking fds or aliasing: see "loading libraries" below.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import tempfile
@@ -25,17 +33,19 @@ from typing import Any
 import numpy as np
 
 from .device import HostMemory
-from .errors import DeviceError, KernelError
-from .format import Cpu, Expr, Hxb, Work, evaluate
+from .errors import DeviceError, HxbFormatError, KernelError
+from .format import Cpu, CpuLibrary, Expr, Hxb, Work, check_table, evaluate, parse_table
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # ELF e_machine -> architecture, for the clear error; dlopen refuses other foreign objects itself.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 243: "riscv64"}
+TABLE_SYMBOL = "hexir_kernels"  # the kernel table the compiler embeds in every CPU library
 
 # Loaded libraries by the sha256 of their bytes. ctypes never unloads a library, so loading the
 # same module twice must not map its code twice.
-_libraries: dict[str, ctypes.CDLL] = {}
+_libraries: dict[str, Library] = {}
 _libraries_lock = threading.Lock()
+_loads = 0  # how many libraries went through a memfd: each gets its own spelling of the path
 
 # One pool of worker threads for the whole process, started on first use: each loaded module
 # (each jit signature) must not start threads of its own that nothing stops.
@@ -61,21 +71,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def check_host(cpu: Cpu, machine: str | None = None, flags: set[str] | None = None) -> None:
-    """Raise DeviceError unless this machine (or `machine`/`flags`) can run the manifest's `cpu` code.
-
-    Features are looked up in /proc/cpuinfo; where it cannot be read, they are not checked.
-    """
+def pick_library(cpu: Cpu, machine: str | None = None, flags: set[str] | None = None) -> CpuLibrary:
+    """The first (best) of the module's CPU libraries that this machine (or `machine`/`flags`)
+    can run; DeviceError naming what is missing if none. Features are looked up in
+    /proc/cpuinfo; where it cannot be read, the last library (the most basic build) is taken."""
     machine = machine or platform.machine()
     if _arch(machine) != _arch(cpu.arch):
         raise DeviceError(f"the module's CPU code is for {cpu.arch}, but this machine is {machine}")
     flags = _cpu_flags() if flags is None else flags
-    missing = [feature for feature in cpu.features if flags is not None and feature not in flags]
-    if missing:
-        raise DeviceError(
-            f"the module's CPU code was built for {cpu.cpu} and needs CPU features this machine lacks: "
-            + ", ".join(missing)
-        )
+    if flags is None:
+        return cpu.libraries[-1]
+    for build in cpu.libraries:
+        if set(build.features) <= flags:
+            return build
+    lacks = "; ".join(f"{build.cpu} needs CPU features this machine lacks: "
+                      + ", ".join(feature for feature in build.features if feature not in flags)
+                      for build in cpu.libraries)
+    raise DeviceError(f"no CPU library of the module runs on this machine: {lacks}")
 
 
 def check_library(blob: memoryview, what: str, machine: str | None = None) -> None:
@@ -106,38 +118,114 @@ def _cpu_flags() -> set[str] | None:
     return None
 
 
-def _open_library(blob: memoryview, digest: str, what: str) -> ctypes.CDLL:
+# --- loading libraries ----------------------------------------------------------------------
+#
+# glibc's dlopen returns an already loaded library when it was opened with the same path string
+# (or is the same file: same device and inode). So every library is opened under a path that
+# no other library ever had, and no file descriptor outlives its dlopen:
+# - a memfd (nothing on disk, so nothing is left behind whatever happens to the process), opened
+#   as /proc/self/fd/N; N is reused once the fd is closed, so each load spells the path with its
+#   own runs of slashes, which the kernel reads as one ("//proc/self///fd/3");
+# - where memfds cannot hold code (no memfd_create, or vm.memfd_noexec), a file in a new private
+#   directory, both removed right after dlopen, whether it succeeded or not.
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+@functools.cache
+def _dl() -> ctypes.CDLL:
+    """dlopen, dlerror and dladdr (in libc since glibc 2.34, in libdl before)."""
+    for name in (None, "libdl.so.2"):
+        try:
+            dl = ctypes.CDLL(name)
+            dl.dlopen.restype, dl.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+            dl.dlerror.restype, dl.dlerror.argtypes = ctypes.c_char_p, []
+            dl.dladdr.restype, dl.dladdr.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+            return dl
+        except (OSError, AttributeError):
+            continue
+    raise DeviceError("cannot load native code: this C library has no dlopen/dladdr")
+
+
+class Library:
+    """A loaded shared object and the path it was opened as, which dladdr reports for its own symbols."""
+
+    def __init__(self, path: str, what: str) -> None:
+        dl = _dl()
+        handle = dl.dlopen(path.encode(), os.RTLD_NOW | os.RTLD_LOCAL)
+        if not handle:
+            # dlerror's text can hold any byte of the file (a dependency's name): never fail decoding it
+            reason = (dl.dlerror() or b"unknown error").decode("utf-8", "replace").replace(f"{path}: ", "")
+            raise OSError(f"cannot load {what}: {reason}")
+        self.path, self.what = path, what
+        self.cdll = ctypes.CDLL(path, handle=handle)
+
+    def owns(self, address: int | None) -> bool:
+        """Whether `address` lies in this library itself (not in one of its dependencies)."""
+        info = _DlInfo()
+        return bool(address) and _dl().dladdr(address, ctypes.byref(info)) != 0 and info.dli_fname == self.path.encode()
+
+    def function(self, symbol: str) -> Any | None:
+        """A fresh ctypes function for `symbol` if this library defines it (None otherwise)."""
+        try:
+            function = self.cdll[symbol]  # dlsym: also finds the dependencies' symbols (libc's `system`)
+        except AttributeError:
+            return None
+        return function if self.owns(ctypes.cast(function, ctypes.c_void_p).value) else None
+
+    def table(self) -> bytes | None:
+        """The library's kernel table (the NUL-terminated `hexir_kernels`), or None without one."""
+        try:
+            address = ctypes.addressof(ctypes.c_char.in_dll(self.cdll, TABLE_SYMBOL))
+        except ValueError:
+            return None
+        return ctypes.string_at(address) if self.owns(address) else None
+
+
+def open_library(blob: memoryview, digest: str, what: str) -> Library:
+    """The library whose bytes are `blob` (sha256 `digest`), loaded once per process."""
     with _libraries_lock:
         if digest not in _libraries:
             try:
-                _libraries[digest] = _open_in_memory(blob)
-            except (AttributeError, OSError):  # no memfd_create, or memfds may not be executed
-                try:
-                    _libraries[digest] = _open_from_temporary_file(blob)
-                except OSError as error:
-                    raise DeviceError(f"cannot load {what}: {error}") from None
+                _libraries[digest] = _open_in_memory(blob, what) or _open_from_private_file(blob, digest, what)
+            except OSError as error:
+                raise DeviceError(str(error) if str(error).startswith("cannot load") else
+                                  f"cannot load {what}: {error}") from None
         return _libraries[digest]
 
 
-def _open_in_memory(blob: memoryview) -> ctypes.CDLL:
-    descriptor = os.memfd_create("hexir-cpu-kernels")
+def _open_in_memory(blob: memoryview, what: str) -> Library | None:
+    """The library loaded from a memfd; None where memfds cannot hold code here."""
+    global _loads
+    try:
+        descriptor = os.memfd_create("hexir-cpu-kernels", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
     try:
         with open(descriptor, "wb", closefd=False) as file:
             file.write(blob)
-        library = ctypes.CDLL(f"/proc/self/fd/{descriptor}")
-    except OSError:
+        count, _loads = _loads, _loads + 1
+        parts = ("proc", "self", "fd", str(descriptor))  # 128 spellings per slash: 2^28 in all
+        path = "".join("/" * (1 + (count >> 7 * i) % 128) + part for i, part in enumerate(parts))
+        try:
+            return Library(path, what)
+        except OSError as error:
+            if "failed to map segment" in str(error) or "not permitted" in str(error):
+                return None  # memfds may not be executed here (vm.memfd_noexec): through a file
+            raise
+    finally:
         os.close(descriptor)
-        raise
-    # The descriptor stays open for good: the dynamic loader recognises loaded libraries by
-    # path, so if this number were reused for another library, dlopen would return this one.
-    return library
 
 
-def _open_from_temporary_file(blob: memoryview) -> ctypes.CDLL:
-    with tempfile.NamedTemporaryFile(prefix="hexir-", suffix=".so") as file:  # deleted on close
-        file.write(blob)
-        file.flush()
-        return ctypes.CDLL(file.name)
+def _open_from_private_file(blob: memoryview, digest: str, what: str) -> Library:
+    with tempfile.TemporaryDirectory(prefix="hexir-") as directory:  # removed with the file, loaded or not
+        path = os.path.join(directory, f"{digest}.so")
+        with open(path, "wb") as file:
+            file.write(blob)
+        return Library(path, what)
 
 
 class CpuDevice(HostMemory):
@@ -153,7 +241,8 @@ class CpuDevice(HostMemory):
         self.kinds = ("cpu", "cuda") if fallbacks else ("cpu",)
 
     def load(self, hxb: Hxb) -> CpuProgram:
-        """Check the host, load the library (no file left behind), look up every kernel's code."""
+        """Pick the CPU library this host runs, load it (no file left behind), check it against
+        its kernel table, and look up every kernel's code among the library's own symbols."""
         manifest, functions = hxb.manifest, {}
         kernels = {index: kernel for index, kernel in enumerate(manifest.kernels) if kernel.device in self.kinds}
         for index, kernel in kernels.items():
@@ -162,23 +251,38 @@ class CpuDevice(HostMemory):
                          else "or with --device=reference, in numpy")
                 raise DeviceError(f"kernels[{index}] ({kernel.name}) runs on cuda and has no cpu_fallback: "
                                   f"run this module with --device=cuda on a GPU ({other})")
-        if any(kernel.cpu_code.library is None for kernel in kernels.values()):
-            check_host(manifest.cpu)
+        shared = [index for index, kernel in kernels.items() if kernel.cpu_code.library is None]
+        main, main_where = None, ""
+        if shared:
+            build = pick_library(manifest.cpu)
+            where = main_where = f"the CPU library for {build.cpu} (blob {build.library})"
+            main = open_library(hxb.blob(build.library), manifest.blobs[build.library].sha256, where)
+            if hxb.version >= 2:  # version-1 files predate kernel tables
+                table = main.table()
+                if table is None:
+                    raise HxbFormatError(f"cpu.libraries[{manifest.cpu.libraries.index(build)}].library",
+                                         f"{where} has no kernel table ({TABLE_SYMBOL}): built by an older compiler?")
+                check_table(hxb, parse_table(table, where), shared, False, where)
         for index, kernel in kernels.items():
             code = kernel.cpu_code
-            if code.library is not None:  # a custom kernel's prebuilt shared object
+            field = f"kernels[{index}]{'' if kernel.device == 'cpu' else '.cpu_fallback'}"
+            if code.library is None:
+                library, where = main, main_where
+            else:  # a custom kernel's prebuilt shared object
                 blob = code.library
                 where = f"its library (blob {blob}, {manifest.blobs[blob].name})"
                 check_library(hxb.blob(blob), f"kernels[{index}] ({kernel.name}): {where}")
-                what = f"the library of kernels[{index}] ({kernel.name}) (blob {blob})"
-            else:
-                blob, where, what = manifest.cpu.library, "the CPU library", "the module's CPU library"
-            library = _open_library(hxb.blob(blob), manifest.blobs[blob].sha256, what)
-            try:
-                function = library[code.symbol]  # a fresh function object, unlike getattr
-            except AttributeError:
-                raise KernelError(
-                    f"kernels[{index}] ({kernel.name}): symbol {code.symbol!r} is not in {where}") from None
+                library = open_library(hxb.blob(blob), manifest.blobs[blob].sha256,
+                                       f"the library of kernels[{index}] ({kernel.name}) (blob {blob})")
+            function = library.function(code.symbol)
+            if function is None:
+                try:
+                    library.cdll[code.symbol]
+                except AttributeError:
+                    raise KernelError(f"kernels[{index}] ({kernel.name}): symbol {code.symbol!r} is not in "
+                                      f"{where}") from None
+                raise HxbFormatError(f"{field}.symbol", f"{kernel.name}: {code.symbol!r} is not defined by "
+                                                        f"{where} itself (only by a library it depends on)")
             integers = len(kernel.integers) + (0 if kernel.custom else 2)  # + first and last
             function.argtypes = [ctypes.c_void_p] * len(kernel.args) + [ctypes.c_int64] * integers
             function.restype = None
@@ -200,11 +304,14 @@ class CpuProgram:
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
         function, work, integers = self.kernels[kernel]
-        arguments = [buffer.ctypes.data for buffer in buffers] + [evaluate(expr, sizes) for expr in integers]
+        values = [evaluate(expr, sizes) for expr in integers]
+        extent = 0 if work is None else evaluate(work.extent, sizes)
+        if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
+            raise KernelError(f"kernels[{kernel}]: a size or extent of this call does not fit in int64")
+        arguments = [buffer.ctypes.data for buffer in buffers] + values
         if work is None:  # a custom kernel: called once, with its scalars after the pointers
             function(*arguments)
             return
-        extent = evaluate(work.extent, sizes)
         if extent == 0:
             return
         chunks = 1

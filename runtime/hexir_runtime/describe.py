@@ -2,15 +2,17 @@
 
 Entries with their programs, kernels (op and epilogues, sizes, the parallel extent or launch
 grid as expressions like `ceildiv(batch, 64)`, a custom kernel's source and where its cpu code
-is), the cpu library, constants and blobs. Every string that comes from the file (producer,
-names, sources) is printed with its control characters escaped, as `repr` writes them, so a
-file cannot send escape sequences to a terminal.
+is), the cpu libraries (and which one this machine would load), constants and blobs. Every
+string that comes from the file (producer, names, sources) is printed with its control
+characters escaped, as `repr` writes them, so a file cannot send escape sequences to a terminal.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .cpu import pick_library
+from .errors import DeviceError
 from .format import Code, Hxb, Kernel, Work, to_text
 
 
@@ -54,10 +56,16 @@ def describe(hxb: Hxb, path: str) -> str:
     for i, kernel in enumerate(kernels):
         lines += _kernel(i, kernel)
     if manifest.cpu is not None:
-        cpu = manifest.cpu
-        features = " ".join(map(safe, cpu.features)) or "none"
-        lines += ["", "cpu", f"  {safe(cpu.arch)} ({safe(cpu.cpu)}), features: {features}"]
-        lines.append(f"  library in blob {cpu.library}")
+        try:
+            picked, why = pick_library(manifest.cpu), ""
+        except DeviceError as error:
+            picked, why = None, f"  this machine runs none of them: {error}"
+        lines += ["", f"cpu {safe(manifest.cpu.arch)}, libraries (best first)"]
+        for build in manifest.cpu.libraries:
+            features = " ".join(map(safe, build.features)) or "none"
+            mark = "  <- this machine" if build == picked else ""
+            lines.append(f"  {safe(build.cpu)}: features {features}, library in blob {build.library}{mark}")
+        lines += [why] if why else []
     lines += ["", "constants" if constants else "constants: none"]
     for i, constant in enumerate(constants):
         lines.append(f"  [{i}] {safe(constant.name)}: {constant.type} in blob {constant.blob}")

@@ -207,13 +207,20 @@ class Constant:
 
 
 @dataclass(frozen=True)
-class Cpu:
-    """What the module's CPU library was built for, and its blob."""
+class CpuLibrary:
+    """One build of the module's CPU code: the `-mcpu` it targets, the CPU features it needs, its blob."""
 
-    arch: str
     cpu: str
     features: tuple[str, ...]
     library: int
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """The module's CPU code: its architecture and its builds, best first (each defines the same symbols)."""
+
+    arch: str
+    libraries: tuple[CpuLibrary, ...]
 
 
 @dataclass(frozen=True)
@@ -291,6 +298,7 @@ class Manifest:
     cpu: Cpu | None
     kernels: tuple[Kernel, ...]
     entries: tuple[Entry, ...]
+    cuda_table: int | None = None  # the blob holding the CUDA kernels' table (version 1: none)
 
 
 @dataclass(frozen=True)
@@ -315,6 +323,7 @@ def decode(data: bytes | bytearray | memoryview) -> Hxb:
     version, manifest = _check_structure(data)
     if version == 1:
         manifest = _upgrade_v1(manifest)
+    manifest = _upgrade_cpu(manifest)
     return Hxb(_check_meaning(manifest), manifest, data, version)
 
 
@@ -399,6 +408,68 @@ def _upgrade_v1(manifest: dict[str, Any]) -> dict[str, Any]:
             if isinstance(code, dict) and "parallel_extent" in code:
                 code["work"] = {"extent": code.pop("parallel_extent"), "grain": 1}
     return manifest
+
+
+def _upgrade_cpu(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A single-library `cpu` ({arch, cpu, features, library}: version 1 and early version 2)
+    becomes `{arch, libraries: [{cpu, features, library}]}`; anything else is left as it is."""
+    cpu = manifest.get("cpu")
+    if isinstance(cpu, dict) and "libraries" not in cpu and {"cpu", "features", "library"} <= cpu.keys():
+        manifest = dict(manifest)
+        rest = {key: value for key, value in cpu.items() if key not in ("cpu", "features", "library")}
+        manifest["cpu"] = {**rest, "libraries": [{key: cpu[key] for key in ("cpu", "features", "library")}]}
+    return manifest
+
+
+# --- kernel tables: what the code says it holds ------------------------------------------------
+
+
+def parse_table(text: bytes, where: str) -> dict[str, dict[str, Any]]:
+    """A kernel table (`{"kernels": [{"symbol": ..., ...}, ...]}`, UTF-8 JSON, one trailing NUL
+    allowed) as its entries by symbol; HxbFormatError naming `where` if it is malformed."""
+    try:
+        table = json.loads(text.removesuffix(b"\0").decode("utf-8"), object_pairs_hook=_unique_keys,
+                           parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError, HxbFormatError) as error:
+        _fail(where, f"the kernel table is not valid UTF-8 JSON ({error})")
+    if not isinstance(table, dict) or not isinstance(table.get("kernels"), list):
+        _fail(where, "the kernel table is not an object with a list of kernels")
+    entries: dict[str, dict[str, Any]] = {}
+    for i, kernel in enumerate(table["kernels"]):
+        if not isinstance(kernel, dict) or not isinstance(kernel.get("symbol"), str):
+            _fail(where, f"the kernel table's kernels[{i}] is not an object with a symbol")
+        if kernel["symbol"] in entries:
+            _fail(where, f"the kernel table lists symbol {kernel['symbol']!r} twice")
+        entries[kernel["symbol"]] = kernel
+    return entries
+
+
+def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], gpu: bool, where: str) -> None:
+    """Check that the code's `table` describes `kernels` (indices) exactly as the manifest does:
+    their args (shape, dtype), sizes or scalars, and work (host code) or launch (`gpu`). The
+    host code of a CUDA kernel is its cpu_fallback. HxbFormatError names the kernel and field."""
+    for index in kernels:
+        spec, kernel = hxb.json["kernels"][index], hxb.manifest.kernels[index]
+        code = kernel.gpu_code if gpu else kernel.cpu_code
+        expected = {"args": [{"shape": arg["shape"], "dtype": arg["dtype"]} for arg in spec["args"]]}
+        expected["scalars" if kernel.custom else "sizes"] = spec["scalars" if kernel.custom else "sizes"]
+        if gpu:
+            expected["launch"] = spec["launch"]
+        elif not kernel.custom:
+            expected["work"] = (spec if kernel.device == "cpu" else spec["cpu_fallback"])["work"]
+        path = f"kernels[{index}]" if gpu or kernel.device == "cpu" else f"kernels[{index}].cpu_fallback"
+        entry = table.get(code.symbol)
+        if entry is None:
+            _fail(f"{path}.symbol", f"{kernel.name}: symbol {code.symbol!r} is not in the kernel table of {where}")
+        for key, value in expected.items():
+            if _canonical(entry.get(key)) != _canonical(value):
+                _fail(f"{path}.{key}", f"{kernel.name}: the manifest says {_canonical(value)}, the kernel table "
+                                       f"of {where} says {_canonical(entry.get(key))}")
+
+
+def _canonical(value: Any) -> str:
+    """JSON text that tells 1, 1.0 and true apart, and ignores key order."""
+    return json.dumps(value, sort_keys=True)
 
 
 # --- structure: header, manifest bytes, blob table -------------------------------------------
@@ -490,7 +561,7 @@ def _check_blob_table(data: bytes, table: list[Any], manifest_end: int) -> None:
 
 
 def _check_meaning(manifest: dict[str, Any]) -> Manifest:
-    _object(manifest, "", ("producer", "blobs", "constants", "kernels", "entries"), ("cpu",))
+    _object(manifest, "", ("producer", "blobs", "constants", "kernels", "entries"), ("cpu", "cuda"))
     blobs = tuple(Blob(**blob) for blob in manifest["blobs"])  # checked with the structure
     constants = []
     for i, constant in enumerate(_list(manifest["constants"], "constants")):
@@ -508,20 +579,33 @@ def _check_meaning(manifest: dict[str, Any]) -> Manifest:
     cpu = None
     if "cpu" in manifest:
         if not cpu_code:
-            _fail("cpu", "present, but no kernel has cpu code in cpu.library (a cpu kernel or a cpu_fallback "
+            _fail("cpu", "present, but no kernel has cpu code in a cpu library (a cpu kernel or a cpu_fallback "
                          "without a library of its own)")
-        spec = _object(manifest["cpu"], "cpu", ("arch", "cpu", "features", "library"))
-        features = tuple(_str(feature, f"cpu.features[{i}]")
-                         for i, feature in enumerate(_list(spec["features"], "cpu.features")))
-        cpu = Cpu(_str(spec["arch"], "cpu.arch"), _str(spec["cpu"], "cpu.cpu"), features,
-                  _index(spec["library"], "cpu.library", len(blobs), "blob"))
+        spec = _object(manifest["cpu"], "cpu", ("arch", "libraries"))
+        builds = []
+        for i, build in enumerate(_list(spec["libraries"], "cpu.libraries")):
+            where = f"cpu.libraries[{i}]"
+            _object(build, where, ("cpu", "features", "library"))
+            features = tuple(_str(feature, f"{where}.features[{j}]")
+                             for j, feature in enumerate(_list(build["features"], f"{where}.features")))
+            builds.append(CpuLibrary(_str(build["cpu"], f"{where}.cpu"), features,
+                                     _index(build["library"], f"{where}.library", len(blobs), "blob")))
+        if not builds:
+            _fail("cpu.libraries", "empty: the module needs at least one cpu library")
+        cpu = Cpu(_str(spec["arch"], "cpu.arch"), tuple(builds))
     entries = _list(manifest["entries"], "entries")
     if not entries:
         _fail("entries", "empty: a module needs at least one entry")
     checked: list[Entry] = []
     for i, entry in enumerate(entries):
         checked.append(_check_entry(entry, f"entries[{i}]", constants, kernels, checked))
-    return Manifest(_str(manifest["producer"], "producer"), blobs, tuple(constants), cpu, kernels, tuple(checked))
+    cuda_table = None
+    if "cuda" in manifest:
+        if not any(kernel.gpu_code for kernel in kernels):
+            _fail("cuda", "present, but the module has no cuda kernels")
+        cuda_table = _index(_object(manifest["cuda"], "cuda", ("table",))["table"], "cuda.table", len(blobs), "blob")
+    return Manifest(_str(manifest["producer"], "producer"), blobs, tuple(constants), cpu, kernels, tuple(checked),
+                    cuda_table)
 
 
 def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
@@ -815,9 +899,11 @@ def _identifier(value: Any, path: str) -> str:
     return value
 
 
-def _int(value: Any, path: str, minimum: int = 0) -> int:
+def _int(value: Any, path: str, minimum: int = 0, alternative: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(path, f"expected an integer >= {minimum}, got {_describe(value)}")
+        _fail(path, f"expected an integer >= {minimum}{alternative}, got {_describe(value)}")
+    if value >= 2**63:  # every count and offset is an int64 somewhere (ctypes, numpy, the kernels)
+        _fail(path, f"{value} does not fit in int64")
     return value
 
 
@@ -840,9 +926,7 @@ def _json(value: Any) -> str:
 def _dim(value: Any, path: str, symbolic: bool) -> Dim:
     if symbolic and isinstance(value, str):
         return _identifier(value, path)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _fail(path, f"expected an integer >= 0{' or a symbol' if symbolic else ''}, got {_describe(value)}")
-    return value
+    return _int(value, path, 0, " or a symbol" if symbolic else "")
 
 
 def _tensor(value: Any, path: str, extra: tuple[str, ...] = (), symbolic: bool = True) -> TensorType:
@@ -850,8 +934,11 @@ def _tensor(value: Any, path: str, extra: tuple[str, ...] = (), symbolic: bool =
     shape = _list(value["shape"], f"{path}.shape")
     tensor = TensorType(tuple(_dim(size, f"{path}.shape[{i}]", symbolic) for i, size in enumerate(shape)),
                         _choice(value["dtype"], f"{path}.dtype", tuple(DTYPES)))
-    if tensor.nbytes >= 2**63:
-        _fail(f"{path}.shape", f"{tensor} is too large ({tensor.nbytes} bytes)")
+    # Every extent, and the bytes the shape makes with each 0 counted as 1: a 0 elsewhere must not
+    # hide an extent that overflows int64 (ctypes, numpy and the kernels all count in int64).
+    nbytes = math.prod(dim or 1 for dim in tensor.shape if isinstance(dim, int)) * tensor.itemsize
+    if nbytes >= 2**63:
+        _fail(f"{path}.shape", f"{tensor} is too large (2^63 bytes or more, even with its zero extents as 1)")
     return tensor
 
 

@@ -10,6 +10,7 @@ Nothing here needs MLIR or the compiler. Fixtures:
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import shutil
@@ -80,7 +81,34 @@ def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
 """
 
 
-KERNELS_SOURCE = "\n".join(c_source(*kernel) for kernel in KERNELS)
+def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False) -> str:
+    """The kernel table (JSON) that the compiler embeds in its code, for manifest `kernels`
+    (docs/hxb-format.md, "Kernel tables"): the host code of the module's CPU library (cpu kernels
+    and cuda kernels' cpu_fallbacks, without a library of their own), or with `gpu` the cuda
+    kernels. Tables of hand-built and compiled modules are made the same way: from the manifest."""
+    entries: dict[str, dict[str, Any]] = {}
+    for kernel in kernels:
+        code = kernel if kernel["device"] == ("cuda" if gpu else "cpu") else None if gpu else kernel.get("cpu_fallback")
+        if code is None or "library" in code:
+            continue
+        entry = {"symbol": code["symbol"], "args": [{"shape": arg["shape"], "dtype": arg["dtype"]}
+                                                    for arg in kernel["args"]]}
+        entry["scalars" if kernel["op"] == "custom" else "sizes"] = kernel["scalars" if kernel["op"] == "custom"
+                                                                          else "sizes"]
+        if gpu:
+            entry["launch"] = kernel["launch"]
+        elif kernel["op"] != "custom":
+            entry["work"] = code["work"]
+        entries.setdefault(code["symbol"], entry)
+    return json.dumps({"kernels": list(entries.values())})
+
+
+def table_c(kernels: list[dict[str, Any]]) -> str:
+    """`kernel_table(kernels)` as the C definition of `hexir_kernels` (JSON escapes are C escapes for ASCII)."""
+    return f"const char hexir_kernels[] = {json.dumps(kernel_table(kernels))};\n"
+
+
+KERNELS_CODE = "\n".join(c_source(*kernel) for kernel in KERNELS)
 
 
 class Builder:
@@ -144,17 +172,31 @@ class Builder:
         return entry
 
     def build(self, library: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        """The (manifest, blobs) pair for `hxb.encode`; `library` is the CPU .so, if any."""
+        """The (manifest, blobs) pair for `hxb.encode`; `library` is the CPU .so, if any. A module
+        with cuda kernels gets their kernel table as a blob."""
         manifest: dict[str, Any] = {"producer": "hexir-tests"}
         blobs = list(self.blobs)
         if any(uses_cpu_library(kernel) for kernel in self.kernels):
             blobs.append(("cpu.so", library if library is not None else b"\x7fELF not a real library"))
             x86 = platform.machine().lower() in ("x86_64", "amd64")
             features = ["sse", "sse2"] if x86 else []
-            manifest["cpu"] = {"arch": platform.machine(), "cpu": "generic", "features": features}
-            manifest["cpu"]["library"] = len(blobs) - 1
+            manifest["cpu"] = {"arch": platform.machine(),
+                               "libraries": [{"cpu": "generic", "features": features, "library": len(blobs) - 1}]}
+        if any(kernel["device"] == "cuda" for kernel in self.kernels):
+            blobs.append(("cuda-kernels.json", kernel_table(self.kernels, gpu=True).encode()))
+            manifest["cuda"] = {"table": len(blobs) - 1}
         manifest.update(constants=self.constants, kernels=self.kernels, entries=self.entries)
         return manifest, blobs
+
+
+def _standard_kernels() -> list[dict[str, Any]]:
+    builder = Builder()
+    for op, shapes, dtype in KERNELS:
+        builder.kernel(op, shapes, dtype)
+    return builder.kernels
+
+
+KERNELS_SOURCE = KERNELS_CODE + table_c(_standard_kernels())
 
 
 def uses_cpu_library(kernel: dict[str, Any]) -> bool:
@@ -287,9 +329,12 @@ def cuda(library: bytes | None = None, fallback: bool = True) -> tuple[dict[str,
 @pytest.fixture(scope="session")
 def modules() -> SimpleNamespace:
     """The module factories (`mlp`, `batched`, `big`, `cuda`, `weights`, `mlp_numpy`), the `Builder`, and the C
-    source of every kernel of KERNELS (`kernels_source`)."""
+    source of every kernel of KERNELS (`kernels_source`, with their kernel table; `kernels_code`
+    without), and `kernel_table`/`table_c`, which make the tables of any manifest's kernels."""
     return SimpleNamespace(Builder=Builder, mlp=mlp, batched=batched, big=big, cuda=cuda, weights=weights,
-                           mlp_numpy=mlp_numpy, kernels_source=KERNELS_SOURCE)
+                           mlp_numpy=mlp_numpy, kernels_source=KERNELS_SOURCE, kernels_code=KERNELS_CODE,
+                           kernel_table=kernel_table, table_c=table_c,
+                           standard_kernels=_standard_kernels)
 
 
 @pytest.fixture(scope="session")

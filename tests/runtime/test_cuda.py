@@ -153,6 +153,12 @@ class FakeDriver:
         self.copies_in: list[tuple[int, bytes]] = []
         self.launches: list[dict] = []
         self.initialized = False
+        self.streams: set[int] = set()             # the CUstreams created and not destroyed
+        self.events: set[int] = set()
+        self.on_stream: list[tuple[str, int]] = []  # (call, the stream it was queued on)
+        self.pinned: dict[int, Any] = {}           # page-locked host memory by address
+        self.pageable_copies = 0                   # asynchronous copies from or to pageable memory
+        self._next_handle = 0x5000
         self._next_pointer = 0x7F00_0000_0000
         self._context = Handle("CUcontext", 0xC0)
         self._current = threading.local()
@@ -328,7 +334,8 @@ class FakeDriver:
             if memory is None:
                 return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
             arrays.append(np.frombuffer(memory, arg["dtype"], math.prod(shape)).reshape(shape))
-        self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z),
+        self.on_stream.append(("cuLaunchKernel", int(stream) if stream is not None else 0))
+        self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z), "params": params,
                               "block": (block_x, block_y, block_z), "shared": shared, "pointers": pointers,
                               "scalars": scalars, "inputs": [array.copy() for array in arrays[:-1]]})
         if kernel["op"] == "custom":
@@ -339,6 +346,78 @@ class FakeDriver:
 
     def cuCtxSynchronize(self) -> tuple:
         return (self._enter("cuCtxSynchronize"),)
+
+    # streams, events, page-locked memory and asynchronous copies: the fake runs everything at
+    # once, so it only checks the handles and records which stream each call used.
+
+    def _on(self, call: str, stream: Any) -> CUresult:
+        status = self._enter(call)
+        value = int(stream) if stream is not None else 0
+        if status == CUresult.CUDA_SUCCESS and value not in self.streams | {0, 1, 2}:
+            return CUresult.CUDA_ERROR_INVALID_HANDLE
+        self.on_stream.append((call, value))
+        return status
+
+    def cuStreamCreate(self, flags: int) -> tuple:
+        status = self._enter("cuStreamCreate")
+        self._next_handle += 1
+        self.streams.add(self._next_handle)
+        return status, Handle("CUstream", self._next_handle)
+
+    def cuStreamDestroy(self, stream: Handle) -> tuple:
+        status = self._on("cuStreamDestroy", stream)
+        self.streams.discard(int(stream))
+        return (status,)
+
+    def cuStreamSynchronize(self, stream: Handle) -> tuple:
+        return (self._on("cuStreamSynchronize", stream),)
+
+    def cuEventCreate(self, flags: int) -> tuple:
+        self._next_handle += 1
+        self.events.add(self._next_handle)
+        return self._enter("cuEventCreate"), Handle("CUevent", self._next_handle)
+
+    def cuEventDestroy(self, event: Handle) -> tuple:
+        self.events.discard(int(event))
+        return (self._enter("cuEventDestroy"),)
+
+    def cuEventRecord(self, event: Handle, stream: Handle) -> tuple:
+        return (self._on("cuEventRecord", stream),)
+
+    def cuStreamWaitEvent(self, stream: Any, event: Handle, flags: int) -> tuple:
+        status = self._on("cuStreamWaitEvent", stream)
+        return (status if int(event) in self.events else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+
+    def cuMemHostAlloc(self, size: int, flags: int) -> tuple:
+        status = self._enter("cuMemHostAlloc")
+        memory = ctypes.create_string_buffer(size)
+        self.pinned[ctypes.addressof(memory)] = memory
+        return status, ctypes.addressof(memory)
+
+    def cuMemFreeHost(self, pointer: int) -> tuple:
+        status = self._enter("cuMemFreeHost")
+        return (status if self.pinned.pop(int(pointer), None) is not None else CUresult.CUDA_ERROR_INVALID_VALUE,)
+
+    def is_pinned(self, address: int, size: int) -> bool:
+        return any(base <= address and address + size <= base + len(memory) for base, memory in self.pinned.items())
+
+    def cuMemcpyHtoDAsync(self, destination: Any, source: int, size: int, stream: Any) -> tuple:
+        status = self._on("cuMemcpyHtoDAsync", stream)
+        self.pageable_copies += not self.is_pinned(int(source), size)
+        return self.cuMemcpyHtoD(destination, source, size) if status == CUresult.CUDA_SUCCESS else (status,)
+
+    def cuMemcpyDtoHAsync(self, destination: int, source: Any, size: int, stream: Any) -> tuple:
+        status = self._on("cuMemcpyDtoHAsync", stream)
+        self.pageable_copies += not self.is_pinned(int(destination), size)
+        return self.cuMemcpyDtoH(destination, source, size) if status == CUresult.CUDA_SUCCESS else (status,)
+
+    def cuMemAllocAsync(self, size: int, stream: Any) -> tuple:
+        status = self._on("cuMemAllocAsync", stream)
+        return self.cuMemAlloc(size) if status == CUresult.CUDA_SUCCESS else (status, None)
+
+    def cuMemFreeAsync(self, pointer: Any, stream: Any) -> tuple:
+        status = self._on("cuMemFreeAsync", stream)
+        return self.cuMemFree(pointer) if status == CUresult.CUDA_SUCCESS else (status,)
 
 
 def _execute(op: str, epilogues: list[str], arrays: list[np.ndarray]) -> None:
@@ -408,7 +487,10 @@ def compiled(tmp_path_factory) -> dict[str, Path]:
         return hexir.linear(W.T.copy(), W)
 
     try:
-        return _export_all(hexir, directory, mlp, apart, wide, relu, constants_only)
+        modules = _export_all(hexir, directory, mlp, apart, wide, relu, constants_only)
+        if "cuda" not in hxb.read(modules["mlp"]).json:  # checked at load, not by the reader
+            raise hxb.HxbFormatError("cuda", "no kernel table: built by an older compiler?")
+        return modules
     except hxb.HxbFormatError as error:  # a compiler that does not write this runtime's format (yet)
         pytest.skip(f"the compiler's modules do not pass this runtime's format checks: {error}")
 

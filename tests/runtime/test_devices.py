@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hexir_runtime import DeviceError, KernelError, load
+from hexir_runtime import DeviceError, HxbFormatError, load
 from hexir_runtime import cpu as cpu_device
 from hexir_runtime import format as hxb
-from hexir_runtime.cpu import CpuDevice, check_host
-from hexir_runtime.format import Cpu
+from hexir_runtime.cpu import CpuDevice, pick_library
+from hexir_runtime.format import Cpu, CpuLibrary
 from hexir_runtime.reference import ReferenceDevice
 
 DEVICES = ["reference", "cpu"]
@@ -135,8 +135,8 @@ def test_cuda_device_needs_cuda_kernels(modules):
 def test_missing_symbol(modules, c_library):
     manifest, blobs = modules.mlp(c_library)
     manifest["kernels"][1]["symbol"] = "no_such_kernel"
-    message = r"kernels\[1\] \(k1_relu\): symbol 'no_such_kernel' is not in the CPU library"
-    with pytest.raises(KernelError, match=message):
+    message = r"kernels\[1\].symbol: k1_relu: symbol 'no_such_kernel' is not in the kernel table of the CPU library"
+    with pytest.raises(HxbFormatError, match=message):
         load(hxb.encode(manifest, blobs), "cpu")
     load(hxb.encode(manifest, blobs), "reference")  # the oracle needs no symbols
 
@@ -150,7 +150,7 @@ def test_wrong_architecture(modules, c_library):
 
 def test_missing_cpu_features(modules, c_library, monkeypatch):
     manifest, blobs = modules.mlp(c_library)
-    manifest["cpu"]["features"] += ["avx9000", "quantum"]
+    manifest["cpu"]["libraries"][0]["features"] += ["avx9000", "quantum"]
     data = hxb.encode(manifest, blobs)
     if cpu_device._cpu_flags() is not None:
         with pytest.raises(DeviceError, match="needs CPU features this machine lacks: avx9000, quantum"):
@@ -159,15 +159,18 @@ def test_missing_cpu_features(modules, c_library, monkeypatch):
     assert load(data, "cpu").main(np.ones((2, 8), np.float32)).shape == (2, 4)
 
 
-def test_check_host_normalises_architectures():
-    section = Cpu("x86_64", "x86-64-v3", ("avx2", "fma"), 0)
-    check_host(section, machine="AMD64", flags={"avx2", "fma", "sse2"})
-    check_host(replace(section, arch="amd64"), machine="x86_64", flags={"avx2", "fma"})
-    check_host(replace(section, arch="arm64", features=()), machine="aarch64", flags=set())
-    with pytest.raises(DeviceError, match="x86-64-v3 and needs CPU features this machine lacks: fma"):
-        check_host(section, machine="x86_64", flags={"avx2"})
+def test_pick_library_normalises_architectures_and_takes_the_best_that_fits(monkeypatch):
+    v3, v1 = CpuLibrary("x86-64-v3", ("avx2", "fma"), 0), CpuLibrary("x86-64", ("sse2",), 1)
+    section = Cpu("x86_64", (v3, v1))
+    assert pick_library(section, machine="AMD64", flags={"avx2", "fma", "sse2"}) == v3
+    assert pick_library(replace(section, arch="amd64"), machine="x86_64", flags={"sse2", "avx2"}) == v1
+    monkeypatch.setattr(cpu_device, "_cpu_flags", lambda: None)
+    assert pick_library(section, machine="x86_64") == v1  # features unknown: the most basic build
+    with pytest.raises(DeviceError, match="x86-64-v3 needs CPU features this machine lacks: avx2, fma; "
+                                          "x86-64 needs CPU features this machine lacks: sse2"):
+        pick_library(section, machine="x86_64", flags={"sse"})
     with pytest.raises(DeviceError, match="for x86_64, but this machine is aarch64"):
-        check_host(section, machine="aarch64", flags=None)
+        pick_library(section, machine="aarch64", flags=None)
 
 
 def test_library_leaves_no_files(modules, c_library, monkeypatch, tmp_path):
@@ -191,15 +194,16 @@ def test_two_libraries_in_one_process(modules, c_library, tmp_path, monkeypatch)
     """Each module gets its own library, even when the first module is gone before the second
     loads (the dynamic loader knows libraries by path, and /proc/self/fd/N paths repeat)."""
     source = tmp_path / "other.c"
+    builder = modules.Builder()
+    kernel = builder.kernel("relu", [[2, 16], [2, 16]])
+    builder.kernels[kernel]["symbol"] = "doubled"
     source.write_text("#include <stdint.h>\nvoid doubled(const float *x, float *out, int64_t first, int64_t last)"
-                      " { for (int64_t i = first * 16; i < last * 16; ++i) out[i] = 2 * x[i]; }\n")
+                      " { for (int64_t i = first * 16; i < last * 16; ++i) out[i] = 2 * x[i]; }\n"
+                      + modules.table_c(builder.kernels))
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "other.so"), str(source)], check=True)
     monkeypatch.setattr(cpu_device, "_libraries", {})
     first = load(hxb.encode(*modules.mlp(c_library)), "cpu")
     del first
-    builder = modules.Builder()
-    kernel = builder.kernel("relu", [[2, 16], [2, 16]])
-    builder.kernels[kernel]["symbol"] = "doubled"
     entry = builder.entry()
     entry.ret(entry.call(kernel, entry.input("x", [2, 16])))
     second = load(hxb.encode(*builder.build((tmp_path / "other.so").read_bytes())), "cpu")
