@@ -6,17 +6,19 @@ second oracle; a multi-threaded cpu device checks the kernels' [first, last) wor
 
 from __future__ import annotations
 
+import math
+import re
+
+import hexir_runtime
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hexir_runtime.cpu import CpuDevice
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import hexir
-
-hexir_runtime = pytest.importorskip("hexir_runtime")
-if not hasattr(hexir_runtime, "load"):
-    pytest.skip("hexir_runtime.load is not there yet", allow_module_level=True)
+from hexir.driver import run_stage
 
 TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
 
@@ -61,8 +63,6 @@ def test_exported_module_matches_numpy(dtype, tmp_path):
 
 
 def test_threads_split_the_rows_correctly(tmp_path):
-    from hexir_runtime.cpu import CpuDevice
-
     mlp, expected = two_layers("float64", k=5, hidden=7, n=3, seed=4)
     x = np.random.default_rng(5).standard_normal((37, 5))
     path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
@@ -86,11 +86,20 @@ def test_print_uses_the_c_format(capfd):
 
 
 finite = {"float32": st.floats(-100, 100, width=32), "float64": st.floats(-1e6, 1e6)}
+SPLIT_BYTES = 1 << 20  # the cpu device splits a launch across threads from this many argument bytes on
 
 
 @st.composite
 def problems(draw):
+    """x, w, b: small ones with values hypothesis picks (edge values included), or, one draw in
+    four, large ones (up to 300 per axis, random values) whose launch reaches the thread split."""
     dtype = draw(st.sampled_from(["float32", "float64"]))
+    if draw(st.integers(0, 3)) == 0:
+        m, k, n = (draw(st.integers(150, 300)) for _ in range(3))
+        rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+        x, w = (rng.uniform(-100, 100, shape).astype(dtype) for shape in ((m, k), (k, n)))
+        b = rng.uniform(-100, 100, n).astype(dtype) if draw(st.booleans()) else None
+        return x, w, b
     m, k, n = (draw(st.integers(1, 24)) for _ in range(3))
     x = draw(hnp.arrays(dtype, (m, k), elements=finite[dtype]))
     w = draw(hnp.arrays(dtype, (k, n), elements=finite[dtype]))
@@ -98,8 +107,18 @@ def problems(draw):
     return x, w, b
 
 
-@settings(max_examples=10, deadline=None)
+def _big(dtype: str, m: int, k: int, n: int, bias: bool):
+    rng = np.random.default_rng(m + k + n)
+    x, w, b = rng.standard_normal((m, k)), rng.standard_normal((k, n)), rng.standard_normal(n) if bias else None
+    return x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(problems())
+@example(_big("float32", 300, 300, 300, bias=True))   # 1.08 MB of arguments: split across threads
+@example(_big("float64", 210, 210, 210, bias=False))  # 1.06 MB
+@example(_big("float32", 1, 1, 1, bias=True))
 def test_linear_relu_matches_numpy_for_any_shape_and_values(problem):
     x, w, b = problem
 
@@ -109,6 +128,45 @@ def test_linear_relu_matches_numpy_for_any_shape_and_values(problem):
 
     expected = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b), 0)
     scale = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64) + (0 if b is None else np.abs(b)) + 1
-    error = np.abs(layer(x).astype(np.float64) - expected)
     epsilon = np.finfo(x.dtype).eps
-    assert (error <= 4 * x.shape[1] * epsilon * scale).all()
+    (m, k), n = x.shape, w.shape[1]
+    split = (x.nbytes + w.nbytes + (0 if b is None else b.nbytes) + m * n * x.itemsize) >= SPLIT_BYTES
+    results = [layer(x)]  # the jit's own device: the machine's threads, the default split
+    if split:  # and split over 3 threads, unevenly (a cpu linear's work items are its row blocks)
+        data = layer.compile(x)
+        results.append(hexir_runtime.load(data, device=CpuDevice(threads=3)).main(x))
+    for result in results:
+        assert result.dtype == x.dtype and result.shape == (m, n)
+        error = np.abs(result.astype(np.float64) - expected)
+        assert (error <= 4 * k * epsilon * scale).all()
+
+
+def _launch(text: str, kernel: str) -> tuple[list[int], list[int]]:
+    """grid and block of the `hextir.launch` record of the cuda kernel whose name starts with `kernel`."""
+    found = re.search(rf'func\.func public @{kernel}_[0-9]+\(.*hextir\.launch = \{{block = array<i64: (\d+), (\d+), (\d+)>, '
+                      r'grid = \["(\d+)", "(\d+)", "(\d+)"\]', text)
+    assert found, text[:2000]
+    numbers = [int(v) for v in found.groups()]
+    return numbers[3:], numbers[:3]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(m=st.sampled_from([1, 127, 128, 129, 1920, 2047, 2048, 2049, 4095]) | st.integers(1, 4096),
+       n=st.sampled_from([1, 127, 128, 129, 1920, 2047, 2048, 2049, 4095]) | st.integers(1, 4096),
+       k=st.integers(1, 40), rank=st.integers(1, 3))
+@example(m=2048, n=2048, k=3, rank=2)  # 16 x 16 = 256 large tiles: the large tiling, just
+@example(m=2048, n=1920, k=3, rank=2)  # 240: the small tiling
+def test_cuda_launches_cover_any_output_at_compile_level(m, n, k, rank):
+    """The launch records of a cuda linear and relu, from the shapes alone: 128x128 output tiles
+    when that still makes at least 256 blocks (two per SM of a 132-SM GPU), else 64x64, 16x16
+    threads either way; a relu's elements in blocks of 256 threads (over all its axes)."""
+    relu_shape = (m, n) if rank == 2 else (m * n,) if rank == 1 else (m, 1, n)
+    linear = hexir.jit(lambda x, w: hexir.linear(x, w), placement="hexir.linear=cuda")
+    relu = hexir.jit(lambda x: hexir.relu(x), placement="hexir.relu=cuda")
+    specs = hexir.TensorSpec((m, k), "float32"), hexir.TensorSpec((k, n), "float32")
+    grid, block = _launch(str(run_stage(linear.trace(*specs), "mlir-tir", linear.options)), "linear")
+    tile = 128 if math.ceil(m / 128) * math.ceil(n / 128) >= 256 else 64
+    assert (grid, block) == ([math.ceil(n / tile), math.ceil(m / tile), 1], [16, 16, 1])
+    grid, block = _launch(str(run_stage(relu.trace(hexir.TensorSpec(relu_shape, "float32")), "mlir-tir",
+                                        relu.options)), "relu")
+    assert (grid, block) == ([math.ceil(m * n / 256), 1, 1], [256, 1, 1])
