@@ -8,6 +8,7 @@
 """
 
 from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError, TargetError, TraceError
+from hexir.explain import explain
 from hexir.frontend.custom import CustomKernel, kernel
 from hexir.frontend.tensor import Tensor, TensorSpec
 from hexir.frontend.trace import linear, on, print, relu  # noqa: A004
@@ -25,7 +26,7 @@ def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable
 
 
 __all__ = [
-    "jit", "export", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
+    "jit", "export", "explain", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
     "OpDef", "register_op", "HexirError", "ArgumentError", "TraceError", "PlacementError", "TargetError",
     "CompileError", "__version__",
 ]

@@ -11,6 +11,7 @@ placement, target or spec).
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import re
 import sys
@@ -22,37 +23,57 @@ from mlir import ir
 
 from hexir.dialects import make_context
 from hexir.driver import STAGE_NAMES, Options, parse_placement, run_stage
-from hexir.errors import ArgumentError, HexirError, InputFileError, PlacementError, TargetError
+from hexir.errors import ArgumentError, HexirError, InputFileError, PlacementError, TargetError, TraceError
+from hexir.explain import placed_dot
 from hexir.frontend.tensor import TensorSpec
 from hexir.jit import JitFunction
 from hexir.target import parse_target
+from hexir.version import __version__
+
+#: What -emit takes: the pipeline's stages, and the placement picture.
+EMIT_NAMES = (*STAGE_NAMES, *(() if "dot" in STAGE_NAMES else ("dot",)))
+#: Constants with more elements than this are elided in printed IR (unless --keep-constants).
+ELIDE = 16
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hexir", description=__doc__.split("\n\n")[0],
-        epilog="exit codes: 0 success, 1 compile or I/O failure, 2 bad arguments",
+        epilog="every option takes -flag or --flag; exit codes: 0 success, 1 compile or I/O failure, 2 bad arguments",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="FILE.py:FUNCTION (a @hexir.jit or plain function) or FILE.mlir")
-    parser.add_argument("-emit", required=True, choices=STAGE_NAMES, help="how far to compile, and what to print")
-    parser.add_argument("-o", dest="output", help="write the result here (default: stdout; out.hxb for hxb)")
-    parser.add_argument("-placement", default="", help="op=device,... e.g. hexir.linear=cuda,hexir.relu=cpu")
-    parser.add_argument("-target", default="", help="cpu:x86-64[-v2|-v3|-v4], cuda:sm_XX (comma separated)")
+    for spelling in ("-emit", "--emit"):  # two actions, so that messages name the spelling used
+        parser.add_argument(spelling, dest="emit", choices=EMIT_NAMES, help=argparse.SUPPRESS if spelling == "--emit"
+                            else "how far to compile, and what to print (dot: the placed graph in Graphviz DOT)")
+    parser.add_argument("-o", "--output", "-output", dest="output",
+                        help="write the result here (default: stdout; out.hxb for hxb)")
+    parser.add_argument("-placement", "--placement", default="",
+                        help="op=device,... e.g. hexir.linear=cuda,hexir.relu=cpu")
+    parser.add_argument("-target", "--target", default="", help="cpu:x86-64[-v2|-v3|-v4], cuda:sm_XX (comma separated)")
     parser.add_argument("--kernel-search-path", "-kernel-search-path", action="append", default=[],
                         metavar="DIR", help="where custom kernels' files are looked for (repeatable)")
-    parser.add_argument("-spec", action="append", default=[],
-                        help="argument shapes of a Python function: [name=]2x8xf32, the first extent may be "
-                        "a symbol: x=batchx8xf32 or x=?x8xf32 (? is batch) (repeat per argument)")
+    parser.add_argument("-spec", "--spec", action="append", default=[],
+                        help="one per argument of a Python function: a tensor [name=]2x8xf32 (the first extent may "
+                        "be a symbol: x=batchx8xf32, or ? for batch) or a static value name=3.0, name='fast'")
+    parser.add_argument("--keep-constants", "-keep-constants", action="store_true",
+                        help=f"print every constant of IR text on stdout (by default those over {ELIDE} "
+                        "elements are elided; -o files keep them all, so that they can be compiled further)")
+    parser.add_argument("--version", "-version", action="version", version=f"hexir {__version__}")
     return parser
 
 
-def _parse_spec(text: str) -> tuple[str | None, TensorSpec]:
+def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
     """`[name=]DIMSxDTYPE`: DIMS are ints joined by x, the first may be a symbol (a name, or ?
-    for batch); DTYPE is f32, f64, float32 or float64 (as TensorSpec spells them)."""
-    name, _, spec = text.rpartition("=")
+    for batch); DTYPE is f32, f64, float32 or float64 (as TensorSpec spells them). Anything else
+    after `name=` is a static value, a Python literal (3.0, 'fast', (1, 2), None)."""
+    name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)
     match = re.fullmatch(r"(\?|[A-Za-z_][A-Za-z0-9_]*?|\d+)((?:x\d+)*)x(f32|f64|float32|float64)", spec)
     if not match:
-        raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32 or x=batchx8xf32")
+        try:
+            return name or None, ast.literal_eval(spec)
+        except (ValueError, SyntaxError):
+            raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32 or x=batchx8xf32, "
+                                "or name=VALUE for a static argument (a Python literal: 3.0, 'fast')") from None
     first = match.group(1)
     shape = (None if first == "?" else int(first) if first.isdigit() else first,
              *(int(d) for d in match.group(2).split("x")[1:]))
@@ -62,12 +83,25 @@ def _parse_spec(text: str) -> tuple[str | None, TensorSpec]:
         raise ArgumentError(f"-spec {text!r}: {error.message}") from None
 
 
+def _check_input(path: Path) -> None:
+    """Say what is wrong with an input file before any work: missing, a folder, empty, an .hxb."""
+    if not path.exists():
+        raise InputFileError(f"cannot read '{path}': no such file")
+    if path.is_dir():
+        raise InputFileError(f"cannot read '{path}': it is a folder, not a file")
+    with path.open("rb") as file:
+        head = file.read(8)
+    if not head:
+        raise InputFileError(f"cannot read '{path}': the file is empty")
+    if head == b"\x89HXB\r\n\x1a\n":
+        raise InputFileError(f"'{path}' is a compiled module (.hxb), not a program: run it with hexir-run")
+
+
 def _load_function(target: str) -> object:
     """The object FILE.py:NAME names, the file run as a script would be (its folder on the path)."""
     path_text, _, function_name = target.rpartition(":")
     path = Path(path_text)
-    if not path.is_file():
-        raise InputFileError(f"cannot read {path_text!r}: no such file")
+    _check_input(path)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     namespace = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent.resolve()))
@@ -92,19 +126,29 @@ def _load_function(target: str) -> object:
 def _trace_python(fn: object, function_name: str, specs: list[str], options: Options) -> ir.Module:
     jitted = JitFunction(fn, options)
     parsed = [_parse_spec(s) for s in specs]
-    if len(parsed) != len(jitted.arg_names):
+    positional = [value for name, value in parsed if name is None]
+    named = {name: value for name, value in parsed if name is not None}
+    required = [p.name for p in jitted.signature.parameters.values() if p.default is p.empty]
+    if len(parsed) > len(jitted.arg_names) or len(positional) + len(named) < len(required):
         raise ArgumentError(f"{function_name} takes {len(jitted.arg_names)} argument(s) "
                             f"({', '.join(jitted.arg_names)}); give one -spec for each, e.g. "
                             f"-spec={jitted.arg_names[0] if jitted.arg_names else 'x'}=2x8xf32")
-    for (name, _), expected in zip(parsed, jitted.arg_names, strict=True):
-        if name is not None and name != expected:
+    for position, name in enumerate(named):
+        if name not in jitted.arg_names:
+            expected = jitted.arg_names[len(positional) + position] if len(positional) + position < len(
+                jitted.arg_names) else ", ".join(jitted.arg_names)
             raise ArgumentError(f"-spec names {name!r} where {function_name} has argument {expected!r}")
-    return jitted.trace(*(s for _, s in parsed))
+    try:
+        return jitted.trace(*positional, **named)
+    except TraceError as error:
+        if error.message.startswith(f"{fn.__qualname__}()"):  # the binding of the specs, not the trace
+            raise ArgumentError(f"-spec: {error.message}") from None
+        raise
 
 
 def _load_mlir(path_text: str) -> ir.Module:
     try:
-        Path(path_text).open("rb").close()  # MLIR would say only "could not open"; the OS says why
+        _check_input(Path(path_text))  # MLIR would say only "could not open"; the OS says why
     except OSError as error:
         raise InputFileError(f"cannot read {path_text!r}: {error.strerror}") from None
     context = make_context()
@@ -134,11 +178,32 @@ def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:
                                args.spec, options)
     else:
         raise ArgumentError(f"input {args.input!r}: expected FILE.mlir or FILE.py:FUNCTION")
+    if args.emit == "dot":
+        return placed_dot(module, options)
     return run_stage(module, args.emit, options)
 
 
+def _text(result: ir.Module | str, keep_constants: bool) -> str:
+    """The text of a stage's result; a module's constants over ELIDE elements elided unless kept."""
+    if not isinstance(result, ir.Module):
+        return str(result)
+    text = result.operation.get_asm(large_elements_limit=None if keep_constants else ELIDE)
+    if "dense_resource<__elided__>" in text:
+        text = (f"// hexir: constants over {ELIDE} elements are elided (dense_resource<__elided__>): this text "
+                "cannot be parsed back; --keep-constants prints them\n" + text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.emit is None:
+        parser.error("the following argument is required: -emit (or --emit)")
+    output = Path(args.output or ("out.hxb" if args.emit == "hxb" else "."))
+    if args.output and output.is_dir() or not output.parent.is_dir():  # before the work, not after it
+        what = "is a folder" if output.is_dir() else f"the folder {output.parent} does not exist"
+        print(f"hexir: error: cannot write {output}: {what}", file=sys.stderr)
+        return 1
     try:
         result = compile_input(args)
     except (ArgumentError, PlacementError, TargetError) as error:
@@ -156,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"wrote {output}", file=sys.stderr)
         return 0
-    text = str(result)
+    text = _text(result, args.keep_constants or bool(args.output))  # a file is for resuming: complete
     if args.output:
         try:
             Path(args.output).write_text(text)

@@ -299,19 +299,24 @@ def jit(fn: Callable | None = None, *, placement: str | dict | None = None, targ
     return JitFunction(fn, options, dynamic, cache)
 
 
+def with_options(fn: Callable, placement: str | dict | None = None, target: str | None = None,
+                 kernel_search_path: Sequence[str | os.PathLike] = ()) -> JitFunction:
+    """`fn` as a JitFunction, these options on top of its own (a plain function has the defaults)."""
+    jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
+    if placement is None and target is None and not kernel_search_path:
+        return jitted
+    options = jitted.options
+    return JitFunction(jitted.fn, replace(
+        options, placement=parse_placement(placement) or options.placement, target=parse_target(target, options.target),
+        kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path))), cache=jitted.cache)
+
+
 @_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
            target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = (), **static: Any) -> Path:
     """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs, and static values;
     keyword arguments other than the options are `fn`'s own, e.g. static values) into a .hxb file."""
-    jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
-    if placement is not None or target is not None or kernel_search_path:
-        options = jitted.options
-        jitted = JitFunction(jitted.fn, replace(
-            options, placement=parse_placement(placement) or options.placement,
-            target=parse_target(target, options.target),
-            kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path))),
-            cache=jitted.cache)
+    jitted = with_options(fn, placement, target, kernel_search_path)
     path = Path(path)
     if not path.parent.is_dir():  # before the compile, not after it
         raise TraceError(f"hexir.export: cannot write {path}: the folder {path.parent} does not exist", *user_where())

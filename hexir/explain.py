@@ -1,0 +1,97 @@
+"""The placement picture: the placed graph (after partition and fusion) in Graphviz DOT.
+
+    print(hexir.explain(mlp, hexir.TensorSpec(("batch", 8), "float32"), placement="hexir.linear=cuda"))
+    hexir examples/split.py:mlp -spec=x=batchx8xf32 -emit=dot | dot -Tsvg > split.svg
+
+One node per op (a linear with fused element-wise ops is one node, "linear+relu", with the
+weights it reads), coloured by device; the inputs and outputs are the host's. An edge that
+crosses devices is a transfer, drawn red and labelled with the bytes it moves per call (an
+expression in the batch symbol when the batch is symbolic: "batch × 64 B").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from mlir import ir
+
+from hexir.dialects import hexir as hx
+from hexir.driver import Options, run_stage
+from hexir.jit import with_options
+from hexir.passes.fuse import fuse
+
+COLORS = {"cpu": "#cfe2f3", "cuda": "#c9e6b8"}
+
+
+def explain(fn: Callable, *args: Any, placement: str | dict | None = None, target: str | None = None,
+            kernel_search_path: Sequence[str | os.PathLike] = (), **static: Any) -> str:
+    """The DOT text of `fn` traced for `args` (TensorSpecs or arrays, and static values), placed
+    with these options (as `hexir.export` takes them); what `hexir -emit=dot` prints."""
+    jitted = with_options(fn, placement, target, kernel_search_path)
+    return placed_dot(jitted.trace(*args, **static), jitted.options)
+
+
+def placed_dot(module: ir.Module, options: Options) -> str:
+    """Partition and fuse a traced module (in place), then draw it."""
+    run_stage(module, "mlir-hetero", options)
+    with module.context, ir.Location.unknown():
+        fuse(module)
+    return dot(module)
+
+
+def _bytes(type_: ir.Type) -> str:
+    shape, size = hx.shape_of(type_), np.dtype(hx.dtype_of(type_)).itemsize
+    symbols = [d for d in shape if isinstance(d, str)]
+    for d in shape:
+        size *= 1 if isinstance(d, str) else d
+    return " × ".join([*symbols, f"{size:,} B"])
+
+
+def _spec(type_: ir.Type) -> str:
+    return hx.describe(hx.shape_of(type_), hx.dtype_of(type_))
+
+
+def dot(module: ir.Module) -> str:
+    """The DOT text of a partitioned (and fused) hexir module's @main."""
+    main = hx.main_function(module)
+    block = main.regions[0].blocks[0]
+    lines = ["digraph hexir {", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];',
+             '  edge [fontname="Helvetica", fontsize=10];',
+             '  label="blue: cpu   green: cuda   red edges: transfers (bytes per call)"; fontname="Helvetica";']
+    nodes: dict[int, str] = {}        # hash(value) -> the node that makes it
+    constants: dict[int, str] = {}    # hash(value) -> the constant's name
+    transfers: dict[int, ir.Value] = {}  # hash(transfer result) -> the value it moves
+    for i, (name, arg) in enumerate(zip(hx.argument_names(main), block.arguments, strict=True)):
+        nodes[hash(arg)] = f"in{i}"
+        lines.append(f'  in{i} [label="{name}\\n{_spec(arg.type)}", shape=ellipse, fillcolor="{COLORS["cpu"]}"];')
+    for index, op in enumerate(block.operations):
+        op = op.operation
+        if op.name == "hexir.constant":
+            constants[hash(op.result)] = hx.string_attr(op, "name")
+            continue
+        if op.name == "hexir.transfer":
+            transfers[hash(op.result)] = op.operands[0]
+            continue
+        node, operands = f"op{index}", list(op.operands)
+        if op.name in ("func.return", "hexir.print"):
+            label, device, shape = op.name.removeprefix("func.").removeprefix("hexir."), "cpu", "ellipse"
+        else:
+            kind = hx.string_attr(op, "kernel") if op.name == "hexir.custom_call" else op.name.removeprefix("hexir.")
+            weights = [constants[hash(o)] for o in operands if hash(o) in constants]
+            label = "+".join([kind, *hx.epilogues_of(op)]) + (f" ({', '.join(weights)})" if weights else "")
+            label += f"\\n{_spec(op.result.type)}"
+            device, shape = hx.device_of(op), "box"
+        lines.append(f'  {node} [label="{label}", shape={shape}, fillcolor="{COLORS[device]}"];')
+        for operand in operands:
+            if hash(operand) in constants:
+                continue
+            moved = transfers.get(hash(operand))
+            source = nodes[hash(moved if moved is not None else operand)]
+            style = f' [label="{_bytes(operand.type)}", color="#cc0000", fontcolor="#cc0000", penwidth=2]'
+            lines.append(f"  {source} -> {node}{style if moved is not None else ''};")
+        if len(op.results) == 1:
+            nodes[hash(op.result)] = node
+    return "\n".join([*lines, "}"]) + "\n"
