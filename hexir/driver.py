@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from mlir import ir, passmanager
 from hexir.backend import cpu as cpu_backend
 from hexir.backend import cuda as cuda_backend
 from hexir.backend.custom import build_custom
-from hexir.backend.package import package
+from hexir.backend.package import kernel_tables, package
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError
@@ -94,15 +95,19 @@ def _llvm(module: ir.Module, options: Options) -> str:
 
 def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
-    cpu_module = cpu_kernels_to_llvm(module) if ht.generated_kernels(module, "cpu") else None
+    cpu_table = kernel_tables(module)[0]
+    generated = bool(ht.generated_kernels(module, "cpu"))
     with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
-        custom = build_custom(module, target.cpu, target.cuda_archs, Path(scratch))
-        library = None
-        if cpu_module is not None or custom.cpu_objects:
-            library = cpu_backend.compile_kernels(cpu_module, target.cpu, custom.cpu_objects)
+        custom = build_custom(module, target.cpu_levels, target.cuda_archs, Path(scratch))
+        # a library per x86-64 level, best first: MLIR lowers each in turn, the tools run at once
+        levels = [(level, cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None)
+                  for level in target.cpu_levels if generated or custom.cpu_objects[level]]
+        with ThreadPoolExecutor(len(levels) or 1) as pool:
+            libraries = list(pool.map(lambda item: cpu_backend.compile_kernels(
+                item[1], item[0], custom.cpu_objects[item[0]], cpu_table), levels))
     cuda_binary = cuda_backend.compile_kernels(module, target.cuda_archs) if ht.generated_kernels(module, "cuda") \
         else None
-    return package(module, library, cuda_binary, custom)
+    return package(module, libraries, cuda_binary, custom)
 
 
 #: The stages in order; each transforms the module in place, the last ones make text or bytes.

@@ -29,16 +29,46 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK_THREADS = 1024
 
 
+#: What an exported module carries: AVX-512, AVX2+FMA and the portable baseline; the runtime
+#: runs the best one the host supports.
+DEFAULT_CPU_LEVELS = ("x86-64-v4", "x86-64-v3", "x86-64")
+
+
+def host_level(flags: set[str] | None = None) -> str:
+    """The best x86-64 level this machine runs (its /proc/cpuinfo flags), the baseline if unknown."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as file:
+                line = next((line for line in file if line.startswith("flags")), "")
+        except OSError:
+            line = ""
+        flags = set(line.partition(":")[2].split())
+    fitting = [level for level, needed in CPU_LEVELS.items() if set(needed) <= flags]
+    return fitting[-1] if fitting else "x86-64"
+
+
 @dataclass(frozen=True)
 class Target:
-    """The machines a module is compiled for: one x86-64 level, one or more CUDA architectures."""
+    """The machines a module is compiled for: x86-64 levels (best first: a library of cpu code
+    for each, the runtime picks the best the host runs) and CUDA architectures."""
 
-    cpu: str = "x86-64"
+    cpu_levels: tuple[str, ...] = DEFAULT_CPU_LEVELS
     cuda_archs: tuple[str, ...] = ("sm_90",)
 
+    @property
+    def cpu(self) -> str:
+        """The primary (best) level: the one `-emit` stages show first."""
+        return self.cpu_levels[0]
+
     def __post_init__(self) -> None:
-        if self.cpu not in CPU_LEVELS:
-            raise TargetError(f"cpu target {self.cpu!r} is not supported; expected one of {', '.join(CPU_LEVELS)}")
+        for level in self.cpu_levels:
+            if level not in CPU_LEVELS:
+                raise TargetError(f"cpu target {level!r} is not supported; expected one of {', '.join(CPU_LEVELS)}")
+        if not self.cpu_levels:
+            raise TargetError("a target needs at least one cpu level")
+        order = list(CPU_LEVELS)
+        object.__setattr__(self, "cpu_levels", tuple(sorted(dict.fromkeys(self.cpu_levels), key=order.index,
+                                                            reverse=True)))
         for arch in self.cuda_archs:
             if arch not in PTX_FEATURES:
                 raise TargetError(f"{arch!r} is not a supported CUDA architecture; expected one of "
@@ -46,18 +76,20 @@ class Target:
 
 
 def parse_target(text: str | None, base: Target | None = None) -> Target:
-    """`cpu:x86-64-v3,cuda:sm_80,cuda:sm_90` -> a Target (`base`'s choices where the text is silent)."""
+    """`cpu:x86-64-v3,cpu:x86-64,cuda:sm_80,cuda:sm_90` -> a Target (`base`'s choices where the
+    text is silent; `cpu:host` is the level of the machine that compiles)."""
     base = base or Target()
     if not text:
         return base
-    cpu, archs = base.cpu, []
+    levels, archs = [], []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         device, _, arch = part.partition(":")
         if device == "cpu":
+            arch = host_level() if arch == "host" else arch
             if arch and arch not in CPU_LEVELS:
                 raise TargetError(f"target {part!r}: unknown cpu level {arch!r}; expected one of "
-                                  f"{', '.join(CPU_LEVELS)}")
-            cpu = arch or cpu
+                                  f"{', '.join(CPU_LEVELS)} or host")
+            levels.append(arch or "x86-64")
         elif device == "cuda":
             arch = arch or "sm_90"
             if arch not in PTX_FEATURES:
@@ -66,7 +98,7 @@ def parse_target(text: str | None, base: Target | None = None) -> Target:
             archs.append(arch)
         else:
             raise TargetError(f"target {part!r}: unknown device {device!r}; expected cpu or cuda")
-    return Target(cpu, tuple(dict.fromkeys(archs)) or base.cuda_archs)
+    return Target(tuple(levels) or base.cpu_levels, tuple(dict.fromkeys(archs)) or base.cuda_archs)
 
 
 def check_launch(kernel: str, grid: list[int | None], block: list[int]) -> None:

@@ -1,9 +1,13 @@
 """cpu backend: LLVM dialect -> optimised LLVM IR -> PIC object -> shared library bytes.
 
-The code is built for a named x86-64 level (`-target=cpu:x86-64-v3`; default the portable
-`x86-64` baseline), not for the machine that compiles, so a module made here runs on any
-machine of that level. The manifest records the level and the CPU features it implies; the
-runtime checks them before it loads the library.
+The code is built for named x86-64 levels (`-target=cpu:x86-64-v3`), not for the machine that
+compiles, so a module made here runs on any machine of that level; a module carries a library
+per level (by default AVX-512, AVX2+FMA and the baseline) and the runtime loads the best one
+the host supports. The manifest records each level and the CPU features it implies.
+
+Each library also holds its own description, the exported string `hexir_kernels`: the JSON
+table of the kernels it defines (symbol, args, sizes, work record), which the runtime checks
+the manifest against before it calls anything.
 """
 
 from __future__ import annotations
@@ -56,17 +60,25 @@ def llvm_ir(llvm_module: ir.Module) -> str:
     return str(llvm_dialect.translate_module_to_llvmir(llvm_module.operation))
 
 
-def compile_kernels(llvm_module: ir.Module | None, cpu: str = "x86-64",
-                    extra_objects: Sequence[str] = ()) -> CpuLibrary:
-    """Optimise and compile the cpu kernels, link them with `extra_objects` (custom kernels'
-    objects), into one position-independent shared library."""
+def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
+                    extra_objects: Sequence[str] = (), table: bytes | None = None) -> CpuLibrary:
+    """Optimise and compile the cpu kernels (a module of the LLVM dialect, or its LLVM IR text),
+    link them with `extra_objects` (custom kernels' objects) and the kernel `table` (JSON bytes),
+    into one position-independent shared library. Only the tools run here, no MLIR, so several
+    levels can compile at once."""
     check_cpu(cpu)
     target = ["-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={cpu}"]
     with tempfile.TemporaryDirectory(prefix="hexir-cpu-") as scratch:
         work = Path(scratch)
         objects = list(extra_objects)
+        if table is not None:  # bytes, not a string literal: no escaping to get wrong
+            data = ", ".join(str(byte) for byte in table + b"\0")
+            (work / "table.c").write_text(f"const char hexir_kernels[] = {{{data}}};\n")
+            run_tool([c_compiler(), "-c", "-fPIC", str(work / "table.c"), "-o", str(work / "table.o")],
+                     "compiling the kernel table")
+            objects.append(str(work / "table.o"))
         if llvm_module is not None:
-            (work / "kernels.ll").write_text(llvm_ir(llvm_module))
+            (work / "kernels.ll").write_text(llvm_module if isinstance(llvm_module, str) else llvm_ir(llvm_module))
             run_tool([llvm_tool("opt"), "-O3", *target, str(work / "kernels.ll"),
                       "-o", str(work / "kernels.bc")], "opt (LLVM optimiser)")
             run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",

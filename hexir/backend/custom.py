@@ -32,14 +32,16 @@ _ET_REL, _ET_DYN = 1, 3
 class CustomBuild:
     """What the custom kernels of a module add to it."""
 
-    cpu_objects: list[str] = field(default_factory=list)           # linked into cpu.library
+    cpu_objects: dict[str, list[str]] = field(default_factory=dict)  # level -> objects linked into its library
     shared_objects: dict[str, bytes] = field(default_factory=dict)  # file -> a prebuilt .so
     cuda_images: dict[str, dict[str, bytes]] = field(default_factory=dict)  # file -> arch -> image
 
 
-def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scratch: Path) -> CustomBuild:
-    """Build every custom kernel's file once (a file used by several calls is built once)."""
-    build = CustomBuild()
+def build_custom(module: ir.Module, levels: tuple[str, ...], cuda_archs: tuple[str, ...],
+                 scratch: Path) -> CustomBuild:
+    """Build every custom kernel's file once (a file used by several calls is built once; a
+    .c file once per x86-64 level)."""
+    build = CustomBuild({level: [] for level in levels})
     symbols: dict[str, set[str] | bytes] = {}  # file -> the symbols it defines (a fatbin: its bytes)
     for kernel in ht.kernels(module):
         if ht.custom_of(kernel) is None:
@@ -50,7 +52,7 @@ def build_custom(module: ir.Module, cpu: str, cuda_archs: tuple[str, ...], scrat
             if not path.is_file():
                 raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
             if ht.kernel_of(kernel)[0] == "cpu":
-                symbols[str(path)] = _build_cpu(path, symbol, cpu, scratch, build)
+                symbols[str(path)] = _build_cpu(path, symbol, levels, scratch, build)
             else:
                 build.cuda_images[str(path)], symbols[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch)
         _require_symbol(symbols[str(path)], symbol, path)  # every kernel a file serves, not just the first
@@ -84,14 +86,15 @@ def _require_symbol(symbols: set[str] | bytes, symbol: str, path: Path) -> None:
         raise CompileError(f"custom kernel {symbol}: {path} does not define the symbol {symbol!r}{hint}")
 
 
-def _build_cpu(path: Path, symbol: str, cpu: str, scratch: Path, build: CustomBuild) -> set[str]:
+def _build_cpu(path: Path, symbol: str, levels: tuple[str, ...], scratch: Path, build: CustomBuild) -> set[str]:
     """Compile or check a cpu file, add it to `build`; the symbols it defines."""
     if path.suffix == ".c":
-        obj = scratch / f"{path.stem}-{len(build.cpu_objects)}.o"
-        # -march takes the same x86-64 level names as the generated code's -mcpu
-        run_tool([c_compiler(), "-O2", "-fPIC", f"-march={cpu}", "-c", str(path), "-o", str(obj)],
-                 f"compiling custom kernel {symbol} ({path.name})")
-        build.cpu_objects.append(str(obj))
+        for level in levels:
+            obj = scratch / f"{path.stem}-{level}-{len(build.cpu_objects[level])}.o"
+            # -march takes the same x86-64 level names as the generated code's -mcpu
+            run_tool([c_compiler(), "-O2", "-fPIC", f"-march={level}", "-c", str(path), "-o", str(obj)],
+                     f"compiling custom kernel {symbol} ({path.name}) for {level}")
+            build.cpu_objects[level].append(str(obj))
         return _defined_symbols(obj, dynamic=False)
     e_type, e_machine, _, _ = _elf_header(path)
     wanted = _ET_REL if path.suffix == ".o" else _ET_DYN
@@ -100,7 +103,8 @@ def _build_cpu(path: Path, symbol: str, cpu: str, scratch: Path, build: CustomBu
         raise CompileError(f"custom kernel {symbol}: {path} is not an x86-64 {kind} "
                            f"(ELF type {e_type}, machine {e_machine})")
     if path.suffix == ".o":
-        build.cpu_objects.append(str(path))
+        for objects in build.cpu_objects.values():
+            objects.append(str(path))
     else:
         build.shared_objects[str(path)] = path.read_bytes()
     return _defined_symbols(path, dynamic=path.suffix == ".so")

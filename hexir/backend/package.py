@@ -13,6 +13,7 @@ itself belongs to the runtime (`hexir_runtime.format`).
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from hexir_runtime import format as hxb
@@ -146,14 +147,38 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
     return {"name": "main", "inputs": inputs, "outputs": outputs, "buffers": buffers, "program": program}
 
 
-def package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None = None,
-            custom: CustomBuild | None = None) -> bytes:
-    """Encode the .hxb bytes of a module whose kernels have been compiled."""
+def _table_entry(entry: dict) -> dict:
+    """What a library's own table says of one of its kernels (the manifest must agree)."""
+    row = {"symbol": entry["symbol"], "args": [{"shape": a["shape"], "dtype": a["dtype"]} for a in entry["args"]]}
+    row.update({key: entry[key] for key in ("sizes", "scalars", "work", "launch") if key in entry})
+    return row
+
+
+def kernel_tables(module: ir.Module) -> tuple[bytes, bytes]:
+    """The JSON tables of the kernels in the cpu libraries and in the cuda images."""
     with module.context:
-        return _package(module, cpu_library, cuda_binary, custom or CustomBuild())
+        calls = _call_types(module)
+        tables: dict[str, list[dict]] = {"cpu": [], "cuda": []}
+        for kernel in ht.kernels(module):
+            if "@" in ht.name_of(kernel):
+                continue  # another level's copy: the same table
+            entry = _kernel_entry(kernel, calls)
+            if entry["device"] == "cpu" and ht.custom_of(kernel) is not None and \
+                    Path(ht.custom_of(kernel)[1]).suffix == ".so":
+                continue  # a prebuilt library of its own
+            tables[entry["device"]].append(_table_entry(entry))
+        return tuple(json.dumps({"kernels": tables[d]}, separators=(",", ":")).encode() for d in ("cpu", "cuda"))
 
 
-def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: CudaBinary | None,
+def package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: CudaBinary | None = None,
+            custom: CustomBuild | None = None) -> bytes:
+    """Encode the .hxb bytes of a module whose kernels have been compiled (a cpu library per
+    x86-64 level, best first)."""
+    with module.context:
+        return _package(module, cpu_libraries, cuda_binary, custom or CustomBuild())
+
+
+def _package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: CudaBinary | None,
              custom: CustomBuild) -> bytes:
     packer = _Packer()
     manifest: dict = {"producer": f"hexir {__version__}"}
@@ -161,6 +186,8 @@ def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: Cud
     cuda_images: dict[str, int] = {}  # the generated kernels' images, stored once for all of them
     calls = _call_types(module)
     for kernel in ht.kernels(module):
+        if "@" in ht.name_of(kernel):
+            continue  # another level's copy of a cpu kernel: in that level's library, same entry
         entry = _kernel_entry(kernel, calls)
         if entry["op"] == "custom":
             entry.update(_custom_fields(kernel, entry, custom, packer))
@@ -180,10 +207,12 @@ def _package(module: ir.Module, cpu_library: CpuLibrary | None, cuda_binary: Cud
         if fallback is not None:
             keys = ("symbol", "source", "library") if fallback["op"] == "custom" else ("symbol", "work")
             entry["cpu_fallback"] = {key: fallback[key] for key in keys if key in fallback}
-    if cpu_library is not None:
-        manifest["cpu"] = {"arch": cpu_library.arch, "cpu": cpu_library.cpu,
-                           "features": list(cpu_library.features),
-                           "library": packer.blob("cpu.so", cpu_library.shared_object)}
+    if cpu_libraries:
+        manifest["cpu"] = {"arch": cpu_libraries[0].arch, "libraries": [
+            {"cpu": library.cpu, "features": list(library.features),
+             "library": packer.blob(f"cpu-{library.cpu}.so", library.shared_object)} for library in cpu_libraries]}
+    if any(k["device"] == "cuda" for k in kernel_entries):
+        manifest["cuda"] = {"table": packer.blob("cuda:kernels.json", kernel_tables(module)[1])}
     kernel_index = {k["name"]: i for i, k in enumerate(kernel_entries)}
     manifest["entries"] = [_entry(module, kernel_index, packer)]
     manifest["kernels"] = kernel_entries

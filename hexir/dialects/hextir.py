@@ -83,6 +83,8 @@ WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
 FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
 CUSTOM = "hextir.custom"            # on a custom kernel's declaration: {symbol, file}
+LEVEL = "hextir.level"              # on a cpu kernel: the x86-64 level it is built for
+VARIANT = "hextir.variant"          # on a kernel: which of its schedule's kernels it is (e.g. "dmma")
 #: Each cuda kernel gets a cpu twin, `<name>_cpu`.
 FALLBACK_SUFFIX = "_cpu"
 #: The gpu.module that holds the outlined cuda kernels.
@@ -270,6 +272,26 @@ def fallback_of(kernel: ir.Operation) -> str | None:
 
 def set_fallback_of(kernel: ir.Operation, name: str) -> None:
     kernel.attributes[FALLBACK_OF] = ir.FlatSymbolRefAttr.get(name)
+
+
+def set_variant(variant: str) -> None:
+    """Name the variant of the kernel being built (called by a schedule inside its body)."""
+    kernel = ir.InsertionPoint.current.block.owner
+    kernel.attributes[VARIANT] = ir.StringAttr.get(variant)
+
+
+def level_name(name: str, level: str, target: object) -> str:
+    """A cpu kernel's function name: its own for the target's best level, `<name>@<level>` else."""
+    return name if level == target.cpu else f"{name}@{level}"
+
+
+def set_level(kernel: ir.Operation, level: str) -> None:
+    kernel.attributes[LEVEL] = ir.StringAttr.get(level)
+
+
+def level_of(kernel: ir.Operation) -> str | None:
+    """The x86-64 level a cpu kernel is built for (None: a cuda kernel or a custom declaration)."""
+    return ir.StringAttr(kernel.attributes[LEVEL]).value if LEVEL in kernel.attributes else None
 
 
 def set_custom(kernel: ir.Operation, symbol: str, file: str) -> None:

@@ -13,6 +13,9 @@ cuda kernel also gets a cpu twin `<name>_cpu` (`hextir.fallback_of = @<name>`), 
 module still runs on a machine without one. A custom kernel becomes a declaration
 `func.func private @relu6_0` tagged `#hextir.kernel<device, "custom">` with
 `hextir.custom = {symbol, file}` and its launch record: the user's file is the body.
+A cpu kernel is built once per x86-64 level of the target (`hextir.level`), the best level's
+under the kernel's own name and the others' as `<name>@<level>`: each level's set becomes one
+library of the module, its kernels under their own names.
 
     %y = "hexir.linear"(%x, %w) {device = "cpu"}     (x: tensor<?x8xf32, "batch">)
   =>
@@ -25,6 +28,8 @@ module still runs on a machine without one. A custom kernel becomes a declaratio
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from mlir import ir
 from mlir.dialects import func
@@ -60,10 +65,15 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 scalars = {n: ops.REGISTRY[n].scalar for n in (definition.name, *epilogues)
                            if n in ops.REGISTRY and ops.REGISTRY[n].scalar is not None}
                 request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars)
-                _kernel(name, arg_types, device, definition, request)
-                if device == "cuda":  # the cpu variant that lets `hexir-run --device=cpu` run it
-                    twin = _kernel(name + ht.FALLBACK_SUFFIX, arg_types, "cpu", definition, request)
-                    ht.set_fallback_of(twin, name)
+                if device == "cuda":
+                    _kernel(name, arg_types, device, definition, request)
+                for level in target.cpu_levels:  # a cpu kernel (or the cuda one's cpu twin) per x86-64 level
+                    cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
+                    at_level = replace(request, target=replace(target, cpu_levels=(level,)))
+                    kernel = _kernel(ht.level_name(cpu_name, level, target), arg_types, "cpu", definition, at_level)
+                    ht.set_level(kernel, level)
+                    if device == "cuda":  # the cpu variant that lets `hexir-run --device=cpu` run it
+                        ht.set_fallback_of(kernel, name)
         with ir.InsertionPoint(op), op.location:
             result = hx.call(name, list(op.operands), op.result.type, device)
         op.result.replace_all_uses_with(result)

@@ -21,13 +21,17 @@ UPSTREAM = ("builtin.module(canonicalize, cse, convert-scf-to-cf, convert-vector
             "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
 
 
-def cpu_kernels_to_llvm(module: ir.Module) -> ir.Module:
-    """Clone the cpu kernels into a fresh module and lower it to the LLVM dialect."""
+def cpu_kernels_to_llvm(module: ir.Module, level: str | None = None) -> ir.Module:
+    """Clone the cpu kernels of one x86-64 level (default: the best one, whose kernels carry
+    their own names) into a fresh module, under their own names, and lower it to LLVM."""
     with module.context, ir.Location.unknown():
         lowered = ir.Module.create()
+        kernels = ht.generated_kernels(module, "cpu")
+        level = level or next((ht.level_of(k) for k in kernels if "@" not in ht.name_of(k)), None)
         with ir.InsertionPoint(lowered.body):
-            for kernel in ht.generated_kernels(module, "cpu"):
+            for kernel in (k for k in kernels if ht.level_of(k) == level):
                 clone = kernel.clone()
+                clone.attributes["sym_name"] = ir.StringAttr.get(ht.name_of(kernel).partition("@")[0])
                 for attribute in [name for name in clone.attributes if name.startswith("hextir.")]:
                     del clone.attributes[attribute]
                 _mark_noalias(clone)

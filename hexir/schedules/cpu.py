@@ -42,14 +42,16 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
-#: The parallel tiles: MC rows (a multiple of MR) x NC columns (a multiple of NR).
-MC_PANELS, NC_PANELS = 8, 8
+#: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
+#: every NR). The same on every level, so the work record is too: a module's libraries for
+#: several levels share one manifest.
+MC, NC_BYTES = 48, 1024
 
 
 def tiling(level: str, dtype: str) -> tuple[int, int, int, int]:
     """(MR, NR, MC, NC) for a level and dtype."""
     mr, nr = MICRO[level, dtype]
-    return mr, nr, mr * MC_PANELS, nr * NC_PANELS
+    return mr, nr, MC, NC_BYTES // (4 if dtype == "float32" else 8)
 
 
 def _zero(element: ir.Type) -> ir.Value:

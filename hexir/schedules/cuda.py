@@ -13,6 +13,11 @@ warp's stores are consecutive too) in a private buffer that NVVM keeps in regist
           for tx in [0, 16) bind threadIdx.x          for each k slice: stage; barrier; FMAs; barrier
                                                       out[row, col] = epilogues(sums) where row < M, col < N
 
+linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): 128-thread
+blocks (4 warps, 2 x 2) compute 64 x 64 tiles; each warp a 32 x 32 quarter as 4 x 4
+`mma.sync.m8n8k4.f64` tiles (two f64 sums of each per thread: 32 in registers), its x and w
+fragments read from the same shared-memory slices the SIMT kernel stages.
+
 elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
 element count. The guards make any shape work: 1, primes, sizes no block size divides, and a
 row count known only at run time (the grid is then an expression of it).
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, llvm, memref, nvvm, scf
 
 from hexir import sizes
 from hexir.dialects import hextir as ht
@@ -89,7 +94,22 @@ def _stage(source: ir.Value, tile: ir.Value, thread: ir.Value, threads: int, loa
         ht.store(value, tile, [r, c])
 
 
+#: The FP64 tensor-core kernel: block tile, k slice, threads (4 warps as 2 x 2), warp tile.
+DMMA_TILE, DMMA_STEP, DMMA_THREADS, DMMA_WARP_TILE = 64, 16, 128, 32
+#: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
+DMMA_PAD = (4, 8)
+#: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
+DMMA_FROM = 80
+
+
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    """The tensor-core kernel for float64 where every target has DMMA, else the SIMT kernel."""
+    if request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs):
+        return linear_dmma(args, symbols, request)
+    return linear_simt(args, symbols, request)
+
+
+def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
@@ -137,6 +157,73 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                     ht.store(value, out, [row, column])
                     scf.YieldOp([])
     return ht.Launch(grid, (threads, threads, 1))
+
+
+def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    x, w, out = args[0], args[1], args[-1]
+    bias = args[2] if "bias" in request.epilogues else None
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    element = ir.MemRefType(out.type).element_type
+    tile, step, threads, warp_tile = DMMA_TILE, DMMA_STEP, DMMA_THREADS, DMMA_WARP_TILE
+    frags = warp_tile // 8                                   # 4 x 4 mma tiles per warp
+    grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)
+    rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
+    pair = ir.Type.parse("!llvm.struct<(f64, f64)>")
+    f64_type = ir.Attribute.parse("#nvvm.mma_type<f64>")
+    ht.set_variant("dmma")
+    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
+            ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
+        # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
+        # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
+        x_tile = ht.alloc_local([tile, step + DMMA_PAD[0]], element, "shared")
+        w_tile = ht.alloc_local([step, tile + DMMA_PAD[1]], element, "shared")
+        with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
+            sums = ht.alloc_local([frags, frags, 2], element)
+            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+            with ht.loop(0, frags, "unrolled") as i, ht.loop(0, frags, "unrolled") as j, \
+                    ht.loop(0, 2, "unrolled") as c:
+                ht.store(zero, sums, [i, j, c])
+            warp = arith.DivUIOp(thread, ht.index(32)).result
+            lane = arith.RemUIOp(thread, ht.index(32)).result
+            group, in_group = arith.DivUIOp(lane, ht.index(4)).result, arith.RemUIOp(lane, ht.index(4)).result
+            warp_row = _times(arith.DivUIOp(warp, ht.index(2)).result, warp_tile)
+            warp_column = _times(arith.RemUIOp(warp, ht.index(2)).result, warp_tile)
+            row0, column0 = _times(block_row, tile), _times(block_column, tile)
+            loads = tile * step // threads
+            with ht.loop(0, -(-k_extent // step), "serial") as k_slice:
+                k0 = _times(k_slice, step)
+                _stage(x, x_tile, thread, threads, loads, step, (row0, k0), (rows, depth))
+                _stage(w, w_tile, thread, threads, loads, tile, (k0, column0), (depth, columns))
+                ht.barrier()
+                with ht.loop(0, step // 4, "unrolled") as kq:
+                    kk = _plus(_times(kq, 4), in_group)      # A: (row group, col in_group); B: (row in_group, col group)
+                    a = [ht.load(x_tile, [_plus(warp_row, _plus(ht.index(8 * f), group)), kk]) for f in range(frags)]
+                    b = [ht.load(w_tile, [kk, _plus(warp_column, _plus(ht.index(8 * f), group))]) for f in range(frags)]
+                    for fi in range(frags):
+                        for fj in range(frags):
+                            at = [ht.index(fi), ht.index(fj)]
+                            c = [ht.load(sums, [*at, ht.index(h)]) for h in range(2)]
+                            d = nvvm.MmaOp(pair, ir.Attribute.parse("#nvvm.shape<m = 8, n = 8, k = 4>"),
+                                           ir.Attribute.parse("#nvvm.mma_layout<row>"),
+                                           ir.Attribute.parse("#nvvm.mma_layout<col>"), [a[fi]], [b[fj]], c,
+                                           multiplicandAPtxType=f64_type, multiplicandBPtxType=f64_type).result
+                            for h in range(2):
+                                ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
+                ht.barrier()
+            with ht.loop(0, frags, "unrolled") as i, ht.loop(0, frags, "unrolled") as j, \
+                    ht.loop(0, 2, "unrolled") as h:
+                row = _plus(row0, _plus(warp_row, _plus(_times(i, 8), group)))
+                column = _plus(column0, _plus(warp_column, _plus(_times(j, 8), _plus(_times(in_group, 2), h))))
+                inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
+                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
+                    value = ht.load(sums, [i, j, h])
+                    if bias is not None:
+                        value = arith.AddFOp(value, ht.load(bias, [column])).result
+                    for apply in request.fused():
+                        value = apply(value)
+                    ht.store(value, out, [row, column])
+                    scf.YieldOp([])
+    return ht.Launch(grid, (threads, 1, 1))
 
 
 def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
