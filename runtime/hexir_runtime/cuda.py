@@ -8,16 +8,29 @@ the PTX (JIT-compiled by the driver) if its virtual architecture is not above th
 a custom kernel's fatbin (the driver picks inside it). A kernel takes its `sizes` (a custom
 kernel its `scalars`) as 64-bit integers after its device pointers; its grid is evaluated per
 call, and a grid with an empty axis is not launched.
+
+The call path (CudaProgram, one per loaded module): everything a call does on the GPU is
+queued on the module's own stream, in order, and the host waits (cuStreamSynchronize) only
+where it needs data: a transfer to a host buffer (an output, a print). Host buffers that
+meet the GPU are page-locked (`alloc_pinned`, the executor's staging buffers, reused and grown
+like any buffer), so copies are truly asynchronous. A kernel's parameter block (the values
+and the `void*` array pointing at them) is built once per kernel and call shape by `launcher`;
+a call rewrites only the slots of pointers that change (a caller's tensor, a fresh output).
+`output` makes a call's device outputs: fresh stream-ordered allocations that the caller owns
+through DLPack. The device-level copies (`CudaDevice.copy_in`...) stay synchronous: they serve
+load time (constants) and tools.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from .dlpack import CUDA, DLPackArray
 from .errors import DeviceError, KernelError
 from .format import Hxb, Kernel, Launch, evaluate, to_text
 
@@ -109,8 +122,15 @@ class CudaDevice:
         raw = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.gpu_name = raw.split(b"\0")[0].decode()
         self.name = f"cuda ({self.gpu_name})"
+        self.ordinal = ordinal
         self.context = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self.make_current()
+        try:  # keep freed device outputs in the stream-ordered pool, as torch's caching allocator does
+            pool = check(driver.cuDeviceGetDefaultMemPool(self.device), "cuDeviceGetDefaultMemPool")
+            check(driver.cuMemPoolSetAttribute(pool, driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                               driver.cuuint64_t(2**64 - 1)), "cuMemPoolSetAttribute")
+        except Exception:  # noqa: BLE001 - an optimisation only: without it the pool returns memory sooner
+            pass
 
     def make_current(self) -> None:
         """Bind this device's context to the calling thread (CUDA contexts are per thread)."""
@@ -131,6 +151,20 @@ class CudaDevice:
         """Give the buffer's device memory back."""
         self.make_current()
         check(self.driver.cuMemFree(buffer.pointer), "cuMemFree")
+
+    def alloc_pinned(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """A host array in page-locked memory, which the GPU copies from and to asynchronously."""
+        self.make_current()
+        dtype = np.dtype(dtype)
+        nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+        pointer = int(check(self.driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
+        memory = (ctypes.c_char * nbytes).from_address(pointer)
+        return np.frombuffer(memory, dtype, math.prod(shape)).reshape(shape)
+
+    def free_pinned(self, array: np.ndarray) -> None:
+        """Give back the page-locked memory of an `alloc_pinned` array (its views must be gone)."""
+        self.make_current()
+        check(self.driver.cuMemFreeHost(array.ctypes.data), "cuMemFreeHost")
 
     def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
         """Copy host `array` (the buffer's shape and dtype) to the device; straight from it if C-contiguous."""
@@ -162,6 +196,9 @@ class CudaDevice:
         """Load each fitting image once per module and look up every CUDA kernel in its image."""
         self.make_current()
         program = CudaProgram(self, {})
+        program.stream = check(self.driver.cuStreamCreate(0), "cuStreamCreate")  # blocking: ordered after
+        # the legacy default stream, where torch works unless told otherwise
+        program.event = check(self.driver.cuEventCreate(2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
         try:
             modules: dict[int, Any] = {}  # by blob
             for index, kernel in enumerate(hxb.manifest.kernels):
@@ -192,42 +229,125 @@ class CudaDevice:
 
 
 class CudaProgram:
-    """The module's CUDA kernels, ready to launch with their geometry evaluated per call."""
+    """The module's CUDA kernels, its stream, and the stream-ordered copies of its calls."""
 
     def __init__(self, device: CudaDevice, kernels: dict[int, tuple[Any, Kernel, Launch]]) -> None:
         self.device = device
+        self.driver = device.driver
         self.kernels = kernels
         self.modules: list[Any] = []  # the loaded CUmodules, unloaded by close
+        self.stream: Any = None
+        self.event: Any = None  # recorded after a call that leaves outputs on the GPU
+        self.staged = False  # an asynchronous copy may still read a staging buffer
 
     def close(self) -> None:
         """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
         modules, self.modules = self.modules, []
+        stream, event, self.stream, self.event = self.stream, self.event, None, None
         self.kernels = {}
-        if modules:
+        if modules or stream is not None:
             self.device.make_current()
+        if stream is not None:
+            check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            check(self.driver.cuStreamDestroy(stream), "cuStreamDestroy")
+        if event is not None:
+            check(self.driver.cuEventDestroy(event), "cuEventDestroy")
         for module in modules:
-            check(self.device.driver.cuModuleUnload(module), "cuModuleUnload")
+            check(self.driver.cuModuleUnload(module), "cuModuleUnload")
 
-    def launch(self, kernel: int, buffers: Sequence[DeviceBuffer], sizes: Mapping[str, int]) -> None:
-        """Launch kernels[kernel] on device `buffers` and wait for it (errors surface here); no
-        launch when an axis of its grid is 0 for this call's `sizes`."""
+    def begin(self) -> None:
+        """Make the device's context current on the calling thread (at the start of each call)."""
+        self.device.make_current()
+
+    def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        """Queue a copy of (page-locked, C-contiguous) host `array` into `buffer`."""
+        if self.staged:  # the previous call returned without waiting: its copies may still read it
+            self.synchronize()
+        if buffer.nbytes:
+            check(self.driver.cuMemcpyHtoDAsync(buffer.pointer, array.ctypes.data, buffer.nbytes, self.stream),
+                  "cuMemcpyHtoDAsync")
+            self.staged = True
+
+    def copy_out_into(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        """Copy `buffer` into host `array` once the queued work is done; wait for it."""
+        if not array.flags.c_contiguous:
+            array[...] = self.copy_out(buffer)
+            return
+        if buffer.nbytes:
+            check(self.driver.cuMemcpyDtoHAsync(array.ctypes.data, buffer.pointer, buffer.nbytes, self.stream),
+                  "cuMemcpyDtoHAsync")
+        self.synchronize()
+
+    def copy_out(self, buffer: DeviceBuffer) -> np.ndarray:
+        """A fresh host array with the buffer's contents, once the queued work is done."""
+        host = np.empty(buffer.shape, buffer.dtype)
+        self.copy_out_into(buffer, host)
+        return host
+
+    def synchronize(self) -> None:
+        """Wait for the module's queued work (a failed kernel's error surfaces here)."""
+        check(self.driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        self.staged = False
+
+    def output(self, shape: tuple[int, ...], dtype: str) -> DLPackArray:
+        """Fresh device memory for one output of one call, owned by the returned array (freed
+        when it and every tensor taken from it are gone)."""
+        nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
+        pointer = int(check(self.driver.cuMemAllocAsync(nbytes, self.stream), "cuMemAllocAsync"))
+        device, event, driver = self.device, self.event, self.driver
+
+        def free(pointer: int) -> None:
+            device.make_current()  # the last reference may go on any thread
+            # on the legacy stream, after the work of our (blocking) stream and of torch's default one
+            check(driver.cuMemFreeAsync(pointer, 0), "cuMemFreeAsync")
+
+        def ready(stream: int | None) -> None:  # DLPack: 1 (or None) is the legacy stream, 2 per-thread
+            device.make_current()
+            check(driver.cuStreamWaitEvent(1 if stream is None else stream, event, 0), "cuStreamWaitEvent")
+        return DLPackArray(pointer, shape, dtype, (CUDA, device.ordinal), free, ready)
+
+    def record(self) -> None:
+        """Mark the end of a call's queued work, which exported outputs wait for."""
+        check(self.driver.cuEventRecord(self.event, self.stream), "cuEventRecord")
+
+    def launcher(self, kernel: int, buffers: Sequence[DeviceBuffer],
+                 sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, Any]]], None] | None:
+        """A function launching kernels[kernel] on `buffers` for this call shape's `sizes` (None if
+        its grid is empty), given (argument, buffer) pairs that replace some of them in a call.
+
+        Its parameter block is built here, once: kernelParams is an array of pointers, each to
+        one argument's value: the device pointers, then the sizes (a custom kernel's scalars)
+        as 64-bit integers."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
         function, spec, launch = self.kernels[kernel]
         grid = [evaluate(size, sizes) for size in launch.grid]
         if 0 in grid:
-            return
+            return None
         for axis, expr, count, limit in zip("xyz", launch.grid, grid, MAX_GRID, strict=True):
             if count > limit:
                 raise KernelError(f"kernels[{kernel}] ({spec.name}) needs {count} blocks along grid {axis} "
                                   f"({to_text(expr)}); CUDA allows at most {limit}")
+        base = [int(buffer.pointer) for buffer in buffers]
+        values = (ctypes.c_uint64 * (len(base) + len(spec.integers)))(
+            *base, *(evaluate(expr, sizes) for expr in spec.integers))
+        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(values) + 8 * i for i in range(len(values))))
+        arguments = (function, *grid, *launch.block, launch.shared_bytes, self.stream, ctypes.addressof(params), 0)
+        launch_kernel = self.driver.cuLaunchKernel
+
+        def go(overrides: Sequence[tuple[int, Any]] = ()) -> None:
+            for position, buffer in overrides:
+                values[position] = int(buffer.pointer)
+            check(launch_kernel(*arguments), "cuLaunchKernel")
+            for position, _ in overrides:  # the plan's own buffers again, for calls without overrides
+                values[position] = base[position]
+        go.params = params  # what the launch reads (for tests)
+        return go
+
+    def launch(self, kernel: int, buffers: Sequence[DeviceBuffer], sizes: Mapping[str, int]) -> None:
+        """Queue kernels[kernel] on device `buffers` (not waiting for it); no launch when an axis
+        of its grid is 0 for this call's `sizes`."""
         self.device.make_current()  # the context is per thread; this one may not have it yet
-        # kernelParams: an array of pointers, each to one argument's value: the device pointers,
-        # then the kernel's sizes (a custom kernel's scalars) as 64-bit integers.
-        values = [ctypes.c_void_p(int(buffer.pointer)) for buffer in buffers]
-        values += [ctypes.c_int64(evaluate(expr, sizes)) for expr in spec.integers]
-        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        driver = self.device.driver
-        check(driver.cuLaunchKernel(function, *grid, *launch.block, launch.shared_bytes,
-                                    0, ctypes.addressof(params), 0), "cuLaunchKernel")
-        self.device.synchronize()
+        go = self.launcher(kernel, buffers, sizes)
+        if go is not None:
+            go()

@@ -1,14 +1,26 @@
 """Runs one entry's host program (docs/hxb-format.md, "entries") on a set of devices.
 
-What can be done once is done in `Executor.__init__`: the program becomes a list of steps, each
-a closure bound to its devices, kernel and buffer slots, and constants are bound (uploaded once
-per module and device, by `Constants`). A call (`run`) then only sizes the buffers for the
-sizes its inputs bound (`bind`) and runs the steps.
+What can be done once is done once. At load (`Executor.__init__`) constants are bound
+(uploaded once per module and device, by `Constants`) and the program is analysed: which
+inputs can be read in place, which outputs can stay on the GPU, which host buffers meet a GPU
+(those are page-locked staging buffers). Per call shape (the inputs' shapes, and whether the
+outputs stay on the device) a `Plan` is built the first time: buffers sized for it, and the
+program as a list of steps bound to that shape's buffer views, with each kernel's launcher (its
+arguments, or CUDA parameter block, built there). A repeated call shape then only looks its plan
+up and runs the steps: no allocation, no size evaluation. A static entry is planned at load.
 
-Buffers are reused across calls: each keeps one flat allocation, and a call views it with the
-call's shape. An allocation grows (is replaced by a larger one) only when a call needs more
-elements than it holds, so a repeated or smaller batch allocates nothing. A call whose
-destination has no elements (batch 0) is skipped: there is nothing to compute.
+Buffers are reused across calls: each keeps one flat allocation, and a plan views it with its
+shape. An allocation grows (is replaced by a larger one) only when a call needs more elements
+than it holds; that drops the plans, whose views it invalidates. A step whose destination has no
+elements (batch 0) is left out: there is nothing to compute.
+
+In place: a C-contiguous host input read only by host kernels is passed to them as it is (no
+copy into its buffer); a CUDA input (DLPack) copied only to the GPU for GPU kernels is given to
+them as it is (no host round trip). With `device=True`, an output that the program copies from
+the GPU to the host stays on the GPU: the kernel that computes it writes a fresh device buffer
+(`output`), which the call returns. A call passes the objects that replace buffers as `handles`
+(one per input, then one per output; None: use the buffer), and a step's launcher gets them as
+(argument position, object) overrides.
 """
 
 from __future__ import annotations
@@ -20,9 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from .cpu import CpuProgram
 from .device import Device, Program
-from .errors import InputError
-from .format import Entry, Hxb, TensorType
+from .dlpack import DeviceTensor
+from .errors import InputError, KernelError
+from .format import Entry, Hxb, TensorType, evaluate
+
+Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its handles)
+MAX_PLANS = 64  # call shapes kept; past that the cache starts again (a module called with ever new sizes)
 
 
 class Constants:
@@ -49,13 +66,13 @@ class Constants:
             device.free(buffer)
 
 
-def bind(entry: Entry, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+def bind(entry: Entry, shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
     """The sizes of the entry's symbols, from the shapes of its (dtype- and rank-checked)
     arguments; InputError if two inputs give one symbol different sizes."""
     sizes: dict[str, int] = {}
     where: dict[str, tuple[str, int]] = {}  # symbol -> the input and axis that bound it
-    for (name, tensor), array in zip(entry.inputs, arrays, strict=True):
-        for axis, (dim, size) in enumerate(zip(tensor.shape, array.shape, strict=True)):
+    for (name, tensor), shape in zip(entry.inputs, shapes, strict=True):
+        for axis, (dim, size) in enumerate(zip(tensor.shape, shape, strict=True)):
             if not isinstance(dim, str):
                 continue
             if dim in sizes and sizes[dim] != size:
@@ -66,69 +83,182 @@ def bind(entry: Entry, arrays: Sequence[np.ndarray]) -> dict[str, int]:
     return sizes
 
 
+class Plan:
+    """The steps of one call shape, bound to that shape's buffer views."""
+
+    def __init__(self, views: list[Any], steps: list[Step], outputs: list[tuple[int, Any, Any]]) -> None:
+        self.views, self.steps = views, steps
+        self.outputs = outputs  # per returned buffer: (handle index or -1, its view, who copies it out)
+
+
 class Executor:
-    """One entry, ready to run: its steps built, its constants bound, its buffers sized per call."""
+    """One entry, ready to run: its constants bound, its call shapes planned on first use."""
 
     def __init__(
         self, entry: Entry, devices: dict[str, Device], programs: list[Program], constants: Constants
     ) -> None:
         self.entry = entry
+        self.programs = programs
         self.places = [devices[buffer.device] for buffer in entry.buffers]
-        self.views: list[Any] = [None] * len(entry.buffers)  # each buffer, with this call's shape
-        # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements].
+        by_device = {program.device: program for program in programs if hasattr(program, "begin")}
+        # Who copies to and from each buffer: a GPU program (on its stream), else the device.
+        self.runners = [by_device.get(place, place) for place in self.places]
+        self.gpus = list({id(r): r for r in self.runners if hasattr(r, "begin")}.values())
+        self.stream = int(self.gpus[0].stream) if self.gpus else None  # where DLPack producers put inputs
+        self.views: list[Any] = [None] * len(entry.buffers)  # each buffer, with the last plan's shape
+        # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements, owner].
         self.allocations: dict[int, list[Any]] = {}
         self.constants = {command.dst for command in entry.program if command.op == "constant"}
-        self.steps: list[Callable[[Sequence[np.ndarray], Mapping[str, int]], None]] = []
-        self.returns: tuple[int, ...] = ()
+        self.returns: tuple[int, ...] = next((c.srcs for c in entry.program if c.op == "return"), ())
+        self.plans: dict[tuple, Plan] = {}
         for command in entry.program:
             if command.op == "constant":
-                place = self.places[command.dst]
-                self.views[command.dst] = constants.get(command.constant, place)
-            elif command.op == "return":
-                self.returns = command.srcs
-            else:
-                self.steps.append(self._step(command, programs))
+                self.views[command.dst] = constants.get(command.constant, self.places[command.dst])
+        self._analyse()
         for index in range(len(entry.buffers)):
             if index not in self.constants:
-                self.allocations[index] = [None, 0]
+                self.allocations[index] = [None, 0, self.pinned.get(index, self.places[index])]
         if not any(tensor.symbols for _, tensor in entry.inputs):
-            try:  # static shapes: allocate now, so that a module that cannot fit fails when it loads
-                self._size_buffers({})
+            try:  # static shapes: plan now, so that a module that cannot fit fails when it loads
+                self._plan((tuple(tensor.shape for _, tensor in entry.inputs), False))
             except BaseException:
                 self.close()
                 raise
 
-    def _step(self, command: Any, programs: list[Program]) -> Callable[[Sequence[np.ndarray], Mapping[str, int]], None]:
-        """A closure running `command` on this call's buffer views."""
-        views, places = self.views, self.places
-        if command.op == "input":
-            place, dst, index = places[command.dst], command.dst, command.index
-            return lambda arrays, sizes: place.copy_in(views[dst], arrays[index])
-        if command.op == "call":
-            program, kernel, args = programs[command.kernel], command.kernel, command.args
+    def _analyse(self) -> None:
+        """Which buffers are page-locked, which inputs are read in place, which outputs can stay on the GPU."""
+        program, places = self.entry.program, self.places
+        uses: dict[int, list[tuple[Any, str]]] = {index: [] for index in range(len(places))}
+        for command in program:
+            if command.op == "call":
+                for position, arg in enumerate(command.args):
+                    uses[arg].append((command, "write" if position == len(command.args) - 1 else "read"))
+            elif command.op == "transfer":
+                uses[command.src].append((command, "from"))
+                uses[command.dst].append((command, "to"))
+            elif command.op in ("print", "return"):
+                for src in (command.srcs if command.op == "return" else (command.src,)):
+                    uses[src].append((command, command.op))
 
-            def call(arrays: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
-                buffers = [views[arg] for arg in args]
-                if math.prod(buffers[-1].shape):  # an empty destination: nothing to compute
-                    program.launch(kernel, buffers, sizes)
-            return call
-        if command.op == "transfer":
-            src, dst = command.src, command.dst
-            return lambda arrays, sizes: self._transfer(src, dst)
-        place, src = places[command.src], command.src  # print
-        return lambda arrays, sizes: sys.stdout.write(format_tensor(place.copy_out(views[src])))
+        def gpu(index: int) -> bool:
+            return hasattr(places[index], "alloc_pinned")
 
-    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run the program on `arrays` (dtypes, ranks and static sizes already checked against
-        the signature); return the outputs."""
-        sizes = bind(self.entry, arrays)
-        self._size_buffers(sizes)
-        for step in self.steps:
-            step(arrays, sizes)
-        return [self.places[src].copy_out(self.views[src]) for src in self.returns]
+        def only_kernels(index: int, kinds: tuple[str, ...] = ("read",)) -> bool:
+            return all(kind in kinds for _, kind in uses[index])
 
-    def _size_buffers(self, sizes: Mapping[str, int]) -> None:
-        """View every buffer with this call's shape, growing an allocation only if it is too small."""
+        self.pinned: dict[int, Any] = {}  # host buffer -> the GPU device whose staging memory it is
+        for command in program:
+            if command.op == "transfer" and gpu(command.src) != gpu(command.dst):
+                host, device = (command.dst, command.src) if gpu(command.src) else (command.src, command.dst)
+                self.pinned[host] = _Pinned(places[device])
+        self.host_inputs: dict[int, int] = {}  # input -> its buffer, read in place when it can be
+        self.device_inputs: dict[int, int] = {}  # input -> its GPU buffer, a caller's CUDA tensor when given
+        for command in program:
+            if command.op != "input":
+                continue
+            dst = command.dst
+            if not gpu(dst) and uses[dst] and only_kernels(dst):
+                self.host_inputs[command.index] = dst
+            elif len(uses[dst]) == 1 and uses[dst][0][1] == "from" and gpu(uses[dst][0][0].dst):
+                target = uses[dst][0][0].dst
+                if only_kernels(target):
+                    self.device_inputs[command.index] = target
+        self.device_outputs: dict[int, tuple[int, int]] = {}  # output -> (its host buffer, the GPU buffer)
+        for position, src in enumerate(self.returns):
+            copies = [command for command, kind in uses[src] if kind == "to"]
+            if len(copies) == 1 and len(uses[src]) == 2 and self.returns.count(src) == 1 and gpu(copies[0].src):
+                device = copies[0].src
+                kinds = [kind for _, kind in uses[device]]
+                if kinds.count("write") == 1 and kinds.count("from") == 1 and only_kernels(
+                        device, ("read", "write", "from")) and device not in self.device_inputs.values():
+                    self.device_outputs[position] = (src, device)
+
+    def run(self, arrays: Sequence[Any], out: Sequence[np.ndarray] | None = None, device: bool = False) -> list[Any]:
+        """Run the program on `arrays` (numpy arrays, or DeviceTensors for `device_inputs`; dtypes,
+        ranks and static sizes already checked against the signature); return the outputs:
+        fresh arrays, the arrays of `out`, or (`device`) GPU-resident DLPack arrays where the
+        program computes them on the GPU."""
+        key = (tuple(array.shape for array in arrays), device)
+        plan = self.plans.get(key) or self._plan(key)
+        for gpu in self.gpus:
+            gpu.begin()
+        handles: list[Any] = [None] * (len(arrays) + len(self.returns))
+        for index in self.host_inputs:
+            array = arrays[index]
+            if array.flags.c_contiguous and array.flags.aligned:
+                handles[index] = array
+        for index in self.device_inputs:
+            if isinstance(arrays[index], DeviceTensor):
+                handles[index] = arrays[index]
+        if device:
+            for position in self.device_outputs:
+                _, view, runner = plan.outputs[position]
+                handles[len(arrays) + position] = runner.output(view.shape, view.dtype.name)
+        for step in plan.steps:
+            step(arrays, handles)
+        results = []
+        for position, (handle, view, runner) in enumerate(plan.outputs):
+            if handle >= 0:
+                results.append(handles[handle])
+            elif out is not None:
+                if out[position].shape != view.shape:
+                    raise InputError(f"{self.entry.name}(): out[{position}] has shape {out[position].shape}, "
+                                     f"this call's output {position} {view.shape}")
+                runner.copy_out_into(view, out[position])
+                results.append(out[position])
+            else:
+                results.append(runner.copy_out(view))
+        if device:
+            for gpu in self.gpus:
+                gpu.record()
+        return results
+
+    def _plan(self, key: tuple) -> Plan:
+        """Size the buffers for the call shape `key` and bind the program's steps to their views."""
+        shapes, device = key
+        sizes = bind(self.entry, shapes)
+        if self._size_buffers(sizes) or len(self.plans) >= MAX_PLANS:
+            self.plans.clear()  # their views may be of freed allocations
+        views, runners = list(self.views), self.runners
+        inputs = len(self.entry.inputs)
+        bound = {buffer: index for index, buffer in {**self.host_inputs, **self.device_inputs}.items()}
+        skipped = set()  # transfers that device outputs make unnecessary
+        if device:
+            for position, (host, gpu) in self.device_outputs.items():
+                bound[gpu] = inputs + position
+                skipped.add(host)
+        steps: list[Step] = []
+        for command in self.entry.program:
+            op = command.op
+            if op == "input":
+                steps.append(_input(command.index, views[command.dst], runners[command.dst]))
+            elif op == "call":
+                buffers = [views[arg] for arg in command.args]
+                if not math.prod(buffers[-1].shape):  # an empty destination: nothing to compute
+                    continue
+                go = _launcher(self.programs[command.kernel], command.kernel, buffers, sizes)
+                if go is not None:
+                    patches = [(position, bound[arg]) for position, arg in enumerate(command.args) if arg in bound]
+                    steps.append(_call(go, patches))
+            elif op == "transfer" and command.dst not in skipped:
+                source = next((index for index, gpu in self.device_inputs.items() if gpu == command.dst), None)
+                steps.append(_transfer(views[command.src], views[command.dst], runners[command.src],
+                                       runners[command.dst], source))
+            elif op == "print":
+                steps.append(_print(views[command.src], runners[command.src]))
+        outputs = []
+        for position, src in enumerate(self.returns):
+            if device and position in self.device_outputs:
+                gpu = self.device_outputs[position][1]
+                outputs.append((inputs + position, views[gpu], runners[gpu]))
+            else:
+                outputs.append((-1, views[src], runners[src]))
+        plan = self.plans[key] = Plan(views, steps, outputs)
+        return plan
+
+    def _size_buffers(self, sizes: Mapping[str, int]) -> bool:
+        """View every buffer with this call's shape, growing an allocation only if it is too
+        small; whether any allocation changed."""
         shapes = {}
         for index in self.allocations:
             tensor: TensorType = self.entry.buffers[index].type
@@ -136,32 +266,127 @@ class Executor:
             if math.prod(shape) * tensor.itemsize >= 2**63:
                 raise InputError(f"{self.entry.name}(): buffer {index} would be {tensor.dtype}"
                                  f"[{', '.join(map(str, shape))}], 2^63 bytes or more")
+        grew = False
         for index, slot in self.allocations.items():
-            place, shape, dtype = self.places[index], shapes[index], self.entry.buffers[index].type.dtype
+            owner, shape, dtype = slot[2], shapes[index], self.entry.buffers[index].type.dtype
             count = math.prod(shape)
             if slot[0] is None or count > slot[1]:
                 if slot[0] is not None:
                     slot[0], old = None, slot[0]
-                    place.free(old)
-                slot[0], slot[1] = place.alloc((count,), dtype), count
-            self.views[index] = place.view(slot[0], shape)
-
-    def _transfer(self, src: int, dst: int) -> None:
-        source, destination = self.views[src], self.views[dst]
-        if isinstance(source, np.ndarray):  # from a host buffer: the device copies it straight in
-            self.places[dst].copy_in(destination, source)
-        elif isinstance(destination, np.ndarray):  # into a host buffer: straight out of the device
-            self.places[src].copy_out_into(source, destination)
-        else:  # between two devices' own memories: through the host
-            self.places[dst].copy_in(destination, self.places[src].copy_out(source))
+                    owner.free(old)
+                slot[0], slot[1], grew = owner.alloc((count,), dtype), count, True
+            self.views[index] = self.places[index].view(slot[0], shape)
+        return grew
 
     def close(self) -> None:
         """Free the buffers this entry allocated (idempotent); the constants are `Constants.close`'s."""
-        for index, slot in self.allocations.items():
+        self.plans.clear()
+        for slot in self.allocations.values():
             if slot[0] is not None:
                 slot[0], buffer = None, slot[0]
                 slot[1] = 0
-                self.places[index].free(buffer)
+                slot[2].free(buffer)
+
+
+class _Pinned:
+    """Allocates a host buffer that meets the GPU in page-locked memory (a staging buffer)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def alloc(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return self.device.alloc_pinned(shape, dtype)
+
+    def free(self, buffer: np.ndarray) -> None:
+        self.device.free_pinned(buffer)
+
+
+def _input(index: int, view: Any, runner: Any) -> Step:
+    def step(arrays: Sequence[Any], handles: list[Any]) -> None:
+        if handles[index] is None:  # not read in place: into its buffer
+            runner.copy_in(view, arrays[index])
+    return step
+
+
+def _call(go: Callable[..., None], patches: list[tuple[int, int]]) -> Step:
+    if not patches:
+        return lambda arrays, handles: go(())
+
+    def step(arrays: Sequence[Any], handles: list[Any]) -> None:
+        go([(position, handles[h]) for position, h in patches if handles[h] is not None])
+    return step
+
+
+def _transfer(source: Any, destination: Any, src: Any, dst: Any, input_index: int | None) -> Step:
+    """A copy between two devices' buffers: straight between a host buffer and a device, else
+    through the host; skipped when the call gives the destination's content in place."""
+    if isinstance(source, np.ndarray):
+        def copy() -> None:
+            dst.copy_in(destination, source)
+    elif isinstance(destination, np.ndarray):
+        def copy() -> None:
+            src.copy_out_into(source, destination)
+    else:
+        def copy() -> None:
+            dst.copy_in(destination, src.copy_out(source))
+    if input_index is None:
+        return lambda arrays, handles: copy()
+    return lambda arrays, handles: None if handles[input_index] is not None else copy()
+
+
+def _print(view: Any, runner: Any) -> Step:
+    return lambda arrays, handles: sys.stdout.write(format_tensor(runner.copy_out(view)))
+
+
+def _launcher(program: Program, kernel: int, buffers: list[Any],
+              sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, Any]]], None] | None:
+    """A function running kernels[kernel] on `buffers` for these `sizes`, given per-call
+    (argument position, array) overrides; None when there is nothing to run."""
+    make = getattr(program, "launcher", None)
+    if make is not None:
+        return make(kernel, buffers, sizes)
+    if type(program) is CpuProgram and "launch" not in vars(program):  # not wrapped by a caller
+        go = _cpu_launcher(program, kernel, buffers, sizes)
+        if go is not False:
+            return go
+
+    def launch(overrides: Sequence[tuple[int, Any]] = ()) -> None:
+        arguments = list(buffers)
+        for position, array in overrides:
+            arguments[position] = array
+        program.launch(kernel, arguments, sizes)
+    return launch
+
+
+def _cpu_launcher(program: CpuProgram, kernel: int, buffers: list[np.ndarray],
+                  sizes: Mapping[str, int]) -> Callable[..., None] | None | bool:
+    """CpuProgram.launch with its arguments computed once per call shape (False: a launch split
+    over threads, left to CpuProgram.launch). TODO(cpu.py's owner): make it CpuProgram.launcher."""
+    if kernel not in program.kernels:
+        raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
+    function, work, integers = program.kernels[kernel]
+    values = [evaluate(expr, sizes) for expr in integers]
+    extent = 0 if work is None else evaluate(work.extent, sizes)
+    if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
+        raise KernelError(f"kernels[{kernel}]: a size or extent of this call does not fit in int64")
+    base = [buffer.ctypes.data for buffer in buffers] + values
+    if work is not None:
+        if extent == 0:
+            return None
+        if sum(buffer.nbytes for buffer in buffers) >= program.device.split_bytes and min(
+                program.device.threads, extent // work.grain) >= 2:
+            return False
+        base += [0, extent]
+
+    def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
+        if not overrides:
+            function(*base)
+            return
+        arguments = list(base)
+        for position, array in overrides:
+            arguments[position] = array.ctypes.data
+        function(*arguments)
+    return go
 
 
 def format_tensor(array: np.ndarray) -> str:

@@ -9,8 +9,12 @@ unloads its GPU code.
 Arguments must be numpy arrays with exactly the signature's dtype and shape (a symbol in the
 shape, `float32[batch, 8]`, takes any size, the same wherever it appears): nothing is cast or
 converted (a list, a float64 array for a float32 input, are errors), so a call never
-silently changes precision. Non-contiguous arrays are accepted (copied into the entry's buffer,
-like any other).
+silently changes precision. Non-contiguous arrays are accepted (copied into the entry's buffer);
+C-contiguous ones that only host kernels read are read in place. Any object with `__dlpack__`
+(torch, cupy, jax) is accepted too: a host one as the numpy array it shares memory with, a CUDA
+one in place where the entry only copies it to the GPU for GPU kernels (it must be on the
+module's GPU and C-contiguous). `out=` and `outputs="device"` choose where the outputs go
+(`Module.run`); executor.py says what a call does and what it reuses.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import CpuDevice
+from . import dlpack
 from .device import Device, Program
 from .errors import DeviceError, HexirRuntimeError, InputError
 from .executor import Constants, Executor
@@ -130,21 +135,26 @@ class Module:
             raise InputError(f"the module has no entry {entry!r} (entries: {', '.join(self._signatures)})")
         return self._signatures[entry]
 
-    def run(self, entry: str, *arrays: np.ndarray) -> Any:
+    def run(self, entry: str, *arrays: Any, out: Any = None, outputs: str = "host") -> Any:
         """Call `entry`: one output returns an array, several a tuple, none None.
 
         The outputs are fresh arrays that the caller owns. Raises InputError if the arguments
         do not match the signature (nothing is cast).
         """
         signature = self.signature(entry)
-        _check_arguments(signature, arrays)
+        executor = self._executors.get(entry)
+        if outputs not in ("host", "device"):
+            raise InputError(f"{entry}(): outputs must be 'host' or 'device', got {outputs!r}")
         with self._lock:
             if self.closed:
                 raise HexirRuntimeError(f"{entry}(): the module is closed (load it again to call its entries)")
-            outputs = self._executors[entry].run(arrays)
-        if not outputs:
+            arguments = _arguments(signature, arrays, executor)
+            if out is not None:
+                out = _check_out(signature, out, outputs)
+            results = executor.run(arguments, out, outputs == "device")
+        if not results:
             return None
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return results[0] if len(results) == 1 else tuple(results)
 
     @property
     def closed(self) -> bool:
@@ -186,21 +196,26 @@ def _release(executors: dict[str, Executor], constants: Constants, programs: lis
             program.close()
 
 
-def _check_arguments(signature: Signature, arrays: tuple[Any, ...]) -> None:
+def _arguments(signature: Signature, arrays: tuple[Any, ...], executor: Executor) -> list[Any]:
+    """The arguments as numpy arrays, or DeviceTensors (borrowed CUDA tensors) where the entry
+    takes them in place; InputError naming the argument if one does not match the signature."""
     names = [name for name, _ in signature.inputs]
     if len(arrays) != len(names):
         raise InputError(
             f"{signature.name}(): expects {len(names)} argument(s) ({', '.join(names)}), got {len(arrays)}"
         )
-    for (name, expected), array in zip(signature.inputs, arrays, strict=True):
+    result = list(arrays)
+    for index, ((name, expected), array) in enumerate(zip(signature.inputs, arrays, strict=True)):
         if not isinstance(array, np.ndarray):
-            raise InputError(
-                f"{signature.name}(): argument {name!r} expects a numpy array {expected}, got {type(array).__name__}"
-            )
-        dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
-        fits = len(array.shape) == len(expected.shape) and all(
-            isinstance(dim, str) or dim == size for dim, size in zip(expected.shape, array.shape, strict=True))
-        if array.dtype != np.dtype(expected.dtype) or not fits:
+            if isinstance(array, np.generic) or not hasattr(array, "__dlpack__"):
+                raise InputError(f"{signature.name}(): argument {name!r} expects a numpy array {expected}, "
+                                 f"got {type(array).__name__}")
+            array = result[index] = dlpack.tensor_of(array, executor.stream)
+            if isinstance(array, dlpack.DeviceTensor):
+                _check_device_tensor(signature.name, name, expected, array, index, executor)
+                continue
+        if array.dtype.name != expected.dtype or not array.dtype.isnative or not _fits(expected, array.shape):
+            dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
             actual = f"{dtype}[{', '.join(map(str, array.shape))}]"
             raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
 
@@ -212,6 +227,48 @@ def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[
     try:
         for place in devices.values():
             if place not in loaded:
+    return result
+
+
+def _fits(expected: TensorType, shape: tuple[int, ...]) -> bool:
+    return len(shape) == len(expected.shape) and all(
+        isinstance(dim, str) or dim == size for dim, size in zip(expected.shape, shape, strict=True))
+
+
+def _check_device_tensor(entry: str, name: str, expected: TensorType, tensor: dlpack.DeviceTensor, index: int,
+                         executor: Executor) -> None:
+    """InputError unless a CUDA tensor is one the entry can read in place: on the module's GPU,
+    of the expected dtype and shape, C-contiguous."""
+    gpu = executor.gpus[0].device if executor.gpus else None
+    where = f"{entry}(): argument {name!r}"
+    got = dlpack.describe(tensor)
+    if index not in executor.device_inputs or gpu is None:
+        raise InputError(f"{where} is read on the host: expects a host (numpy or CPU DLPack) {expected}, got {got}")
+    if tensor.device != (dlpack.CUDA, gpu.ordinal):
+        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal} (the module's GPU), got {got}")
+    if tensor.dtype.name != expected.dtype or not _fits(expected, tensor.shape):
+        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal}, got {got}")
+    if not tensor.contiguous:
+        raise InputError(f"{where} expects a C-contiguous tensor, got {got} with strides {tensor.strides} "
+                         "(in elements; .contiguous() makes one)")
+
+
+def _check_out(signature: Signature, out: Any, outputs: str) -> tuple[np.ndarray, ...]:
+    """`out` as a tuple of one writable numpy array per output, each of the output's dtype and shape."""
+    arrays = out if isinstance(out, (tuple, list)) else (out,)
+    where = f"{signature.name}(): out"
+    if outputs == "device":
+        raise InputError(f"{where} takes host arrays: it cannot be combined with outputs='device'")
+    if len(arrays) != len(signature.outputs):
+        raise InputError(f"{where} has {len(arrays)} array(s) for {len(signature.outputs)} output(s)")
+    for position, (array, expected) in enumerate(zip(arrays, signature.outputs, strict=True)):
+        if not isinstance(array, np.ndarray) or not array.flags.writeable:
+            raise InputError(f"{where}[{position}] must be a writable numpy array {expected}, "
+                             f"got {type(array).__name__}")
+        if array.dtype.name != expected.dtype or not array.dtype.isnative or not _fits(expected, array.shape):
+            raise InputError(f"{where}[{position}] expects {expected}, got "
+                             f"{array.dtype.name}[{', '.join(map(str, array.shape))}]")
+    return tuple(arrays)
                 loaded[place] = place.load(hxb)
     except BaseException:
         for program in loaded.values():  # what loaded before the failure

@@ -641,10 +641,10 @@ def test_a_failing_launch_names_culaunchkernel(module_file, fake):
         module.main(x_of((3, 5)))
 
 
-def test_an_error_surfacing_at_synchronize_names_cuctxsynchronize(module_file, fake):
+def test_an_error_surfacing_at_synchronize_names_custreamsynchronize(module_file, fake):
     module = load(module_file("mlp"), "cuda")
-    fake.fail["cuCtxSynchronize"] = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
-    with pytest.raises(DeviceError, match=r"^cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS "
+    fake.fail["cuStreamSynchronize"] = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(DeviceError, match=r"^cuStreamSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS "
                                           r"\(an illegal memory access was encountered\)$"):
         module.main(x_of((3, 5)))
 
@@ -920,7 +920,8 @@ def test_transfers_copy_straight_between_host_buffers_and_the_gpu(relu_file, fak
     for _ in range(3):
         np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
     calls = Counter(fake.calls) - before
-    assert calls["cuMemcpyHtoD"] == calls["cuMemcpyDtoH"] == 3  # one each way per call
+    assert calls["cuMemcpyHtoDAsync"] == calls["cuMemcpyDtoHAsync"] == 3  # one each way per call
+    assert fake.pageable_copies == 0  # both from and to the page-locked staging buffers
     # per call, on the host: x into its buffer, then the fresh arrays of print and return; the
     # transfers copy straight from the host buffer of x, and into the one of relu(x)
     assert host_copies == ["copy_in", "copy_out", "copy_out"] * 3

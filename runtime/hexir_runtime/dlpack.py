@@ -1,0 +1,202 @@
+"""The DLPack protocol (https://dmlc.github.io/dlpack/latest/), both ways, with ctypes only.
+
+Importing: `tensor_of(obj)` reads any object with `__dlpack__` (torch, cupy, jax, numpy). A
+host tensor becomes a numpy array through `np.from_dlpack` (no copy); a CUDA tensor becomes a
+`DeviceTensor`: its device pointer, shape and dtype, read from the capsule's DLManagedTensor,
+whose deleter runs when the DeviceTensor is released (`release`, or garbage collection). The
+producer is asked for the tensor on our stream (`stream=`), so our kernels run after its writes.
+
+Exporting: `DLPackArray` wraps memory that we own (a device output of a call) as an object
+that `from_dlpack` of torch, cupy, jax or numpy takes without a copy. Each capsule holds a
+reference to the array (Py_IncRef through `manager_ctx`), dropped by the deleter the consumer
+calls, so the memory lives while either the array or any consumer's tensor does. Before
+handing out a capsule, `ready(stream)` makes the consumer's stream wait for our work.
+
+Only legacy (unversioned, "dltensor") capsules are made and read: every producer and consumer
+of DLPack >= 0.6 speaks them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CPU, CUDA, CUDA_HOST = 1, 2, 3  # DLDeviceType
+FLOAT = 2  # DLDataTypeCode kDLFloat
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.Py_IncRef.argtypes = _api.Py_DecRef.argtypes = [ctypes.py_object]
+_CAPSULE_GET = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+_DECREF = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", _api))
+
+
+class DeviceTensor:
+    """A caller's tensor in GPU memory, borrowed through DLPack for one call."""
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
+                 strides: tuple[int, ...] | None, managed: Any) -> None:
+        self.pointer, self.shape, self.dtype, self.device, self.strides = pointer, shape, dtype, device, strides
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        self._managed = managed  # the DLManagedTensor, whose deleter we owe the producer
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the strides (in elements) are C order's, ignoring axes of extent 1."""
+        if self.strides is None:
+            return True
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def release(self) -> None:
+        """Tell the producer we are done with its tensor (idempotent)."""
+        managed, self._managed = self._managed, None
+        if managed and managed.contents.deleter:
+            managed.contents.deleter(managed)
+
+    __del__ = release
+
+
+def tensor_of(obj: Any, stream: int | None = None) -> np.ndarray | DeviceTensor:
+    """The host array or the device tensor `obj` (an ndarray or an object with `__dlpack__`)
+    holds; a device tensor's producer is asked to make it ready on `stream` (None: sync it)."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    device_type, device_id = obj.__dlpack_device__()
+    if device_type in (CPU, CUDA_HOST):
+        return np.from_dlpack(obj)
+    capsule = obj.__dlpack__(stream=stream) if stream is not None else obj.__dlpack__()
+    return unpack(capsule)
+
+
+def unpack(capsule: Any) -> DeviceTensor:
+    """The DLTensor of a (legacy) DLPack capsule, which is marked consumed."""
+    address = _api.PyCapsule_GetPointer(capsule, b"dltensor")
+    managed = ctypes.cast(address, ctypes.POINTER(DLManagedTensor))
+    _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its destructor must not free it
+    tensor = managed.contents.dl_tensor
+    ndim = tensor.ndim
+    shape = tuple(tensor.shape[i] for i in range(ndim))
+    strides = tuple(tensor.strides[i] for i in range(ndim)) if tensor.strides else None
+    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    dtype = np.dtype(f"float{bits}") if code == FLOAT and bits in (16, 32, 64) and lanes == 1 else None
+    result = DeviceTensor((tensor.data or 0) + tensor.byte_offset, shape, dtype or np.dtype("V1"),
+                          (tensor.device.device_type, tensor.device.device_id), strides, managed)
+    if dtype is None:
+        result.dtype_text = f"code {code} bits {bits} lanes {lanes}"
+    return result
+
+
+def describe(tensor: DeviceTensor) -> str:
+    """`float32[2, 8] on cuda:0`, for error messages."""
+    dtype = getattr(tensor, "dtype_text", None) or tensor.dtype.name
+    kind = {CUDA: "cuda"}.get(tensor.device[0], f"DLPack device type {tensor.device[0]}")
+    return f"{dtype}[{', '.join(map(str, tensor.shape))}] on {kind}:{tensor.device[1]}"
+
+
+# --- exporting -------------------------------------------------------------------------------------
+
+
+@ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+def _delete(managed: Any) -> None:
+    """The deleter of our DLManagedTensors: drop the capsule's reference to its DLPackArray."""
+    _DECREF(managed.contents.manager_ctx)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _destroy_capsule(capsule: int) -> None:
+    """A capsule nobody consumed: run the deleter ourselves (the protocol's rule)."""
+    if _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        managed = ctypes.cast(_CAPSULE_GET(capsule, b"dltensor"), ctypes.POINTER(DLManagedTensor))
+        managed.contents.deleter(managed)
+
+
+class DLPackArray:
+    """Memory we own, lent through DLPack: `torch.from_dlpack(array)` and the like take it as is.
+
+    `free(pointer)` runs when the array and every tensor made from it are gone; `ready(stream)`
+    runs before each export, to order the consumer's `stream` after our writes.
+    """
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
+                 free: Callable[[int], None] | None = None, ready: Callable[[int | None], None] | None = None) -> None:
+        self.pointer, self.shape, self.dtype, self.device = pointer, tuple(shape), np.dtype(dtype), device
+        self._free, self._ready = free, ready
+        # What the DLManagedTensors point at: kept with the array, which outlives them all.
+        self._shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self._exports: list[DLManagedTensor] = []
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, stream: int | None = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        if copy:
+            raise BufferError("this array is exported without a copy only (copy=True is not supported)")
+        if dl_device is not None and tuple(dl_device) != self.device:
+            raise BufferError(f"this array lives on DLPack device {self.device}, not {tuple(dl_device)}")
+        if self._ready is not None and stream != -1:
+            self._ready(stream)
+        managed = DLManagedTensor()
+        tensor = managed.dl_tensor
+        tensor.data, tensor.ndim, tensor.byte_offset = self.pointer, len(self.shape), 0
+        tensor.device = DLDevice(*self.device)
+        tensor.dtype = DLDataType(FLOAT, self.dtype.itemsize * 8, 1)
+        tensor.shape = ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64))
+        tensor.strides = None  # C-contiguous
+        managed.deleter = _delete
+        managed.manager_ctx = id(self)
+        _api.Py_IncRef(self)  # dropped by _delete, when the consumer is done
+        self._exports.append(managed)
+        return _api.PyCapsule_New(ctypes.addressof(managed), b"dltensor",
+                                  ctypes.cast(_destroy_capsule, ctypes.c_void_p))
+
+    def __del__(self) -> None:
+        if self._free is not None:
+            self._free(self.pointer)
+
+    def __repr__(self) -> str:
+        return f"<DLPackArray {self.dtype.name}[{', '.join(map(str, self.shape))}] on device {self.device}>"
