@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import CpuDevice
 from . import dlpack
+from .cpu import CpuDevice
 from .device import Device, Program
 from .errors import DeviceError, HexirRuntimeError, InputError
 from .executor import Constants, Executor
@@ -138,8 +138,14 @@ class Module:
     def run(self, entry: str, *arrays: Any, out: Any = None, outputs: str = "host") -> Any:
         """Call `entry`: one output returns an array, several a tuple, none None.
 
-        The outputs are fresh arrays that the caller owns. Raises InputError if the arguments
-        do not match the signature (nothing is cast).
+        Arguments are numpy arrays or any object with `__dlpack__` (torch, cupy, jax); a CUDA
+        tensor is used in place where the entry copies it to the GPU for GPU kernels only.
+        The outputs are fresh numpy arrays that the caller owns; or the arrays of `out` (an
+        array, or a tuple of one per output), written and returned; or, with
+        `outputs="device"`, each output the GPU computes as a fresh GPU array that the caller
+        owns and gives to `torch.from_dlpack` (or cupy's, jax's) without a copy (the others
+        stay numpy arrays). Raises InputError if the arguments do not match the signature
+        (nothing is cast).
         """
         signature = self.signature(entry)
         executor = self._executors.get(entry)
@@ -218,15 +224,6 @@ def _arguments(signature: Signature, arrays: tuple[Any, ...], executor: Executor
             dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
             actual = f"{dtype}[{', '.join(map(str, array.shape))}]"
             raise InputError(f"{signature.name}(): argument {name!r} expects {expected}, got {actual}")
-
-
-def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Program]]:
-    """Which device runs each manifest device, and each device's loaded program (loaded once)."""
-    devices = _place(kinds, candidates)
-    loaded: dict[Device, Program] = {}
-    try:
-        for place in devices.values():
-            if place not in loaded:
     return result
 
 
@@ -269,6 +266,15 @@ def _check_out(signature: Signature, out: Any, outputs: str) -> tuple[np.ndarray
             raise InputError(f"{where}[{position}] expects {expected}, got "
                              f"{array.dtype.name}[{', '.join(map(str, array.shape))}]")
     return tuple(arrays)
+
+
+def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Program]]:
+    """Which device runs each manifest device, and each device's loaded program (loaded once)."""
+    devices = _place(kinds, candidates)
+    loaded: dict[Device, Program] = {}
+    try:
+        for place in devices.values():
+            if place not in loaded:
                 loaded[place] = place.load(hxb)
     except BaseException:
         for program in loaded.values():  # what loaded before the failure
