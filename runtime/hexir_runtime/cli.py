@@ -1,8 +1,15 @@
 """`hexir-run`: run an entry of a compiled hexir module (.hxb) from the command line.
 
-Prints a header (module, version, entry, device), a `--` line, then what the program prints.
-`--info` describes the module (describe.py) after checking its format, without loading any
-code. When the reader of stdout goes away (`hexir-run m.hxb | head -1`), it stops quietly with exit code 1.
+Prints a header (module, version, entry, device), a `--` line, what the program prints, then
+each output: `output0: float32[3, 4]` and its values as numpy summarises them (`--full`: all).
+`--quiet` prints only what the program prints. `--info` describes the module (describe.py)
+after checking its format, without loading any code.
+
+Every path is checked before any work (the module is read once, inputs are loaded, the output's
+folder must exist), and a file that is not what it should be is named for what it is (an empty
+file, a .hxb, an .npz, pickled data). Every failure is one line on stderr, its text from the file
+escaped (describe.safe), and exit code 1; bad arguments exit 2. When the reader of stdout goes
+away (`hexir-run m.hxb | head -1`), it stops quietly with exit code 1.
 """
 
 from __future__ import annotations
@@ -11,13 +18,15 @@ import argparse
 import os
 import sys
 import warnings
+import zipfile
 
 import numpy as np
 
-from .describe import describe, field
+from . import __version__
+from .describe import describe, field, safe
 from .errors import HexirRuntimeError, HxbFormatError, InputError
-from .format import read
-from .module import DEVICE_NAMES, Signature, load
+from .format import MAGIC, decode
+from .module import DEVICE_NAMES, load
 
 EXIT_CODES = """exit codes:
   0  success
@@ -31,44 +40,122 @@ def main(argv: list[str] | None = None) -> int:
     """Run `hexir-run` with `argv` (default: sys.argv[1:]); return the exit code."""
     args = _parser().parse_args(argv)
     try:
+        data = _read_module(args.module)
         if args.info:
-            sys.stdout.write(describe(read(args.module), args.module))
+            sys.stdout.write(describe(decode(data), args.module))
         else:
-            _run(args)
+            _run(args, data)
         sys.stdout.flush()  # a closed pipe fails here, not after main has returned
     except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop quietly, as Unix tools do
         _discard_stdout()
         return 1
     except HxbFormatError as error:
-        print(f"hexir-run: {args.module}: {error}", file=sys.stderr)
-        return 1
+        return _fail(f"{args.module}: {error}")
     except HexirRuntimeError as error:
-        print(f"hexir-run: {error}", file=sys.stderr)
-        return 1
+        return _fail(str(error))
     except OSError as error:
-        print(f"hexir-run: {error.filename or args.module}: {error.strerror or error}", file=sys.stderr)
-        return 1
+        return _fail(f"{error.filename or args.module}: {error.strerror or error}")
+    except (MemoryError, RecursionError) as error:  # a module too big for this machine: still one line
+        return _fail(f"{args.module}: {type(error).__name__} {error}".rstrip())
     return 0
 
 
-def _run(args: argparse.Namespace) -> None:
-    """Load the module, print the header, run the entry and save its outputs."""
+def _fail(message: str) -> int:
+    print(f"hexir-run: {safe(message)}", file=sys.stderr)
+    return 1
+
+
+def _read_module(path: str) -> bytes:
+    with open(path, "rb") as file:
+        data = file.read()
+    if not data:
+        raise InputError(f"{path}: empty file (not a hexir module)")
+    return data
+
+
+def _run(args: argparse.Namespace, data: bytes) -> None:
+    """Check the paths, load the module, print the header, run the entry, print and save its outputs."""
+    given = _load_inputs(args.input)
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise InputError(f"--output {args.output}: the folder {os.path.dirname(args.output) or '.'} does not exist")
     with warnings.catch_warnings(record=True) as notices:
         warnings.simplefilter("always", RuntimeWarning)
-        module = load(args.module, args.device)
+        module = load(data, args.device)
     for notice in notices:  # e.g. --device=auto found no GPU: say so in one line
-        print(f"hexir-run: note: {notice.message}", file=sys.stderr)
-    arrays = _inputs(module.signature(args.entry), args.input)
+        print(f"hexir-run: note: {safe(str(notice.message))}", file=sys.stderr)
+    signature = module.signature(args.entry)
+    names = [name for name, _ in signature.inputs]
+    for name in given:
+        if name not in names:
+            known = ", ".join(names) or "none"
+            raise InputError(f"{signature.name}(): no argument named {name!r} (arguments: {known})")
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise InputError(f"{signature.name}(): missing --input for {', '.join(missing)}")
     if not args.quiet:
-        header = [("module", args.module), ("version", module.hxb.version), ("entry", args.entry)]
+        header = [("module", safe(args.module)), ("version", module.hxb.version), ("entry", args.entry)]
         for label, value in [*header, ("device", module.device_name)]:
             print(field(label, value))
         print("--", flush=True)
-    outputs = module.run(args.entry, *arrays)
+    outputs = module.run(args.entry, *(given[name] for name in names))
+    if not isinstance(outputs, tuple):
+        outputs = () if outputs is None else (outputs,)
+    sys.stdout.flush()  # the program's prints first
+    if not args.quiet:
+        threshold = sys.maxsize if args.full else 1000  # numpy's own summarising threshold
+        for i, output in enumerate(outputs):
+            print(f"output{i}: {output.dtype}[{', '.join(map(str, output.shape))}]")
+            print(np.array2string(output, threshold=threshold, max_line_width=100))
     if args.output:
-        if not isinstance(outputs, tuple):
-            outputs = () if outputs is None else (outputs,)
-        np.savez(args.output, **{f"output{i}": output for i, output in enumerate(outputs)})
+        with open(args.output, "wb") as file:  # np.savez would append .npz to a name
+            np.savez(file, **{f"output{i}": output for i, output in enumerate(outputs)})
+
+
+def _load_inputs(pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+    """The arrays of `--input NAME=FILE.npy` (or NAME=FILE.npz:KEY), by name."""
+    given: dict[str, np.ndarray] = {}
+    for name, path in pairs:
+        if name in given:
+            raise InputError(f"--input {name} is given twice")
+        key = None
+        if not os.path.exists(path) and ":" in path and os.path.exists(path.rpartition(":")[0]):
+            path, _, key = path.rpartition(":")
+        given[name] = _load_array(name, path, key)
+    return given
+
+
+def _load_array(name: str, path: str, key: str | None) -> np.ndarray:
+    with open(path, "rb") as file:
+        head = file.read(8)
+    what = f"--input {name}: {path}"
+    if not head:
+        raise InputError(f"{what}: empty file (expected a .npy array)")
+    if head.startswith(MAGIC[:4]):
+        raise InputError(f"{what} is a hexir module (.hxb), not a .npy array")
+    if head.startswith(b"PK\x03\x04"):  # a zip: .npz
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                if key is None or key not in archive.files:
+                    keys = ", ".join(archive.files) or "none"
+                    advice = f"no array {key!r} in it" if key is not None else f"use {name}=FILE.npz:KEY"
+                    raise InputError(f"{what} is an .npz archive (arrays: {keys}): {advice}")
+                return archive[key]
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+            raise InputError(f"{what}: not a readable .npz archive ({error})") from None
+    if key is not None:
+        raise InputError(f"{what}: only an .npz archive has arrays by KEY")
+    if head[:1] == b"\x80":
+        raise InputError(f"{what} holds pickled Python data, not a .npy array")
+    if not head.startswith(b"\x93NUMPY"):
+        raise InputError(f"{what} is not a .npy file (it starts with {head!r})")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as error:
+        if "pickle" in str(error):
+            raise InputError(f"{what} holds an object array (pickled data), which hexir-run does not load") from None
+        raise InputError(f"{what} is not a valid .npy file ({error})") from None
+    except EOFError as error:
+        raise InputError(f"{what} is a truncated .npy file ({error})") from None
 
 
 def _discard_stdout() -> None:
@@ -98,11 +185,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--entry", default="main", help="the entry to run (default main)")
     parser.add_argument(
         "--input", action="append", default=[], type=_input_argument, metavar="NAME=FILE.npy",
-        help="the value of input NAME, a .npy file (once per input)",
+        help="the value of input NAME: a .npy file, or NAME=FILE.npz:KEY (once per input)",
     )
-    parser.add_argument("--output", metavar="FILE.npz", help="save the outputs as output0, output1, ...")
+    parser.add_argument("--output", metavar="FILE", help="save the outputs (output0, output1, ...) to this .npz file")
     parser.add_argument("--quiet", action="store_true", help="print only what the program prints")
+    parser.add_argument("--full", action="store_true", help="print every value of the outputs (not a summary)")
     parser.add_argument("--info", action="store_true", help="check the file and describe it; load and run nothing")
+    parser.add_argument("--version", action="version", version=f"hexir-run (hexir_runtime) {__version__}")
     return parser
 
 
@@ -111,25 +200,6 @@ def _input_argument(text: str) -> tuple[str, str]:
     if not separator or not name or not path:
         raise argparse.ArgumentTypeError(f"expected NAME=FILE.npy, got {text!r}")
     return name, path
-
-
-def _inputs(signature: Signature, pairs: list[tuple[str, str]]) -> list[np.ndarray]:
-    names = [name for name, _ in signature.inputs]
-    given = {}
-    for name, path in pairs:
-        if name not in names:
-            known = ", ".join(names) or "none"
-            raise InputError(f"{signature.name}(): no argument named {name!r} (arguments: {known})")
-        if name in given:
-            raise InputError(f"--input {name} is given twice")
-        try:
-            given[name] = np.load(path, allow_pickle=False)
-        except (ValueError, EOFError) as error:
-            raise InputError(f"--input {name}: {path} is not a .npy file ({error})") from None
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise InputError(f"{signature.name}(): missing --input for {', '.join(missing)}")
-    return [given[name] for name in names]
 
 
 if __name__ == "__main__":

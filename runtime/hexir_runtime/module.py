@@ -19,6 +19,7 @@ module's GPU and C-contiguous). `out=` and `outputs="device"` choose where the o
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
@@ -33,9 +34,9 @@ import numpy as np
 from . import dlpack
 from .cpu import CpuDevice
 from .device import Device, Program
-from .errors import DeviceError, HexirRuntimeError, InputError
+from .errors import DeviceError, HexirRuntimeError, HxbFormatError, InputError
 from .executor import Constants, Executor
-from .format import Entry, Hxb, TensorType, decode, read
+from .format import Entry, Hxb, TensorType, check_table, decode, parse_table, read
 from .reference import ReferenceDevice
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "reference")
@@ -69,14 +70,17 @@ def load(source: Source, device: str | Device = "auto") -> Module:
     `device` is "auto" (cuda if the module has CUDA kernels and a GPU is usable, else cpu),
     "cpu" (CUDA kernels run as their cpu fallbacks), "cuda", "reference" (numpy, the oracle),
     or a device object such as `CpuDevice(threads=4)`.
-    Raises HxbFormatError, DeviceError or KernelError; OSError if the file cannot be read.
+    Raises HxbFormatError, DeviceError or KernelError; OSError if the file cannot be read;
+    TypeError if `source` is none of these (an int is not read as a file descriptor).
     """
     if isinstance(source, Hxb):
         hxb = source
     elif isinstance(source, (bytes, bytearray, memoryview)):
         hxb = decode(source)
-    else:
+    elif isinstance(source, (str, os.PathLike)) and isinstance(os.fspath(source), str):
         hxb = read(source)
+    else:
+        raise TypeError(f"load() takes a path, the bytes of a .hxb file or an Hxb, got {type(source).__name__}")
     return Module(hxb, device)
 
 
@@ -99,8 +103,7 @@ class Module:
             if device != "auto" or not candidates[0].name.startswith("cuda"):
                 raise
             # a GPU is there but cannot run this module (e.g. no image for its architecture)
-            warnings.warn(f"the GPU cannot run this module ({error}); running the CUDA kernels on the cpu",
-                          RuntimeWarning, stacklevel=3)
+            notice(f"the GPU cannot run this module ({error}); running the CUDA kernels on the cpu", 4)
             candidates = [CpuDevice()]
             devices, loaded = _load_on(hxb, kinds, candidates)
         self.device_name = candidates[0].name
@@ -271,6 +274,8 @@ def _check_out(signature: Signature, out: Any, outputs: str) -> tuple[np.ndarray
 def _load_on(hxb: Hxb, kinds: set[str], candidates: list[Device]) -> tuple[dict[str, Device], dict[Device, Program]]:
     """Which device runs each manifest device, and each device's loaded program (loaded once)."""
     devices = _place(kinds, candidates)
+    if "cuda" in devices and not isinstance(devices["cuda"], (CpuDevice, ReferenceDevice)):
+        _check_cuda_table(hxb)  # before any GPU code is loaded
     loaded: dict[Device, Program] = {}
     try:
         for place in devices.values():
@@ -302,8 +307,7 @@ def _device_objects(device: str | Device, kinds: set[str]) -> list[Device]:
         try:
             return [_cuda_device(), CpuDevice(fallbacks=False)]
         except DeviceError as error:  # no usable GPU: the CUDA kernels run as their cpu fallbacks
-            warnings.warn(f"no usable GPU ({error}); running the CUDA kernels on the cpu", RuntimeWarning,
-                          stacklevel=4)
+            notice(f"no usable GPU ({error}); running the CUDA kernels on the cpu")
     if device in ("auto", "cpu"):
         return [CpuDevice()]
     if device == "reference":
@@ -323,5 +327,43 @@ def _cuda_device() -> Device:
     if not _cuda_devices:
         from .cuda import CudaDevice  # imports cuda-python lazily: cpu-only installs never need it
 
-        _cuda_devices.append(CudaDevice())
+        try:
+            _cuda_devices.append(CudaDevice())
+        except DeviceError as error:
+            if "cuda-python" in str(error) and not has_cuda_driver():  # the real reason: no GPU at all
+                raise DeviceError("no CUDA driver on this machine (libcuda.so.1 cannot be loaded)") from None
+            raise
     return _cuda_devices[0]
+
+
+def has_cuda_driver() -> bool:
+    """Whether the CUDA driver library loads (without cuda-python)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+# Notices already given: "no usable GPU" is said once per process with its reason, not per module or shape.
+_notices: set[str] = set()
+
+
+def notice(message: str, stacklevel: int = 5) -> None:
+    """Warn (RuntimeWarning) with `message` unless this process has already said it."""
+    if message not in _notices:
+        _notices.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+
+
+def _check_cuda_table(hxb: Hxb) -> None:
+    """Check the CUDA kernels against the table the compiler wrote next to their images
+    (version 1 files have none); HxbFormatError naming the kernel and field on any difference."""
+    if hxb.version == 1:
+        return
+    manifest = hxb.manifest
+    if manifest.cuda_table is None:
+        raise HxbFormatError("cuda", "no kernel table for the CUDA kernels: built by an older compiler?")
+    where = f"the CUDA kernels (blob {manifest.cuda_table})"
+    table = parse_table(bytes(hxb.blob(manifest.cuda_table)), "cuda.table")
+    check_table(hxb, table, [i for i, kernel in enumerate(manifest.kernels) if kernel.gpu_code], True, where)

@@ -395,3 +395,11 @@ def no_gpu(monkeypatch):
     def refuse():
         raise DeviceError("no CUDA device (made unusable by the test)")
     monkeypatch.setattr(hexir_runtime.module, "_cuda_device", refuse)
+
+
+@pytest.fixture(autouse=True)
+def fresh_notices(monkeypatch):
+    """Each test starts in a process that has given no notice yet (they are said once per process)."""
+    import hexir_runtime.module
+
+    monkeypatch.setattr(hexir_runtime.module, "_notices", set())

@@ -34,6 +34,7 @@ def test_header_then_program_output(capsys, mlp_file, matmul_inputs):
     assert (code, err) == (0, "")
     assert out == (
         f"module        : {mlp_file}\nversion       : 2\nentry         : matmul\ndevice        : cpu\n--\n{MATMUL}"
+        "output0: float32[2, 2]\n[[ 8. 17.]\n [12. 14.]]\n"
     )
 
 
@@ -51,8 +52,8 @@ def test_main_entry_and_output_file(capsys, modules, mlp_file, tmp_path):
         assert list(saved) == ["output0"]
         np.testing.assert_allclose(saved["output0"], expected, rtol=1e-5, atol=1e-6)
         # main prints what it returns, as C's %f (the C kernels' float32 rounding, not numpy's)
-        assert out.split("--\n")[1] == ("4.375632 -0.167747 -3.236929 -7.340654 \n"
-                                         "10.811172 0.169738 -1.262020 -12.383718 \n")
+        assert out.split("--\n")[1].startswith("4.375632 -0.167747 -3.236929 -7.340654 \n"
+                                                "10.811172 0.169738 -1.262020 -12.383718 \noutput0: float32[2, 4]\n")
     code, _, _ = run(capsys, mlp_file, "--entry", "layers", "--input", f"x={tmp_path / 'x.npy'}",
                      "--output", tmp_path / "both.npz", "--quiet")
     with np.load(tmp_path / "both.npz") as saved:
@@ -161,3 +162,73 @@ def test_a_closed_stdout_stops_the_process_quietly(mlp_file, matmul_inputs, extr
     finally:
         os.close(writer)
     assert (result.returncode, result.stderr) == (1, "")
+
+
+# --- issue 13: outputs printed, --full, --version, paths checked before any work ---------------
+
+
+def hexir_run_process(*argv, cwd=None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": RUNTIME + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "hexir_runtime", *map(str, argv)], capture_output=True, text=True,
+                          env=environment, cwd=cwd)
+
+
+def test_outputs_are_printed_summarised_or_in_full(modules, tmp_path, c_library):
+    hxb.write(tmp_path / "batched.hxb", *modules.batched(c_library))
+    np.save(tmp_path / "x.npy", np.ones((300, 8), np.float32))
+    summary = hexir_run_process(tmp_path / "batched.hxb", "--input", f"x={tmp_path / 'x.npy'}")
+    assert summary.returncode == 0 and summary.stderr == ""
+    body = summary.stdout.split("--\n", 1)[1]
+    assert body.startswith("output0: float32[300, 4]\n[[") and "...\n" in body and body.count("\n") < 20
+    full = hexir_run_process(tmp_path / "batched.hxb", "--input", f"x={tmp_path / 'x.npy'}", "--full")
+    assert "..." not in full.stdout and full.stdout.count("\n") > 300
+    quiet = hexir_run_process(tmp_path / "batched.hxb", "--input", f"x={tmp_path / 'x.npy'}", "--quiet")
+    assert (quiet.returncode, quiet.stdout) == (0, "")
+
+
+def test_version():
+    result = hexir_run_process("--version")
+    assert result.returncode == 0 and result.stdout.startswith("hexir-run (hexir_runtime) 0.")
+
+
+def test_paths_are_checked_before_any_work_and_named_for_what_they_are(mlp_file, tmp_path):
+    a = tmp_path / "a.npy"
+    np.save(a, np.eye(2, dtype=np.float32))
+    np.savez(tmp_path / "ab.npz", a=np.eye(2, dtype=np.float32), b=np.ones((2, 2), np.float32))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (tmp_path / "pickled.npy").write_bytes(b"\x80\x04\x95pickle")
+    (tmp_path / "empty.hxb").write_bytes(b"")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    cases = {
+        (tmp_path / "empty.hxb",): "empty file (not a hexir module)",
+        ("--input", f"a={mlp_file}"): f"--input a: {mlp_file} is a hexir module (.hxb), not a .npy array",
+        ("--input", f"a={tmp_path / 'ab.npz'}"): "is an .npz archive (arrays: a, b): use a=FILE.npz:KEY",
+        ("--input", f"a={tmp_path / 'ab.npz'}:c"): "is an .npz archive (arrays: a, b): no array 'c' in it",
+        ("--input", f"a={tmp_path / 'objects.npy'}"): "holds an object array (pickled data)",
+        ("--input", f"a={tmp_path / 'pickled.npy'}"): "holds pickled Python data, not a .npy array",
+        ("--input", f"a={tmp_path / 'empty.npy'}"): "empty file (expected a .npy array)",
+        ("--input", f"a={a}", "--output", tmp_path / "no" / "such" / "o"): "the folder",
+    }
+    for arguments, message in cases.items():
+        argv = arguments if arguments[0] == tmp_path / "empty.hxb" else (mlp_file, "--entry=matmul", *arguments)
+        result = hexir_run_process(*argv)
+        assert result.returncode == 1 and result.stdout == "", (arguments, result)
+        assert message in result.stderr and result.stderr.count("\n") == 1, (arguments, result.stderr)
+    # the .npz spelling works, and --output writes exactly the name it is given
+    ok = hexir_run_process(mlp_file, "--entry=matmul", "--input", f"a={tmp_path / 'ab.npz'}:a", "--input",
+                           f"b={tmp_path / 'ab.npz'}:b", "--output", tmp_path / "o", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "o.npz").exists()
+    with np.load(tmp_path / "o") as saved:
+        np.testing.assert_array_equal(saved["output0"], np.ones((2, 2), np.float32))
+
+
+def test_control_characters_from_the_file_are_escaped_in_messages(modules, c_library, tmp_path):
+    manifest, blobs = modules.mlp(c_library)
+    manifest["kernels"][1]["name"] = "evil\x1b[2J"
+    manifest["kernels"][1]["symbol"] = "no_such_kernel"
+    hxb.write(tmp_path / "evil.hxb", manifest, blobs)
+    np.save(tmp_path / "x.npy", np.ones((2, 8), np.float32))
+    result = hexir_run_process(tmp_path / "evil.hxb", "--input", f"x={tmp_path / 'x.npy'}")
+    assert result.returncode == 1 and "\x1b" not in result.stderr and "evil\\x1b[2J" in result.stderr
+    assert result.stderr.count("\n") == 1
