@@ -11,6 +11,7 @@ carries a kernel that cannot be found when it runs.
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import struct
 from dataclasses import dataclass, field
@@ -43,20 +44,77 @@ def build_custom(module: ir.Module, levels: tuple[str, ...], cuda_archs: tuple[s
     .c file once per x86-64 level)."""
     build = CustomBuild({level: [] for level in levels})
     symbols: dict[str, set[str] | bytes] = {}  # file -> the symbols it defines (a fatbin: its bytes)
+    signatures: dict[str, tuple] = {}  # file -> the signature its calls need
     for kernel in ht.kernels(module):
         if ht.custom_of(kernel) is None:
             continue
         symbol, file = ht.custom_of(kernel)
         path = Path(file)
+        signature = _signature(kernel)
+        if signatures.setdefault(str(path), signature) != signature:
+            raise CompileError(f"custom kernel {symbol}: {path.name} is called with two signatures, "
+                               f"{_c_prototype(symbol, signatures[str(path)])} and {_c_prototype(symbol, signature)}; "
+                               "a C function has one")
         if str(path) not in symbols:
             if not path.is_file():
                 raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
             if ht.kernel_of(kernel)[0] == "cpu":
-                symbols[str(path)] = _build_cpu(path, symbol, levels, scratch, build)
+                symbols[str(path)] = _build_cpu(path, symbol, levels, scratch, build, signature)
             else:
-                build.cuda_images[str(path)], symbols[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch)
+                build.cuda_images[str(path)], symbols[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch,
+                                                                               signature)
         _require_symbol(symbols[str(path)], symbol, path)  # every kernel a file serves, not just the first
     return build
+
+
+# ---- the signature a call needs, checked against the user's source --------------------------
+# A source file is compiled together with an assertion that its function has the signature the
+# call passes (pointers of the args' element types, inputs const or not, then one 64-bit integer
+# per dimension): a kernel written for double and called on float32 tensors is a compile error
+# naming the kernel, not a corrupted heap at run time.
+
+_C_TYPES = {"float32": "float", "float64": "double"}
+
+
+def _signature(kernel: ir.Operation) -> tuple[tuple[str, ...], int]:
+    """(the args' dtypes, inputs then output; how many dimensions follow) of a custom kernel."""
+    types = [ir.MemRefType(t) for t in ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).inputs]
+    dtypes = tuple("float32" if isinstance(t.element_type, ir.F32Type) else "float64" for t in types)
+    return dtypes, sum(t.rank for t in types)
+
+
+def _pointer_types(signature: tuple, integer: str) -> list[str]:
+    """Every accepted spelling of the function's parameter list (each input const or not)."""
+    dtypes, count = signature
+    *inputs, output = [_C_TYPES[d] for d in dtypes]
+    spellings = []
+    for mask in range(2 ** len(inputs)):
+        parameters = [f"{'const ' if mask >> i & 1 else ''}{t} *" for i, t in enumerate(inputs)]
+        spellings.append(", ".join([*parameters, f"{output} *", *[integer] * count]))
+    return spellings
+
+
+def _c_prototype(symbol: str, signature: tuple) -> str:
+    return f"void {symbol}({_pointer_types(signature, 'int64_t')[-1]})"
+
+
+def _c_check(path: Path, symbol: str, signature: tuple) -> str:
+    """A C file that includes the user's and asserts the function's type."""
+    cases = ", ".join(f"void (*)({p}): 1" for p in _pointer_types(signature, "int64_t"))
+    message = f"custom kernel {symbol}: expected {_c_prototype(symbol, signature)} (docs/custom-kernels.md)"
+    return (f"#include <stdint.h>\n#include {json.dumps(str(path))}\n"
+            f"_Static_assert(_Generic(({symbol}), {cases}, default: 0), {json.dumps(message)});\n")
+
+
+def _cuda_check(symbol: str, signature: tuple) -> bytes:
+    """C++ appended to the user's .cu: the same assertion (NVRTC has no <type_traits>)."""
+    cases = " || ".join(f"hexir_same<decltype(&{symbol}), void (*)({p})>::value"
+                        for p in _pointer_types(signature, "long long"))
+    message = f"custom kernel {symbol}: expected extern \"C\" __global__ " \
+              f"{_c_prototype(symbol, signature).replace('int64_t', 'long long')}"
+    return (f"\ntemplate <class A, class B> struct hexir_same {{ static const bool value = false; }};\n"
+            f"template <class A> struct hexir_same<A, A> {{ static const bool value = true; }};\n"
+            f"static_assert({cases}, {json.dumps(message)});\n").encode()
 
 
 # ---- cpu ---------------------------------------------------------------------------------
@@ -86,13 +144,16 @@ def _require_symbol(symbols: set[str] | bytes, symbol: str, path: Path) -> None:
         raise CompileError(f"custom kernel {symbol}: {path} does not define the symbol {symbol!r}{hint}")
 
 
-def _build_cpu(path: Path, symbol: str, levels: tuple[str, ...], scratch: Path, build: CustomBuild) -> set[str]:
+def _build_cpu(path: Path, symbol: str, levels: tuple[str, ...], scratch: Path, build: CustomBuild,
+               signature: tuple) -> set[str]:
     """Compile or check a cpu file, add it to `build`; the symbols it defines."""
     if path.suffix == ".c":
+        checked = scratch / f"{path.stem}-{len(build.cpu_objects[levels[0]])}-checked.c"
+        checked.write_text(_c_check(path.resolve(), symbol, signature))
         for level in levels:
             obj = scratch / f"{path.stem}-{level}-{len(build.cpu_objects[level])}.o"
             # -march takes the same x86-64 level names as the generated code's -mcpu
-            run_tool([c_compiler(), "-O2", "-fPIC", f"-march={level}", "-c", str(path), "-o", str(obj)],
+            run_tool([c_compiler(), "-O2", "-fPIC", f"-march={level}", "-c", str(checked), "-o", str(obj)],
                      f"compiling custom kernel {symbol} ({path.name}) for {level}")
             build.cpu_objects[level].append(str(obj))
         return _defined_symbols(obj, dynamic=False)
@@ -127,13 +188,13 @@ def _ptx_entries(ptx: bytes) -> set[str]:
 _EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
 
 
-def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...],
-                scratch: Path) -> tuple[dict[str, bytes], set[str] | bytes]:
+def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path,
+                signature: tuple) -> tuple[dict[str, bytes], set[str] | bytes]:
     """The images of a cuda file (arch -> bytes) and the symbols it defines (a fatbin: its bytes)."""
     lowest = min(archs, key=lambda a: int(a[3:]))
     virtual = lowest.replace("sm_", "compute_")
     if path.suffix == ".cu":
-        source = path.read_bytes()
+        source = path.read_bytes() + _cuda_check(symbol, signature)
         images = {arch: _nvrtc(source, path, arch) for arch in archs}
         ptx = _nvrtc(source, path, virtual)
         return {**images, virtual: ptx}, _ptx_entries(ptx)

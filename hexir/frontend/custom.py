@@ -26,6 +26,8 @@ from hexir.frontend.tensor import Tensor, TensorSpec
 from hexir.target import MAX_BLOCK_THREADS, check_launch
 
 CPU_FILES = (".c", ".o", ".so")
+#: Files compiled from source at export time (checked against each call's signature then).
+SOURCES = (".c", ".cu")
 CUDA_FILES = (".cu", ".ptx", ".cubin", ".fatbin")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -44,7 +46,8 @@ class CustomKernel:
 
     def __init__(self, name: str, *, cuda: str | os.PathLike | None = None, cpu: str | os.PathLike | None = None,
                  out: Callable[..., TensorSpec], grid: Callable[..., Sequence[int]] | Sequence[int] | None = None,
-                 block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = ()):
+                 block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = (),
+                 dtypes: Sequence[str] | None = None):
         where = tracing.user_where()
         if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
             raise TraceError(f"hexir.kernel: the name must be the kernel's C symbol, got {name!r}", *where)
@@ -62,6 +65,16 @@ class CustomKernel:
             self.files[device] = os.fspath(path)
         if not self.files:
             raise TraceError(f"hexir.kernel {name}: give at least one of cuda= or cpu=", *where)
+        prebuilt = [p for p in self.files.values() if Path(p).suffix not in SOURCES]
+        if dtypes is None and prebuilt:  # a source is checked against each call when compiled; an object cannot be
+            raise TraceError(f"hexir.kernel {name}: {prebuilt[0]!r} is prebuilt, so its argument types cannot be "
+                             "checked: declare them, e.g. dtypes=(\"float32\", \"float32\") (inputs, then output)",
+                             *where)
+        if dtypes is not None and (not isinstance(dtypes, (tuple, list)) or len(dtypes) < 2
+                                   or any(d not in hx.DTYPES for d in dtypes)):
+            raise TraceError(f"hexir.kernel {name}: dtypes= must list float32/float64 for each input and the "
+                             f"output, got {dtypes!r}", *where)
+        self.dtypes = tuple(dtypes) if dtypes is not None else None
         if not callable(out):
             raise TraceError(f"hexir.kernel {name}: out= must be a function of the input specs "
                              "returning a hexir.TensorSpec", *where)
@@ -113,6 +126,10 @@ class CustomKernel:
                 if not isinstance(result, TensorSpec):
                     raise TraceError(f"custom kernel {self.name}: out= returned {result!r}; expected a "
                                      "hexir.TensorSpec")
+                called = tuple(spec.dtype for spec in (*specs, result))
+                if self.dtypes is not None and called != self.dtypes:
+                    raise TraceError(f"custom kernel {self.name}: declared dtypes={self.dtypes}, but this call "
+                                     f"passes {', '.join(map(str, specs))} and makes {result}")
                 grid = (self.grid(*specs) if callable(self.grid) else self.grid) if self.grid is not None else (1,)
                 grid = _dims(f"custom kernel {self.name}: grid", grid)
                 try:
@@ -130,6 +147,8 @@ class CustomKernel:
 
 def kernel(name: str, *, cuda: str | os.PathLike | None = None, cpu: str | os.PathLike | None = None,
            out: Callable[..., TensorSpec], grid: Callable[..., Sequence[int]] | Sequence[int] | None = None,
-           block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = ()) -> CustomKernel:
+           block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = (),
+           dtypes: Sequence[str] | None = None) -> CustomKernel:
     """Declare a user-written kernel (see the module docstring and docs/custom-kernels.md)."""
-    return CustomKernel(name, cuda=cuda, cpu=cpu, out=out, grid=grid, block=block, search_path=search_path)
+    return CustomKernel(name, cuda=cuda, cpu=cpu, out=out, grid=grid, block=block, search_path=search_path,
+                        dtypes=dtypes)

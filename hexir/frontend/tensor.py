@@ -119,4 +119,32 @@ class Tensor:
         return self._concrete("iteration")
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._concrete("conversion to a numpy array")
+        return self._concrete("conversion to a numpy array (numpy functions on a tensor; use hexir.relu "
+                              "for np.maximum(x, 0))")
+
+    def _unsupported(self, what: str, hint: str) -> Any:
+        from hexir.frontend.trace import user_where
+
+        raise TraceError(f"{what} on a traced {self.spec} tensor is not a hexir op; {hint}", *user_where())
+
+    def __matmul__(self, other: Any) -> Any:
+        return self._unsupported("x @ w", "use hexir.linear(x, w)")
+
+    __rmatmul__ = __matmul__
+
+    def _arithmetic(self, other: Any) -> Any:
+        return self._unsupported("arithmetic (+, -, *, /)", "hexir.linear(x, w, bias) adds a bias; other "
+                                 "element-wise arithmetic is not supported (a custom kernel can do it)")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _arithmetic
+    __neg__ = __abs__ = __pow__ = _arithmetic
+
+    @property
+    def T(self) -> Any:  # noqa: N802 - numpy's name
+        return self._unsupported(".T", "hexir has no transpose: pass the weight already transposed")
+
+    def reshape(self, *args: Any, **kwargs: Any) -> Any:
+        return self._unsupported(".reshape", "hexir has no reshape op")
+
+    def transpose(self, *args: Any, **kwargs: Any) -> Any:
+        return self._unsupported(".transpose", "hexir has no transpose op")

@@ -12,6 +12,7 @@ import inspect
 import linecache
 import os
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -160,8 +161,13 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
         _state.trace = _Trace(_captured_names(fn), kernel_search_path=tuple(kernel_search_path))
         try:
             with ir.InsertionPoint(entry):
-                result = fn(*args)
-                outputs = _outputs(result)
+                try:
+                    result = fn(*args)
+                except HexirError:
+                    raise
+                except Exception as error:  # the user's own code failed: say where, without our frames
+                    raise _user_error(fn, error) from None
+                outputs = _outputs(result, fn)
                 func.ReturnOp([t.value for t in outputs])
         finally:
             _state.trace = None
@@ -173,15 +179,30 @@ def trace(fn: Callable, specs: Sequence[TensorSpec], arg_names: Sequence[str],
     return module
 
 
-def _outputs(result: object) -> list[Tensor]:
+def _user_error(fn: Callable, error: Exception) -> TraceError:
+    """A TraceError at the user's line for an exception raised by their traced function."""
+    fn = getattr(fn, "fn", fn)  # the user's function inside jit's wrapper of static arguments
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_PACKAGE_DIR + os.sep)]
+    where, source = (f"{frames[-1].filename}:{frames[-1].lineno}", frames[-1].line) if frames else (None, None)
+    return TraceError(f"{fn.__qualname__} raised {type(error).__name__} while it was traced: {error}", where,
+                      source)
+
+
+def _outputs(result: object, fn: Callable) -> list[Tensor]:
     items = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
     for position, item in enumerate(items):
         if isinstance(item, np.ndarray):
             items[position] = _current().constant(item)
         elif not isinstance(item, Tensor):
+            # the function has returned: blame its definition, not whoever called it
+            fn = getattr(fn, "fn", fn)
+            code = fn.__code__
             raise TraceError(
                 f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
-                f"output {position} is a {type(item).__name__}", *user_where())
+                f"{fn.__qualname__}'s output {position} is a {type(item).__name__}",
+                f"{code.co_filename}:{code.co_firstlineno}",
+                linecache.getline(code.co_filename, code.co_firstlineno).strip() or None)
     return items
 
 
