@@ -1,7 +1,12 @@
-"""A two-layer perceptron: trace, compile and run it with hexir, then check it against numpy.
+"""A two-layer perceptron: trace, compile and run it with hexir, check it against numpy, and
+export one module for every batch size.
 
-    python examples/mlp.py            # runs it, prints the output and the check
+    python examples/mlp.py [FOLDER]   # writes mlp.hxb, mlp_x2.npy, mlp_x5.npy next to itself (or in FOLDER)
+    hexir-run examples/mlp.hxb --input x=examples/mlp_x5.npy
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -21,11 +26,14 @@ def mlp(x):
 
 
 if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
     x = rng.random((2, 8), dtype=np.float32)
     y = mlp(x)
     expected = np.maximum(x @ W1, 0) @ W2
     np.testing.assert_allclose(y, expected, rtol=1e-5)
     print(f"matches numpy: max abs difference {np.abs(y - expected).max():.2e}")
-    path = hexir.export(mlp, "mlp.hxb", hexir.TensorSpec((2, 8), "float32"))
-    np.save("x.npy", x)
-    print(f"wrote {path}; run it with: hexir-run {path} --input x=x.npy")
+    # one module for every batch size: the leading extent is the symbol "batch"
+    path = hexir.export(mlp, out / "mlp.hxb", hexir.TensorSpec(("batch", 8), "float32"))
+    np.save(out / "mlp_x2.npy", x)
+    np.save(out / "mlp_x5.npy", rng.random((5, 8), dtype=np.float32))
+    print(f"wrote {path}; run it with: hexir-run {path} --input x={out / 'mlp_x2.npy'}")

@@ -1,11 +1,15 @@
 """Split placement: the first layer on the GPU, the rest on the CPU, one .hxb for both.
 
-    python examples/split.py      # runs on the GPU if there is one, else on the CPU twins
+    python examples/split.py [FOLDER]   # runs on the GPU if there is one, else on the CPU twins;
+                                        # writes split.hxb and split_x.npy next to itself (or in FOLDER)
 
 The compiler inserts the transfers (see `hexir examples/split.py:mlp -spec=x=4x8xf32
 -emit=mlir-hetero`), and the module carries CUBIN + PTX for the GPU kernel and a CPU
 version of it, so `hexir-run --device=cpu split.hxb` runs anywhere.
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -28,11 +32,12 @@ def mlp(x):
 
 
 if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
     x = rng.standard_normal((4, 8)).astype(np.float32)
     y = mlp(x)
     expected = np.maximum(x @ W1, 0) @ W2 + B2
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     print(f"matches numpy: max abs difference {np.abs(y - expected).max():.2e}")
-    hexir.export(mlp, "split.hxb", x)
-    np.save("x.npy", x)
-    print("wrote split.hxb; run it with: hexir-run split.hxb --input x=x.npy")
+    path = hexir.export(mlp, out / "split.hxb", x)
+    np.save(out / "split_x.npy", x)
+    print(f"wrote {path}; run it with: hexir-run {path} --input x={out / 'split_x.npy'}")

@@ -1,5 +1,6 @@
-"""The examples a newcomer runs first: each runs, checks itself against numpy, and the module
-it exports gives, through `hexir-run`, what the jit call printed."""
+"""The examples a newcomer runs first: each runs, checks itself against numpy, writes its files
+into the folder it is given (next to itself by default) without touching another's, and the
+module it exports gives, through `hexir-run`, what the jit call printed; mlp.hxb serves any batch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,17 +24,40 @@ def run(command: list[str], cwd: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize(("example", "module", "argument"), [
-    ("mlp.py", "mlp.hxb", "x=x.npy"),
-    ("split.py", "split.hxb", "x=x.npy"),
+def hexir_run(*argv: str, cwd: Path) -> str:
+    return run([sys.executable, "-m", "hexir_runtime", *argv], cwd)
+
+
+@pytest.mark.parametrize(("example", "files"), [
+    ("mlp.py", {"mlp.hxb", "mlp_x2.npy", "mlp_x5.npy"}),
+    ("split.py", {"split.hxb", "split_x.npy"}),
 ])
-def test_example_runs_and_hexir_run_prints_the_same(tmp_path, example, module, argument):
-    printed = run([sys.executable, str(REPO / "examples" / example)], tmp_path)
+def test_example_runs_and_hexir_run_prints_the_same(tmp_path, example, files):
+    out, elsewhere = tmp_path / "out", tmp_path / "cwd"
+    out.mkdir(), elsewhere.mkdir()
+    printed = run([sys.executable, str(REPO / "examples" / example), str(out)], elsewhere)
     assert "matches numpy" in printed
+    assert {p.name for p in out.iterdir()} == files and not list(elsewhere.iterdir())
     program_output = printed.split("matches numpy")[0]
     assert program_output.strip(), "the example's hexir.print printed nothing"
-    assert run([sys.executable, "-m", "hexir_runtime", module, "--device=cpu", "--input", argument, "--quiet"],
-               tmp_path) == program_output
+    module, x = sorted(files)[0], sorted(files)[1]
+    assert hexir_run(module, "--device=cpu", "--input", f"x={x}", "--quiet", cwd=out) == program_output
+
+
+def test_one_mlp_module_runs_two_batch_sizes(tmp_path):
+    run([sys.executable, str(REPO / "examples" / "mlp.py"), str(tmp_path)], tmp_path)
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from mlp import W1, W2
+    finally:
+        sys.path.pop(0)
+    assert "main(x: float32[batch, 8]) -> float32[batch, 4]" in hexir_run("mlp.hxb", "--info", cwd=tmp_path)
+    for rows in (2, 5):
+        x = np.load(tmp_path / f"mlp_x{rows}.npy")
+        assert x.shape == (rows, 8)
+        printed = hexir_run("mlp.hxb", "--input", f"x=mlp_x{rows}.npy", "--output", "y.npz", cwd=tmp_path)
+        assert f"float32[{rows}, 4]" in printed
+        np.testing.assert_allclose(np.load(tmp_path / "y.npz")["output0"], np.maximum(x @ W1, 0) @ W2, rtol=1e-5)
 
 
 def test_custom_kernel_example_runs(tmp_path):
@@ -41,5 +66,5 @@ def test_custom_kernel_example_runs(tmp_path):
         (tmp_path / item).symlink_to(example / item)
     assert "matches numpy" in run([sys.executable, str(tmp_path / "run.py")], tmp_path)
     assert (tmp_path / "custom.hxb").exists()
-    info = run([sys.executable, "-m", "hexir_runtime", "custom.hxb", "--info"], tmp_path)
+    info = hexir_run("custom.hxb", "--info", cwd=tmp_path)
     assert "source relu6.cu" in info and "from relu6.c" in info

@@ -1,11 +1,13 @@
 """A hand-written kernel (relu6, in CUDA and in C) between two compiler-generated linears.
 
-    python examples/custom_kernel/run.py      # builds, runs (GPU if present, else CPU), checks
+    python examples/custom_kernel/run.py [FOLDER]   # builds, runs (GPU if present, else CPU), checks;
+                                                    # writes custom.hxb, x.npy, expected.npy next to itself
 
 The .cu is compiled with NVRTC and the .c with the system C compiler when the module is
 built; both are embedded in custom.hxb, which `hexir-run --info custom.hxb` describes.
 """
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,7 @@ if __name__ == "__main__":
     y = model(x)
     np.testing.assert_allclose(y, numpy_model(x), rtol=1e-4, atol=1e-4)
     print(f"matches numpy: max abs difference {np.abs(y - numpy_model(x)).max():.2e}")
-    here = Path(__file__).parent
+    here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
     hexir.export(model, here / "custom.hxb", x)
     np.save(here / "x.npy", x)
     np.save(here / "expected.npy", numpy_model(x))
