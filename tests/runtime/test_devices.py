@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -121,8 +123,48 @@ def test_cuda_device_needs_cuda_python(modules, monkeypatch):
     monkeypatch.setattr(hexir_runtime.module, "_cuda_devices", [])
     for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):
         monkeypatch.setitem(sys.modules, name, None)  # an import of cuda-python fails
+    monkeypatch.setattr(hexir_runtime.module, "has_cuda_driver", lambda: True)
     with pytest.raises(DeviceError, match=r"CUDA support needs cuda-python: pip install 'hexir-runtime\[cuda\]'"):
         load(hxb.encode(*modules.cuda()), "cuda")
+    monkeypatch.setattr(hexir_runtime.module, "has_cuda_driver", lambda: False)  # no GPU at all: say that
+    with pytest.raises(DeviceError, match=r"^no CUDA driver on this machine \(libcuda.so.1 cannot be loaded\)$"):
+        load(hxb.encode(*modules.cuda()), "cuda")
+
+
+def test_the_no_gpu_notice_is_given_once_per_process(modules, c_library, no_gpu):
+    data = hxb.encode(*modules.cuda(c_library))
+    with pytest.warns(RuntimeWarning, match=r"no usable GPU \(no CUDA device \(made unusable by the test\)\)"):
+        load(data, "auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second module, or the same again: no second notice
+        load(data, "auto")
+
+
+def test_the_cuda_kernel_table_is_checked_before_gpu_code_loads(modules, c_library, monkeypatch):
+    """A fake GPU device that only counts loads: the table is checked first, field by field."""
+    import hexir_runtime.module
+
+    class Gpu:
+        name, kinds = "cuda (fake)", ("cuda",)
+
+        def load(self, hxb):
+            raise AssertionError("GPU code was loaded before the table was checked")
+
+    monkeypatch.setattr(hexir_runtime.module, "_cuda_device", Gpu)
+    manifest, blobs = modules.cuda(c_library)
+    for edit, field in [(lambda m: m["kernels"][0]["launch"].update(block=[64, 1, 1]), "kernels[0].launch"),
+                        (lambda m: m["kernels"][0]["args"][0].update(shape=[4, 3, 2]), "kernels[0].args"),
+                        (lambda m: m["kernels"][0].update(symbol="system"), "kernels[0].symbol"),
+                        (lambda m: m.pop("cuda"), "cuda")]:
+        changed = copy.deepcopy(manifest)
+        edit(changed)
+        if field == "kernels[0].args":
+            changed["kernels"][0]["args"][1].update(shape=[4, 3, 2])
+            changed["entries"][0]["buffers"] = [dict(b, shape=[4, 3, 2]) for b in changed["entries"][0]["buffers"]]
+            changed["entries"][0]["inputs"][0]["shape"] = changed["entries"][0]["outputs"][0]["shape"] = [4, 3, 2]
+        with pytest.raises(HxbFormatError) as error:
+            load(hxb.encode(changed, blobs), "cuda")
+        assert error.value.field == field, error.value
 
 
 def test_cuda_device_needs_cuda_kernels(modules):
