@@ -1,0 +1,75 @@
+"""The compile cache across processes: the README's MLP, first call in a fresh process.
+
+    python bench/cache.py [--runs N]
+
+Process 1 starts with an empty cache folder and compiles; each later process (N of them)
+finds the module on disk. Each process reports `import hexir` and its first call (trace +
+cache lookup + load + run), and a second call; the target is a first call of <= 30 ms in
+the later processes. A last process with the cache off shows what the cache saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAM = """
+import json, time
+started = time.perf_counter()
+import numpy as np, hexir
+imported = time.perf_counter()
+rng = np.random.default_rng(0)
+W1, W2 = rng.random((8, 16), dtype=np.float32), rng.random((16, 4), dtype=np.float32)
+
+@hexir.jit
+def mlp(x):
+    h = hexir.relu(hexir.linear(x, W1))
+    y = hexir.linear(h, W2)
+    return y
+
+x = rng.random((2, 8), dtype=np.float32)
+begin = time.perf_counter()
+mlp(x)
+first = time.perf_counter()
+mlp(x)
+second = time.perf_counter()
+print(json.dumps({"import": imported - started, "first": first - begin, "second": second - first}))
+"""
+
+
+def process(folder: str) -> dict[str, float]:
+    path = os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": path, "HEXIR_CACHE_DIR": folder})
+    return json.loads(done.stdout)
+
+
+def show(name: str, times: dict[str, float]) -> None:
+    print(f"{name:<28} import hexir {times['import'] * 1e3:7.1f} ms   first call {times['first'] * 1e3:7.1f} ms"
+          f"   second call {times['second'] * 1e6:6.1f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="later processes (default 10)")
+    runs = parser.parse_args().runs
+    with tempfile.TemporaryDirectory() as folder:
+        show("process 1 (empty cache)", process(folder))
+        later = [process(folder) for _ in range(runs)]
+        for i, times in enumerate(later[:3]):
+            show(f"process {i + 2} (cache hit)", times)
+        median = {k: statistics.median(t[k] for t in later) for k in later[0]}
+        show(f"median of {runs} hit processes", median)
+        print(f"slowest first call with a hit: {max(t['first'] for t in later) * 1e3:.1f} ms")
+    show("cache off (HEXIR_CACHE_DIR=)", process(""))
+
+
+if __name__ == "__main__":
+    main()
