@@ -5,6 +5,7 @@ export one module for every batch size.
     hexir-run examples/mlp.hxb --input x=examples/mlp_x5.npy
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -36,4 +37,5 @@ if __name__ == "__main__":
     path = hexir.export(mlp, out / "mlp.hxb", hexir.TensorSpec(("batch", 8), "float32"))
     np.save(out / "mlp_x2.npy", x)
     np.save(out / "mlp_x5.npy", rng.random((5, 8), dtype=np.float32))
-    print(f"wrote {path}; run it with: hexir-run {path} --input x={out / 'mlp_x2.npy'}")
+    here = os.path.relpath  # paths as the reader would type them
+    print(f"wrote {here(path)}; run it with: hexir-run {here(path)} --input x={here(out / 'mlp_x2.npy')}")

@@ -8,6 +8,7 @@ The compiler inserts the transfers (see `hexir examples/split.py:mlp -spec=x=4x8
 version of it, so `hexir-run --device=cpu split.hxb` runs anywhere.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -40,4 +41,5 @@ if __name__ == "__main__":
     print(f"matches numpy: max abs difference {np.abs(y - expected).max():.2e}")
     path = hexir.export(mlp, out / "split.hxb", x)
     np.save(out / "split_x.npy", x)
-    print(f"wrote {path}; run it with: hexir-run {path} --input x={out / 'split_x.npy'}")
+    here = os.path.relpath  # paths as the reader would type them
+    print(f"wrote {here(path)}; run it with: hexir-run {here(path)} --input x={here(out / 'split_x.npy')}")
