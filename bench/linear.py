@@ -6,15 +6,20 @@
 
 Weights are arguments, so the modules are small and the data is drawn where it runs. Each
 row times one kernel launch on buffers already on the device (warm-up first, then the median
-of repeated runs); the baseline is timed the same way: numpy's `matmul` into a preallocated
-output, or `torch.matmul(out=...)` followed by a synchronize. Ratio = baseline time / hexir
-time (above 1: hexir is faster).
+of repeated runs): on the GPU with CUDA events on the module's stream around the launch, on
+the CPU with the host clock around the call. The baseline is timed the same way: numpy's
+`matmul` into a preallocated output, or `torch.matmul(out=...)` between CUDA events (TF32
+off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time (above 1: hexir is
+faster). The `sym` rows run a module compiled for a symbolic row count (`batch x K`) at the
+same size as the static row above them: their ratio to the static kernel is the cost of not
+knowing the batch when compiling.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 SIZES = [(128, 128, 128), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
-         (1, 4096, 4096), (4096, 1024, 33)]
+         (8192, 8192, 8192), (256, 256, 256), (1, 4096, 4096), (16, 4096, 4096), (4096, 1024, 33)]
+#: Rows also compiled with a symbolic batch (issue: a ?xK kernel as fast as the static one).
+SYMBOLIC = [(64, 1024, 1024), (256, 1024, 1024), (4096, 1024, 1024)]
 
 
 def build(out: Path) -> None:
@@ -35,13 +42,15 @@ def build(out: Path) -> None:
         return hexir.linear(x, w)
 
     rows = []
-    for m, k, n in SIZES:
+    for m, k, n in SIZES + SYMBOLIC:
         for device in ("cpu", "cuda"):
             for dtype in ("float32", "float64"):
-                name = f"linear_{m}x{k}x{n}_{dtype}_{device}"
-                hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
-                             hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
-                rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": device})
+                for symbolic in ((False, True) if (m, k, n) in SYMBOLIC else (False,)):
+                    name = f"linear_{m}x{k}x{n}_{dtype}_{device}{'_sym' if symbolic else ''}"
+                    hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
+                                 hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
+                    rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": device,
+                                 "symbolic": symbolic})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
 
@@ -51,34 +60,48 @@ def _median_seconds(fn, repeats: int, budget: float = 2.0) -> float:
     times = []
     deadline = time.perf_counter() + budget
     while len(times) < repeats and (len(times) < 3 or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        times.append(fn())
     return statistics.median(times)
 
 
-def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray]):
-    """A function launching the module's one kernel on buffers already on `device`."""
+def _host_timed(fn):
+    def timed() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return timed
+
+
+def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int):
+    """A function timing one launch of the module's one kernel on buffers already on `device`."""
     from hexir_runtime.format import read
 
     hxb = read(path)
-    kernel = hxb.manifest["kernels"][0]
+    kernel = hxb.manifest.kernels[0]
     if device == "cuda":
-        from hexir_runtime.cuda import CudaDevice
+        from hexir_runtime.cuda import CudaDevice, check
         place = CudaDevice()
     else:
         from hexir_runtime.cpu import CpuDevice
         place = CpuDevice()
     program = place.load(hxb)
-    buffers = [place.alloc(a.shape, a.dtype.name) for a in arrays]
-    buffers.append(place.alloc(tuple(kernel["args"][-1]["shape"]), kernel["args"][-1]["dtype"]))
+    sizes = {symbol: m for symbol in kernel.integers if isinstance(symbol, str)}
+    shapes = [a.shape for a in arrays] + [(m, arrays[1].shape[1])]
+    buffers = [place.alloc(shape, arrays[0].dtype.name) for shape in shapes]
     for buffer, array in zip(buffers[:-1], arrays, strict=True):
         place.copy_in(buffer, array)
+    if device == "cpu":
+        return _host_timed(lambda: program.launch(0, buffers, sizes))
+    driver = place.driver
+    start, end = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
 
-    def launch() -> None:
-        program.launch(0, buffers)
-        place.synchronize()
-    return launch
+    def timed() -> float:
+        check(driver.cuEventRecord(start, program.stream), "cuEventRecord")
+        program.launch(0, buffers, sizes)
+        check(driver.cuEventRecord(end, program.stream), "cuEventRecord")
+        check(driver.cuEventSynchronize(end), "cuEventSynchronize")
+        return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") / 1e3
+    return timed
 
 
 def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
@@ -88,35 +111,46 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
     if device == "cuda":
         import torch
         baseline_name = f"cuBLAS (torch {torch.__version__})"
-        gpu = torch.cuda.get_device_name(0)
+        where = torch.cuda.get_device_name(0)
         torch.backends.cuda.matmul.allow_tf32 = False  # same arithmetic as hexir: plain fp32 FMAs
     else:
         baseline_name = f"numpy {np.__version__}"
-        gpu = None
-    print(f"device: {gpu or 'cpu'}; baseline: {baseline_name}; median of up to {repeats} runs")
+        where = f"cpu ({os.cpu_count()} cores)"
+        try:
+            from threadpoolctl import threadpool_info
+            baseline_name += " on " + ", ".join(f"{i.get('internal_api')} {i.get('version')} "
+                                                f"({i.get('architecture')}, {i.get('num_threads')} threads)"
+                                                for i in threadpool_info() if i.get("user_api") == "blas")
+        except ImportError:
+            pass
+    print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     print(f"{'M x K x N':>18} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}")
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
         x = rng.standard_normal((m, k)).astype(dtype)
         w = rng.standard_normal((k, n)).astype(dtype)
-        hexir_time = _median_seconds(_kernel_runner(modules / f"{row['name']}.hxb", device, [x, w]), repeats)
+        hexir_time = _median_seconds(_kernel_runner(modules / f"{row['name']}.hxb", device, [x, w], m), repeats)
         if device == "cuda":
             tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
             tout = torch.empty((m, n), dtype=tx.dtype, device="cuda")
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-            def baseline(tx=tx, tw=tw, tout=tout) -> None:
+            def baseline(tx=tx, tw=tw, tout=tout, start=start, end=end) -> float:
+                start.record()
                 torch.matmul(tx, tw, out=tout)
-                torch.cuda.synchronize()
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end) / 1e3
         else:
             out = np.empty((m, n), dtype)
-
-            def baseline(x=x, w=w, out=out) -> None:
-                np.matmul(x, w, out=out)
+            baseline = _host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out))
         base_time = _median_seconds(baseline, repeats)
         flops = 2.0 * m * k * n
-        print(f"{f'{m} x {k} x {n}':>18} {dtype:>8} {hexir_time * 1e3:10.3f} {base_time * 1e3:10.3f} "
-              f"{flops / hexir_time / 1e9:11.1f} {flops / base_time / 1e9:10.1f} {base_time / hexir_time:7.3f}")
+        label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "")
+        print(f"{label:>18} {dtype:>8} {hexir_time * 1e3:10.3f} {base_time * 1e3:10.3f} "
+              f"{flops / hexir_time / 1e9:11.1f} {flops / base_time / 1e9:10.1f} {base_time / hexir_time:7.3f}",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     run_parser.add_argument("--repeats", type=int, default=20)
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
-                            help="skip products of more than this many GFLOP (the cpu's 4096^3 takes minutes)")
+                            help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out)

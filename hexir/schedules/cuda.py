@@ -34,24 +34,28 @@ from hexir import sizes
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
 
-#: linear: (out tile per block, k slice per step, sums per thread axis) — small and large.
-SMALL_TILING, LARGE_TILING = (64, 16, 4), (128, 16, 8)
-#: Large tiles only when they still give every SM of a big GPU (132 on an H100/H200) two blocks.
-LARGE_TILES_FROM = 256
+#: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
+#: the fewest blocks each must give the GPU (132 SMs on an H100/H200) to be chosen: the first
+#: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.70 of
+#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.57) but leave SMs idle on small outputs
+#: (bench/results/2026-11-30-h200-tilings.md, 2026-11-30-h200-tilings-2.md).
+TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 0))
+SMALL_TILING, LARGE_TILING = TILINGS[1][0], TILINGS[0][0]
 #: With a row count known only at run time, large tiles from this many columns on.
 LARGE_TILES_FROM_COLUMNS = 2048
+#: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row).
+ROWS_MAX = 16
 ELEMENTWISE_BLOCK = 256
 
 
 def linear_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int]:
-    """The tiling of an [m, n] output: 128x128 tiles with 8x8 sums per thread do more work per
-    shared-memory load (0.70 of cuBLAS at 4096^3 f32 on the H200, against 0.57 for 64x64),
-    but a small output would leave SMs idle (0.47 against 0.71 at 1024^3): see
-    bench/results/2026-11-30-h200-tilings.md."""
-    large = LARGE_TILING[0]
+    """The tiling of an [m, n] output: the first of TILINGS that gives enough blocks."""
     if isinstance(m, str):
         return LARGE_TILING if n >= LARGE_TILES_FROM_COLUMNS else SMALL_TILING
-    return LARGE_TILING if -(-m // large) * -(-n // large) >= LARGE_TILES_FROM else SMALL_TILING
+    for tiling, fewest in TILINGS:
+        if -(-m // tiling[0]) * -(-n // tiling[0]) >= fewest:
+            return tiling
+    return TILINGS[-1][0]
 
 
 def _contract() -> ir.Attribute:
@@ -103,10 +107,61 @@ DMMA_FROM = 80
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    """The tensor-core kernel for float64 where every target has DMMA, else the SIMT kernel."""
+    """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
+    tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
+    m = extent(args[0], 0, request)
+    if isinstance(m, int) and m <= ROWS_MAX:
+        return linear_rows(args, symbols, request)
     if request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs):
         return linear_dmma(args, symbols, request)
     return linear_simt(args, symbols, request)
+
+
+def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    """M <= 16 rows: w is read once, coalesced. A block's 32 lanes take 32 columns, its warps
+    split K (warp y takes k = y, y + warps, ...), each thread keeping the M sums of its column
+    in registers; the warps' partial sums are added through shared memory at the end."""
+    x, w, out = args[0], args[1], args[-1]
+    bias = args[2] if "bias" in request.epilogues else None
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    element = ir.MemRefType(out.type).element_type
+    warps = 16 if request.dtype == "float32" else 8  # partial sums: warps x M x 32 <= 32 KiB
+    ht.set_variant("rows")
+    columns, depth = ht.index(n), ht.index(k_extent)
+    with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
+        partial = ht.alloc_local([warps, m, 32], element, "shared")
+        with ht.loop(0, warps, "parallel", "threadIdx.y") as warp, ht.loop(0, 32, "parallel", "threadIdx.x") as lane:
+            column = _plus(_times(block, 32), lane)
+            sums = ht.alloc_local([m], element)
+            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+            with ht.loop(0, m, "unrolled") as r:
+                ht.store(zero, sums, [r])
+            with ht.loop(0, -(-k_extent // warps), "serial") as step:
+                k = _plus(_times(step, warps), warp)
+                inside = scf.IfOp(arith.AndIOp(_less(k, depth), _less(column, columns)).result)
+                with ir.InsertionPoint(inside.then_block):
+                    b = ht.load(w, [k, column])
+                    with ht.loop(0, m, "unrolled") as r:
+                        product = arith.MulFOp(ht.load(x, [r, k]), b, fastmath=_contract()).result
+                        ht.store(arith.AddFOp(ht.load(sums, [r]), product, fastmath=_contract()).result, sums, [r])
+                    scf.YieldOp([])
+            with ht.loop(0, m, "unrolled") as r:
+                ht.store(ht.load(sums, [r]), partial, [warp, r, lane])
+            ht.barrier()
+            with ht.loop(0, -(-m // warps), "unrolled") as part:  # thread (warp, lane) adds up row warp (+ warps)
+                row = _plus(_times(part, warps), warp)
+                inside = scf.IfOp(arith.AndIOp(_less(row, ht.index(m)), _less(column, columns)).result)
+                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
+                    value = ht.load(partial, [ht.index(0), row, lane])
+                    for other in range(1, warps):
+                        value = arith.AddFOp(value, ht.load(partial, [ht.index(other), row, lane])).result
+                    if bias is not None:
+                        value = arith.AddFOp(value, ht.load(bias, [column])).result
+                    for apply in request.fused():
+                        value = apply(value)
+                    ht.store(value, out, [row, column])
+                    scf.YieldOp([])
+    return ht.Launch((sizes.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 
 def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
