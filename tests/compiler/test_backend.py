@@ -14,9 +14,9 @@ from hexir_runtime import format as hxb
 import hexir
 from hexir.backend import cpu as cpu_backend
 from hexir.backend.toolchain import llvm_tool, run_tool
+from hexir.driver import Options, compile_module
 from hexir.errors import CompileError, TargetError
 from hexir.schedules.cpu import ROWS as CPU_ROWS
-from hexir.driver import Options, compile_module
 from hexir.target import Target, parse_target
 
 from .conftest import LLVM_BIN, parse

@@ -34,7 +34,8 @@ STAGE_SHOWS = {
     "mlir-hetero": (['"hexir.linear"', 'device = "cpu"'], ['"auto"', "hexir.call"]),
     "mlir-tir": (["hextir.kernel", '#hextir.loop<"parallel", "">', '"hexir.call"',
                   'hextir.work = {extent = "1", grain = 1 : i64}'], ['"hexir.linear"']),
-    "mlir-linalg": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'], ["hextir.load", "hextir.schedule"]),
+    "mlir-linalg": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'],
+                    ["hextir.load", "hextir.schedule"]),
     "mlir-gpu": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'], ["hextir.load"]),
     "llvm": (["define void @linear_", "(ptr noalias", "i64"], ["hexir"]),
 }

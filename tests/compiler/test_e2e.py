@@ -143,7 +143,8 @@ def test_linear_relu_matches_numpy_for_any_shape_and_values(problem):
 
 def _launch(text: str, kernel: str) -> tuple[list[int], list[int]]:
     """grid and block of the `hextir.launch` record of the cuda kernel whose name starts with `kernel`."""
-    found = re.search(rf'func\.func public @{kernel}_[0-9]+\(.*hextir\.launch = \{{block = array<i64: (\d+), (\d+), (\d+)>, '
+    found = re.search(rf'func\.func public @{kernel}_[0-9]+\(.*hextir\.launch = '
+                      r'\{block = array<i64: (\d+), (\d+), (\d+)>, '
                       r'grid = \["(\d+)", "(\d+)", "(\d+)"\]', text)
     assert found, text[:2000]
     numbers = [int(v) for v in found.groups()]

@@ -359,7 +359,8 @@ def test_bad_call_arguments_name_the_calling_line():
 
 
 @pytest.mark.parametrize("shape, dtype, message", [
-    ((2, -1), "float32", r"^TensorSpec: shape must be non-negative integers \(the first may be a name or None\), got \(2, -1\)$"),
+    ((2, -1), "float32",
+     r"^TensorSpec: shape must be non-negative integers \(the first may be a name or None\), got \(2, -1\)$"),
     ((2, 8), "int32", r"TensorSpec: dtype must be float32 or float64, got int32"),
     ((2, 8), "banana", r"TensorSpec: 'banana' is not a dtype"),
 ])

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hexir.errors import PlacementError
 from hexir.driver import parse_placement
+from hexir.errors import PlacementError
 
 from .conftest import filecheck, lower, manifest
 
