@@ -93,6 +93,8 @@ def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False) -> str:
             continue
         entry = {"symbol": code["symbol"], "args": [{"shape": arg["shape"], "dtype": arg["dtype"]}
                                                     for arg in kernel["args"]]}
+        if kernel["op"] != "custom":  # what the code computes: a manifest cannot relabel it
+            entry.update(op=kernel["op"], epilogues=kernel["epilogues"])
         entry["scalars" if kernel["op"] == "custom" else "sizes"] = kernel["scalars" if kernel["op"] == "custom"
                                                                           else "sizes"]
         if gpu:
