@@ -60,6 +60,17 @@ def manifest(data: bytes) -> dict:
     return hxb.decode(data).json
 
 
+#: The cpu linear's parallel work items, as its schedule documents them (hexir/schedules/cpu.py):
+#: tiles of 48 rows x 1024 bytes of columns (256 float32, 128 float64), on every x86-64 level.
+CPU_TILE_ROWS, CPU_TILE_BYTES = 48, 1024
+
+
+def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
+    """The work extent of a cpu linear with an [m, n] output: its row tiles times its column tiles."""
+    columns = CPU_TILE_BYTES // (4 if dtype == "float32" else 8)
+    return -(-m // CPU_TILE_ROWS) * -(-n // columns)
+
+
 def line_of(path: str | Path, tag: str) -> int:
     """The 1-based number of the only line of `path` that ends in the comment `# tag`."""
     lines = [n for n, text in enumerate(Path(path).read_text().splitlines(), 1)

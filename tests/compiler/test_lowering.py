@@ -15,9 +15,8 @@ from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice
 
 from hexir.errors import CompileError
-from hexir.schedules.cpu import ROWS as CPU_ROWS
 
-from .conftest import filecheck, lower
+from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, filecheck, lower
 
 LINEAR_OF_M = """
 func.func @main(%arg0: tensor<{m}x8xf32>, %w: tensor<8x4xf32>) -> tensor<{m}x4xf32> {{
@@ -53,7 +52,7 @@ func.func @main(%arg0: {type}) -> {type} {{
 def test_linear_becomes_a_kernel_and_a_call():
     filecheck(lower(LINEAR, "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>)
-        CHECK-SAME:      attributes {hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64}}
+        CHECK-SAME:      attributes {hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64}}
         CHECK-NOT:   hexir.linear
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>)
         CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0>}
@@ -62,82 +61,76 @@ def test_linear_becomes_a_kernel_and_a_call():
     """)
 
 
-def row_blocks(m: int) -> int:
-    """The trip count of a cpu linear's parallel loop: M rows in blocks of CPU_ROWS, the last one short."""
-    return -(-m // CPU_ROWS)
+WIDE = """
+func.func @main(%arg0: tensor<{m}x300xf32{enc}>, %w: tensor<300x300xf32>) -> tensor<{m}x300xf32{enc}> {{
+  %1 = "hexir.linear"(%arg0, %w) {{device = "auto"}} : (tensor<{m}x300xf32{enc}>, tensor<300x300xf32>) -> tensor<{m}x300xf32{enc}>
+  return %1 : tensor<{m}x300xf32{enc}>
+}}
+"""
 
 
-def test_row_blocks_cover_every_row_once():
-    """Every row count around the block size (full blocks, a short last block, a single short
-    block), split across threads by the work record: the product is numpy's, every row once.
-    One module serves them all: its row count is the symbol `batch`."""
-    assert CPU_ROWS > 1
-    data = lower(LINEAR_OF_M.replace("tensor<{m}x8xf32>", 'tensor<?x8xf32, "batch">')
-                 .replace("tensor<{m}x4xf32>", 'tensor<?x4xf32, "batch">').format(), "hxb")
+def test_tiles_cover_every_output_once():
+    """Row counts around the tile's 48 rows (and its micro-kernel's row groups), 300 columns (a
+    full column tile and a narrower one) and K = 300 (two k blocks), split across threads by the
+    work record: the product is numpy's, every element once. One module serves them all: its
+    row count is the symbol `batch`."""
+    data = lower(WIDE.format(m="?", enc=', "batch"'), "hxb")
     (kernel,) = hxb.decode(data).json["kernels"]
     assert kernel["sizes"] == ["batch"]
-    assert kernel["work"] == {"extent": ["ceildiv", "batch", CPU_ROWS], "grain": 1}
+    assert kernel["work"] == {"extent": ["mul", ["ceildiv", "batch", CPU_TILE_ROWS], 2], "grain": 1}
     rng = np.random.default_rng(7)
-    w = rng.standard_normal((8, 4)).astype(np.float32)
+    w = rng.standard_normal((300, 300)).astype(np.float32)
     modules = [hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)) for threads in (1, 3)]
-    for m in range(1, 4 * CPU_ROWS + 2):
-        x = rng.standard_normal((m, 8)).astype(np.float32)
+    for m in (1, 2, 3, 5, 6, 7, 13, 47, 48, 49, 95, 97, 100):
+        x = rng.standard_normal((m, 300)).astype(np.float32)
         for module in modules:
-            np.testing.assert_allclose(module.main(x, w), x @ w, rtol=1e-5, atol=1e-5, err_msg=f"m={m}")
+            np.testing.assert_allclose(module.main(x, w), x @ w, rtol=2e-5, atol=2e-4, err_msg=f"m={m}")
 
 
-# m = 2: one block, shorter than CPU_ROWS; m = 9: several blocks, the last one short
-@pytest.mark.parametrize("m", [2, 9])
-def test_linear_schedule_is_parallel_over_row_blocks_serial_inside(m):
-    assert m not in (CPU_ROWS, 4, 8, row_blocks(m))  # its constant is printed as %c<m>, not shared
-    filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-tir"), f"""
-        CHECK-LABEL: func.func public @linear_0
-        CHECK-SAME:      hextir.work = {{extent = "{-(-m // CPU_ROWS)}", grain = 1 : i64}}
-        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{row_blocks(m)} step %c1 {{
-        CHECK-NEXT:    %[[CPU_ROWS:.+]] = arith.constant {CPU_ROWS} : index
-        CHECK-NEXT:    %[[FIRST:.+]] = arith.muli %[[BLOCK]], %[[CPU_ROWS]] : index
-        CHECK-NEXT:    %[[M:.+]] = arith.constant {m} : index
-        CHECK-NEXT:    %[[LEFT:.+]] = arith.subi %[[M]], %[[FIRST]] : index
-        CHECK-NEXT:    %[[ROWS:.+]] = arith.minui %[[CPU_ROWS]], %[[LEFT]] : index
-        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
-        CHECK-NEXT:      scf.for %[[J:.+]] = %c0 to %c4 step %c1 {{
-        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
-        CHECK-NEXT:        %[[ZERO:.+]] = arith.constant 0.000000e+00 : f32
-        CHECK-NEXT:        "hextir.store"(%[[ZERO]], %arg2, %[[I]], %[[J]]) : (f32, memref<{m}x4xf32>, index, index) -> ()
-        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK:         scf.for %[[K:.+]] = %c0 to %c8 step %c1 {{
-        CHECK-NEXT:      scf.for %[[R2:.+]] = %c0 to %[[ROWS]] step %c1 {{
-        CHECK-NEXT:        %[[I2:.+]] = arith.addi %[[FIRST]], %[[R2]] : index
-        CHECK-NEXT:        %[[A:.+]] = "hextir.load"(%arg0, %[[I2]], %[[K]]) : (memref<{m}x8xf32>, index, index) -> f32
-        CHECK-NEXT:        scf.for %[[J2:.+]] = %c0 to %c4 step %c1 {{
-        CHECK-NEXT:          %[[B:.+]] = "hextir.load"(%arg1, %[[K]], %[[J2]])
-        CHECK-NEXT:          %[[P:.+]] = arith.mulf %[[A]], %[[B]] : f32
-        CHECK-NEXT:          %[[O:.+]] = "hextir.load"(%arg2, %[[I2]], %[[J2]])
-        CHECK-NEXT:          %[[S:.+]] = arith.addf %[[O]], %[[P]] : f32
-        CHECK-NEXT:          "hextir.store"(%[[S]], %arg2, %[[I2]], %[[J2]])
-        CHECK-NEXT:        }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:  }} {{hextir.schedule = #hextir.loop<"parallel", "">}}
+def test_linear_schedule_is_parallel_over_output_tiles():
+    """out[100, 300] in tiles of 48 rows x 256 float32 columns: 3 x 2 = 6 work items; item t
+    covers rows [48 (t / 2), min(48 (t / 2) + 48, 100)) and columns from 256 (t % 2)."""
+    assert cpu_linear_tiles(100, 300, "float32") == 6
+    filecheck(lower(WIDE.format(m=100, enc=""), "mlir-tir"), """
+        CHECK-LABEL: func.func public @linear_0(
+        CHECK-SAME:      hextir.work = {extent = "6", grain = 1 : i64}
+        CHECK:       scf.for %[[T:.+]] = %c0 to %c6 step %c1 {
+        CHECK-NEXT:    %c2 = arith.constant 2 : index
+        CHECK-NEXT:    %[[TR:.+]] = arith.divui %[[T]], %c2 : index
+        CHECK-NEXT:    %c48 = arith.constant 48 : index
+        CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c48 : index
+        CHECK-NEXT:    %[[TC:.+]] = arith.remui %[[T]], %c2 : index
+        CHECK-NEXT:    %c256 = arith.constant 256 : index
+        CHECK-NEXT:    %[[C0:.+]] = arith.muli %[[TC]], %c256 : index
+        CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c48 : index
+        CHECK-NEXT:    %[[R1:.+]] = arith.minui %[[R1A]], %c100 : index
+        CHECK:         vector.fma
+        CHECK:         vector.store %{{.+}}, %arg2[%{{.+}}, %{{.+}}] : memref<100x300xf32>
+        CHECK:       } {hextir.schedule = #hextir.loop<"parallel", "">}
         CHECK-NEXT:  return
     """)
 
 
 def test_linear_with_bias_starts_each_row_from_the_bias():
+    """The sums of a row start as the bias row (bias[j0:j0+width], not zeros), through the k
+    loop as loop-carried vectors, and are stored to out[i, j0:...]."""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
-        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.sizes = [], hextir.work = {{extent = "{row_blocks(3)}", grain = 1 : i64}}}}
-        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{row_blocks(3)} step %c1 {{
-        CHECK:         %[[FIRST:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
-        CHECK:         %[[ROWS:.+]] = arith.minui
-        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
-        CHECK:           scf.for %[[J:.+]] = %c0 to %c7 step %c1 {{
-        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
-        CHECK-NEXT:        %[[B:.+]] = "hextir.load"(%arg2, %[[J]]) : (memref<7xf64>, index) -> f64
-        CHECK-NEXT:        "hextir.store"(%[[B]], %arg3, %[[I]], %[[J]])
+        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64}}}}
+        CHECK:       vector.store %{{{{.+}}}}, %arg3
+        CHECK:       scf.for %[[I:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 {{
+        CHECK-NEXT:    %[[J:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %c0 : index
+        CHECK-NEXT:    %[[B:[0-9]+]] = vector.load %arg2[%[[J]]] : memref<7xf64>, vector<7xf64>
+        CHECK-NEXT:    %[[S:[0-9]+]] = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[B]]) -> (vector<7xf64>) {{
+        CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[K]], %[[J]]] : memref<5x7xf64>, vector<7xf64>
+        CHECK-NEXT:      %[[XV:[0-9]+]] = "hextir.load"(%arg0, %[[I]], %[[K]]) : (memref<3x5xf64>, index, index) -> f64
+        CHECK-NEXT:      %[[XB:[0-9]+]] = vector.broadcast %[[XV]] : f64 to vector<7xf64>
+        CHECK-NEXT:      %[[F:[0-9]+]] = vector.fma %[[XB]], %[[WV]], %[[ACC]] : vector<7xf64>
+        CHECK-NEXT:      scf.yield %[[F]] : vector<7xf64>
+        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:    vector.store %[[S]], %arg3[%[[I]], %[[J]]] : memref<3x7xf64>, vector<7xf64>
         CHECK:       func.func public @[[RELU:relu_[0-9]+]](%arg0: memref<3x7xf64>, %arg1: memref<3x7xf64>)
-        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "relu">, hextir.sizes = [], hextir.work = {{extent = "3", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "relu">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "3", grain = 1 : i64}}}}
         CHECK-LABEL: func.func @main
         CHECK:         %[[W:.+]] = "hexir.constant"() {{device = "cpu", name = "W"
         CHECK:         %[[BIAS:.+]] = "hexir.constant"() {{device = "cpu", name = "b"
@@ -200,14 +193,12 @@ def test_kernels_are_numbered_in_program_order():
 def test_loops_use_memref_and_take_a_work_range():
     filecheck(lower(LINEAR, "mlir-linalg"), f"""
         CHECK:       func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
-        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.sizes = [], hextir.work = {{extent = "{row_blocks(2)}", grain = 1 : i64}}}}
-        CHECK:       scf.for %[[BLOCK:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
-        CHECK:         %[[ROW0:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
-        CHECK:         %[[I:.+]] = arith.addi %[[ROW0]], %{{{{.+}}}} : index
-        CHECK:         memref.store %{{{{.+}}}}, %arg2[%[[I]], %{{{{.+}}}}] : memref<2x4xf32>
-        CHECK:         %[[I2:.+]] = arith.addi %[[ROW0]], %{{{{.+}}}} : index
-        CHECK-NEXT:    memref.load %arg0[%[[I2]], %{{{{.+}}}}] : memref<2x8xf32>
-        CHECK:         memref.load %arg1[%{{{{.+}}}}, %{{{{.+}}}}] : memref<8x4xf32>
+        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(2, 4, "float32")}", grain = 1 : i64}}}}
+        CHECK:       scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
+        CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c48 : index
+        CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<2x8xf32>
+        CHECK:         vector.fma
+        CHECK:         vector.store %{{{{.+}}}}, %arg2[%{{{{.+}}}}, %{{{{.+}}}}] : memref<2x4xf32>, vector<4xf32>
         CHECK-LABEL: func.func @main
     """)
 
@@ -221,13 +212,13 @@ def test_loops_leave_no_hextir_ops_or_schedules_in_cpu_kernels():
     """)
 
 
-@pytest.mark.parametrize("m", [1, 3, CPU_ROWS, CPU_ROWS + 1, 2 * CPU_ROWS, 37])
-def test_linear_work_items_are_the_row_blocks(m):
+@pytest.mark.parametrize("m", [1, 3, CPU_TILE_ROWS - 1, CPU_TILE_ROWS, CPU_TILE_ROWS + 1, 2 * CPU_TILE_ROWS, 137])
+def test_linear_work_items_are_the_output_tiles(m):
     filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-linalg"), f"""
         CHECK:      func.func public @linear_0(%arg0: memref<{m}x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<{m}x4xf32>, %arg3: index, %arg4: index)
-        CHECK-SAME: hextir.work = {{extent = "{row_blocks(m)}", grain = 1 : i64}}
-        CHECK:      scf.for %[[BLOCK:.+]] = %arg3 to %arg4 step %c1
-        CHECK:      arith.muli %[[BLOCK]], %{{{{.+}}}} : index
+        CHECK-SAME: hextir.work = {{extent = "{-(-m // CPU_TILE_ROWS)}", grain = 1 : i64}}
+        CHECK:      scf.for %[[T:.+]] = %arg3 to %arg4 step %c1
+        CHECK:      arith.divui %[[T]], %{{{{.+}}}} : index
         CHECK:      arith.minui
     """)
 
@@ -267,16 +258,15 @@ def test_kernel_without_an_outer_parallel_loop_is_refused():
 def test_llvm_kernel_takes_bare_pointers_and_a_work_range():
     filecheck(lower(LINEAR, "llvm"), f"""
         CHECK: define void @linear_0(ptr noalias %0, ptr noalias %1, ptr noalias %2, i64 %3, i64 %4)
-        CHECK: call i64 @llvm.umin.i64(i64 %{{{{.+}}}}, i64 {CPU_ROWS})
-        CHECK: fmul float
-        CHECK: fadd float
+        CHECK: call i64 @llvm.umin.i64(i64 %{{{{.+}}}}, i64 2)
+        CHECK: call <4 x float> @llvm.fmuladd.v4f32(
     """)
 
 
 def test_llvm_has_one_function_per_kernel_and_no_host_program():
     filecheck(lower(LINEAR_BIAS_RELU, "llvm"), """
         CHECK:     define void @linear_{{[0-9]+}}(ptr noalias %0, ptr noalias %1, ptr noalias %2, ptr noalias %3, i64 %4, i64 %5)
-        CHECK:     fmul double
+        CHECK:     @llvm.fmuladd.v{{[0-9]+}}f64
         CHECK:     define void @relu_{{[0-9]+}}(ptr noalias %0, ptr noalias %1, i64 %2, i64 %3)
         CHECK:     @llvm.maximum.f64
         CHECK-NOT: @main
