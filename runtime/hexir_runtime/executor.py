@@ -120,7 +120,8 @@ class Executor:
         # shape when it has no symbol (then one tuple comparison checks it).
         self.expected = [(name, tensor, np.dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
                          for name, tensor in entry.inputs]
-        self.out_dtypes = [np.dtype(tensor.dtype) for tensor in entry.outputs]
+        self.returned = [(tensor, np.dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
+                         for tensor in entry.outputs]  # the same, for out= arrays
         for command in entry.program:
             if command.op == "constant":
                 self.views[command.dst] = constants.get(command.constant, self.places[command.dst])
@@ -171,7 +172,7 @@ class Executor:
                 self.host_inputs[command.index] = dst
             elif len(uses[dst]) == 1 and uses[dst][0][1] == "from" and gpu(uses[dst][0][0].dst):
                 target = uses[dst][0][0].dst
-                if only_kernels(target):
+                if only_kernels(target, ("read", "to")):
                     self.device_inputs[command.index] = target
         self.device_outputs: dict[int, tuple[int, int]] = {}  # output -> (its host buffer, the GPU buffer)
         for position, src in enumerate(self.returns):

@@ -266,12 +266,11 @@ def _check_out(entry: str, out: Any, outputs: str, executor: Executor) -> Sequen
         raise InputError(f"{where} takes host arrays: it cannot be combined with outputs='device'")
     if len(arrays) != len(executor.entry.outputs):
         raise InputError(f"{where} has {len(arrays)} array(s) for {len(executor.entry.outputs)} output(s)")
-    for position, (array, expected, dtype) in enumerate(zip(arrays, executor.entry.outputs, executor.out_dtypes,
-                                                            strict=True)):
+    for position, (array, (expected, dtype, shape)) in enumerate(zip(arrays, executor.returned, strict=True)):
         if type(array) is not np.ndarray or not array.flags.writeable:
             raise InputError(f"{where}[{position}] must be a writable numpy array {expected}, "
                              f"got {type(array).__name__}")
-        if array.dtype != dtype or not _fits(expected, array.shape):
+        if array.dtype != dtype or (array.shape != shape and (shape is not None or not _fits(expected, array.shape))):
             raise InputError(f"{where}[{position}] expects {expected}, got "
                              f"{array.dtype.name}[{', '.join(map(str, array.shape))}]")
     return tuple(arrays)

@@ -223,8 +223,8 @@ class FakeDriver:
             self._current.context = context
         return (status,)
 
-    def cuMemAlloc(self, size: int) -> tuple:
-        status = self._enter("cuMemAlloc")
+    def cuMemAlloc(self, size: int, call: str = "cuMemAlloc") -> tuple:
+        status = self._enter(call)
         if status != CUresult.CUDA_SUCCESS:
             return status, None
         if size <= 0:
@@ -236,14 +236,14 @@ class FakeDriver:
         self.allocations[pointer] = bytearray(size)
         return status, Handle("CUdeviceptr", pointer)
 
-    def cuMemFree(self, pointer: Any) -> tuple:
-        status = self._enter("cuMemFree")
+    def cuMemFree(self, pointer: Any, call: str = "cuMemFree") -> tuple:
+        status = self._enter(call)
         if status == CUresult.CUDA_SUCCESS and self.allocations.pop(int(pointer), None) is None:
             status = CUresult.CUDA_ERROR_INVALID_VALUE
         return (status,)
 
-    def cuMemcpyHtoD(self, destination: Any, source: int, size: int) -> tuple:
-        status = self._enter("cuMemcpyHtoD")
+    def cuMemcpyHtoD(self, destination: Any, source: int, size: int, call: str = "cuMemcpyHtoD") -> tuple:
+        status = self._enter(call)
         memory = self._memory(destination, size)
         if status == CUresult.CUDA_SUCCESS and memory is None:
             status = CUresult.CUDA_ERROR_INVALID_VALUE
@@ -254,8 +254,8 @@ class FakeDriver:
             self.copies_in.append((int(destination), bytes(memory)))
         return (status,)
 
-    def cuMemcpyDtoH(self, destination: int, source: Any, size: int) -> tuple:
-        status = self._enter("cuMemcpyDtoH")
+    def cuMemcpyDtoH(self, destination: int, source: Any, size: int, call: str = "cuMemcpyDtoH") -> tuple:
+        status = self._enter(call)
         memory = self._memory(source, size)
         if status == CUresult.CUDA_SUCCESS and memory is None:
             status = CUresult.CUDA_ERROR_INVALID_VALUE
@@ -403,22 +403,22 @@ class FakeDriver:
         return any(base <= address and address + size <= base + len(memory) for base, memory in self.pinned.items())
 
     def cuMemcpyHtoDAsync(self, destination: Any, source: int, size: int, stream: Any) -> tuple:
-        status = self._on("cuMemcpyHtoDAsync", stream)
+        self.on_stream.append(("cuMemcpyHtoDAsync", int(stream)))
         self.pageable_copies += not self.is_pinned(int(source), size)
-        return self.cuMemcpyHtoD(destination, source, size) if status == CUresult.CUDA_SUCCESS else (status,)
+        return self.cuMemcpyHtoD(destination, source, size, "cuMemcpyHtoDAsync")
 
     def cuMemcpyDtoHAsync(self, destination: int, source: Any, size: int, stream: Any) -> tuple:
-        status = self._on("cuMemcpyDtoHAsync", stream)
+        self.on_stream.append(("cuMemcpyDtoHAsync", int(stream)))
         self.pageable_copies += not self.is_pinned(int(destination), size)
-        return self.cuMemcpyDtoH(destination, source, size) if status == CUresult.CUDA_SUCCESS else (status,)
+        return self.cuMemcpyDtoH(destination, source, size, "cuMemcpyDtoHAsync")
 
     def cuMemAllocAsync(self, size: int, stream: Any) -> tuple:
-        status = self._on("cuMemAllocAsync", stream)
-        return self.cuMemAlloc(size) if status == CUresult.CUDA_SUCCESS else (status, None)
+        self.on_stream.append(("cuMemAllocAsync", int(stream)))
+        return self.cuMemAlloc(size, "cuMemAllocAsync")
 
     def cuMemFreeAsync(self, pointer: Any, stream: Any) -> tuple:
-        status = self._on("cuMemFreeAsync", stream)
-        return self.cuMemFree(pointer) if status == CUresult.CUDA_SUCCESS else (status,)
+        self.on_stream.append(("cuMemFreeAsync", int(stream)))
+        return self.cuMemFree(pointer, "cuMemFreeAsync")
 
 
 def _execute(op: str, epilogues: list[str], arrays: list[np.ndarray]) -> None:
@@ -1131,3 +1131,164 @@ def test_a_grid_beyond_cuda_limits_is_a_kernel_error(symbolic_relu, fake, monkey
     assert str(caught.value) == ("kernels[0] (k0_relu) needs 3 blocks along grid x (ceildiv(batch, 2)); "
                                  "CUDA allows at most 2")
     assert "cuLaunchKernel" not in fake.calls
+
+
+# ---- the call path: one stream, pinned staging, asynchronous copies, DLPack ---------------------
+
+
+def calls_of_one_call(fake: FakeDriver, module: Any, *args: Any, **keys: Any) -> tuple[Any, list[str]]:
+    """What module.main(*args) returns, and the driver calls it made."""
+    before = len(fake.calls)
+    result = module.main(*args, **keys)
+    return result, fake.calls[before:]
+
+
+def test_a_call_queues_everything_on_the_module_stream_and_waits_only_for_its_outputs(module_file, fake):
+    module = load(module_file("apart_two_archs"), "cuda")  # two kernels, two outputs
+    (stream,) = fake.streams
+    x = x_of((3, 5), seed=4)
+    for _ in range(3):
+        before = len(fake.on_stream)
+        (y, r), calls = calls_of_one_call(fake, module, x)
+        np.testing.assert_allclose(r, mlp_numpy(x), rtol=1e-5, atol=1e-6)
+        assert {value for _, value in fake.on_stream[before:]} == {stream}
+        assert "cuCtxSynchronize" not in calls and "cuMemcpyHtoD" not in calls and "cuMemcpyDtoH" not in calls
+        first, second = (i for i, call in enumerate(calls) if call == "cuLaunchKernel")
+        assert "cuStreamSynchronize" not in calls[:second]  # nothing waits between the kernels
+        # the host waits once per output copied back, after that copy
+        assert [c for c in calls if c in ("cuMemcpyDtoHAsync", "cuStreamSynchronize")] == [
+            "cuMemcpyDtoHAsync", "cuStreamSynchronize"] * 2
+        assert "cuMemAlloc" not in calls and "cuMemHostAlloc" not in calls  # nothing allocated per call
+    assert fake.pageable_copies == 0
+
+
+def test_parameter_blocks_are_built_once_and_only_overridden_slots_change(module_file, fake):
+    module = load(module_file("mlp"), "cuda")  # static: planned (and its block built) at load
+    assert fake.launches == []
+    for seed in range(3):
+        module.main(x_of((3, 5), seed=seed))
+    assert len({launch["params"] for launch in fake.launches}) == 1
+    assert len({tuple(launch["pointers"]) for launch in fake.launches}) == 1
+
+
+def test_pinned_staging_buffers_are_reused_for_repeated_sizes_and_grown_for_bigger_ones(symbolic_relu, fake, request):
+    module = load(symbolic_relu, "cuda")
+    request.addfinalizer(module.close)
+    assert fake.calls.count("cuMemHostAlloc") == 0  # symbolic: sized by the first call
+    for batch in (5, 5, 3, 5, 0):
+        x = x_of((batch, 3), seed=batch)
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+    assert fake.calls.count("cuMemHostAlloc") == 2  # x's staging buffer and the output's
+    assert fake.calls.count("cuMemAlloc") == 2
+    module.main(x_of((9, 3)))
+    assert fake.calls.count("cuMemHostAlloc") == 4 and fake.calls.count("cuMemFreeHost") == 2
+    assert len(fake.pinned) == 2 and fake.pageable_copies == 0
+    module.close()
+    assert fake.pinned == {} and fake.streams == set() and fake.events == set()
+
+
+class CudaTensor(hexir_runtime.dlpack.DLPackArray):
+    """A caller's CUDA tensor (what torch.Tensor.__dlpack__ gives), in the fake GPU's memory;
+    `strides` (in elements) are written into the DLTensor it exports, if given."""
+
+    def __init__(self, fake: FakeDriver, array: np.ndarray, device: int = 0, strides: tuple[int, ...] | None = None):
+        fake._current.context = fake._context  # as torch would have it on this thread
+        pointer = int(fake.cuMemAlloc(max(array.nbytes, 1))[1])
+        fake._memory(pointer, array.nbytes)[:] = array.tobytes()
+        self.streams: list[Any] = []
+        super().__init__(pointer, array.shape, array.dtype, (2, device), ready=self.streams.append)
+        self.strides = strides
+
+    def __dlpack__(self, stream: Any = None, **keys: Any) -> Any:
+        capsule = super().__dlpack__(stream, **keys)
+        if self.strides is not None:
+            self._strides = (ctypes.c_int64 * len(self.strides))(*self.strides)
+            self._exports[-1].dl_tensor.strides = ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))
+        return capsule
+
+
+def device_bytes(fake: FakeDriver, array: Any) -> np.ndarray:
+    """The contents of a device array (a DLPackArray in the fake GPU's memory)."""
+    return np.frombuffer(bytes(fake._memory(array.pointer, array.nbytes)), array.dtype).reshape(array.shape)
+
+
+def test_a_cuda_tensor_is_read_in_place_and_outputs_stay_on_the_gpu(module_file, fake):
+    module = load(module_file("wide"), "cuda")  # x @ W64, float64[37, 11] -> [37, 33]
+    (stream,) = fake.streams
+    x = x_of((37, 11), "float64", seed=5)
+    tensor = CudaTensor(fake, x)
+    y, calls = calls_of_one_call(fake, module, tensor, outputs="device")
+    assert tensor.streams == [stream]  # the producer was asked for it on our stream
+    assert "cuMemcpyHtoDAsync" not in calls and "cuMemcpyDtoHAsync" not in calls
+    assert "cuStreamSynchronize" not in calls and calls[-1] == "cuEventRecord"
+    (launch,) = fake.launches
+    assert launch["pointers"][0] == tensor.pointer and launch["pointers"][-1] == y.pointer
+    assert y.__dlpack_device__() == (2, 0) and (y.shape, y.dtype) == ((37, 33), np.float64)
+    np.testing.assert_allclose(device_bytes(fake, y), x @ W64, rtol=1e-12)
+    consumed = hexir_runtime.dlpack.unpack(y.__dlpack__(stream=1))  # as torch.from_dlpack would
+    assert fake.calls[-1] == "cuStreamWaitEvent" and fake.on_stream[-1] == ("cuStreamWaitEvent", 1)
+    assert (consumed.pointer, consumed.shape, consumed.device) == (y.pointer, (37, 33), (2, 0))
+    pointer = y.pointer
+    del y
+    gc.collect()
+    assert pointer in fake.allocations  # the consumer's tensor still uses it
+    consumed.release()
+    assert pointer not in fake.allocations and fake.on_stream[-1] == ("cuMemFreeAsync", 0)
+    np.testing.assert_allclose(module.main(tensor), x @ W64, rtol=1e-12)  # numpy out
+
+
+def test_each_device_output_is_a_fresh_buffer_and_host_inputs_wait_for_the_last_call(module_file, fake):
+    module = load(module_file("apart_two_archs"), "cuda")  # outputs linear(x) and relu(linear(x))
+    xs = [x_of((3, 5), seed=seed) for seed in range(3)]
+    outputs = [module.main(x, outputs="device") for x in xs]
+    assert len({array.pointer for pair in outputs for array in pair}) == 6
+    for x, (y, r) in zip(xs, outputs, strict=True):
+        np.testing.assert_allclose(device_bytes(fake, y), linear_numpy(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(device_bytes(fake, r), mlp_numpy(x), rtol=1e-5, atol=1e-6)
+    printed = load(module_file("mlp"), "cuda").main(xs[0], outputs="device")  # printed too: copied back
+    assert isinstance(printed, np.ndarray)
+    # a host input after a call that did not wait: its staging buffer may still be read
+    _, calls = calls_of_one_call(fake, module, xs[0], outputs="device")
+    assert calls.index("cuStreamSynchronize") < calls.index("cuMemcpyHtoDAsync")
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda fake: CudaTensor(fake, x_of((3, 5)), device=1),
+     "main(): argument 'x' expects float32[3, 5] on cuda:0 (the module's GPU), got float32[3, 5] on cuda:1"),
+    (lambda fake: CudaTensor(fake, x_of((3, 5), "float64")),
+     "main(): argument 'x' expects float32[3, 5] on cuda:0, got float64[3, 5] on cuda:0"),
+    (lambda fake: CudaTensor(fake, x_of((5, 3))), "main(): argument 'x' expects float32[3, 5] on cuda:0, got "
+                                                   "float32[5, 3] on cuda:0"),
+    (lambda fake: CudaTensor(fake, x_of((3, 5)), strides=(1, 3)),
+     "main(): argument 'x' expects a C-contiguous tensor, got float32[3, 5] on cuda:0 with strides (1, 3) "
+     "(in elements; .contiguous() makes one)"),
+], ids=["device", "dtype", "shape", "strides"])
+def test_a_wrong_cuda_tensor_is_an_input_error_naming_it(module_file, fake, make, message):
+    module = load(module_file("mlp"), "cuda")
+    with pytest.raises(hexir_runtime.InputError) as error:
+        module.main(make(fake))
+    assert str(error.value) == message
+    assert fake.launches == []
+
+
+def test_concurrent_calls_from_8_threads_on_the_fake_gpu(symbolic_relu, fake, request):
+    module = load(symbolic_relu, "cuda")
+    request.addfinalizer(module.close)
+    failures: list[Any] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(20):
+                x = x_of((1 + (seed + i) % 6, 3), seed=seed * 100 + i)
+                y = module.main(x) if i % 2 else module.main(CudaTensor(fake, x))
+                np.testing.assert_array_equal(y, np.maximum(x, 0))
+        except Exception as error:  # noqa: BLE001 - reported below, with the thread's seed
+            failures.append((seed, error))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(fake.launches) == 160

@@ -1,0 +1,243 @@
+"""Benchmark: the whole call path of an MLP, relu(x @ W1 + b1) @ W2 + b2, hexir against torch eager.
+
+    python bench/mlp.py build bench/mlp_modules   # here: compile the modules (needs hexir), pack them
+    PYTHONPATH=runtime python bench/mlp.py run bench/mlp_modules.tar.gz               # GPU machine
+    PYTHONPATH=runtime python bench/mlp.py run bench/mlp_modules.tar.gz --device cpu  # runtime vs numpy
+
+`run` needs only the runtime, numpy, cuda-python and torch (no hexir, no MLIR); it takes the
+directory or the .tar.gz that `build` packs it in. The weights are constants of the modules, and
+`run` draws them again for torch (the outputs are compared before timing). Each row is the median of --repeats
+calls after a warm-up, hexir and the baseline measured in the same run; speed = baseline time /
+hexir time (above 1: hexir is faster).
+
+cuda rows: `module.main(x)` numpy in, numpy out, against torch eager `torch.from_numpy(x).cuda()`
+-> the MLP -> `.cpu().numpy()` (TF32 off). The device-resident row gives both a CUDA tensor and
+keeps the output on the GPU (`outputs="device"`, taken by `torch.from_dlpack`), each call followed
+by a synchronize. The overhead row is a one-kernel module's device-resident call time minus the
+kernel's own time, measured with CUDA events recorded on the module's stream around the launch.
+cpu rows: the 2x8 -> 16 -> 4 MLP through the runtime (and `@hexir.jit` where hexir is installed)
+against numpy evaluating the same expression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CUDA_ROWS = [  # M, K, H, N, dtype
+    (1, 784, 512, 10, "float32"), (64, 784, 512, 10, "float32"), (256, 1024, 1024, 1024, "float32"),
+    (1024, 2048, 2048, 2048, "float32"), (1, 784, 512, 10, "float64"), (64, 784, 512, 10, "float64"),
+    (256, 1024, 1024, 1024, "float64"), (1024, 2048, 2048, 2048, "float64"),
+]
+CPU_ROW = (2, 8, 16, 4, "float32")
+ONE_KERNEL = (64, 784, 512, "float32")  # relu(x @ W1 + b1): one fused kernel
+
+
+def name_of(m: int, k: int, h: int, n: int, dtype: str, device: str) -> str:
+    return f"mlp_{m}x{k}x{h}x{n}_{dtype}_{device}"
+
+
+def weights(k: int, h: int, n: int, dtype: str) -> dict[str, np.ndarray]:
+    """The MLP's weights, drawn again identically where `run` runs: small integers times a power
+    of two near 1/sqrt(fan-in), exact in both dtypes and compressible (the modules travel packed)."""
+    rng = np.random.default_rng(0)
+    shapes = {"W1": (k, h), "b1": (h,), "W2": (h, n), "b2": (n,)}
+    fan_in = {"W1": k, "b1": 1, "W2": h, "b2": 1}
+    return {key: (rng.integers(-3, 4, shape) * 2.0 ** -round(np.log2(fan_in[key]) / 2 + 1)).astype(dtype)
+            for key, shape in shapes.items()}
+
+
+def mlp_of(w: dict[str, np.ndarray]):
+    """The MLP with weights `w` as constants, in hexir."""
+    import hexir
+
+    def mlp(x):
+        return hexir.linear(hexir.relu(hexir.linear(x, w["W1"], w["b1"])), w["W2"], w["b2"])
+    return mlp
+
+
+def build(out: Path) -> None:
+    import hexir
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (m, k, h, n, dtype), device in [*((row, "cuda") for row in CUDA_ROWS), (CPU_ROW, "cpu")]:
+        w = weights(k, h, n, dtype)
+        name = name_of(m, k, h, n, dtype, device)
+        placement = {"hexir.linear": device, "hexir.relu": device}
+        hexir.export(mlp_of(w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype), placement=placement)
+        rows.append({"name": name, "shape": [m, k, h, n], "dtype": dtype, "device": device})
+    m, k, h, dtype = ONE_KERNEL
+    w = weights(k, h, 1, dtype)
+    hexir.export(lambda x: hexir.relu(hexir.linear(x, w["W1"], w["b1"])), out / "one_kernel.hxb",
+                 hexir.TensorSpec((m, k), dtype), placement={"hexir.linear": "cuda", "hexir.relu": "cuda"})
+    (out / "modules.json").write_text(json.dumps(rows, indent=1))
+    with tarfile.open(f"{out}.tar.gz", "w:gz") as archive:  # what travels to the GPU machine (< 64 MiB)
+        archive.add(out, arcname=out.name)
+    print(f"built {len(rows) + 1} modules in {out}, packed in {out}.tar.gz")
+
+
+def unpacked(path: Path) -> Path:
+    """The module directory `path`, or the one packed in `path` (a .tar.gz), extracted beside it."""
+    if path.is_dir():
+        return path
+    with tarfile.open(path) as archive:
+        name = archive.getnames()[0].split("/")[0]
+        archive.extractall(path.parent, filter="data")
+    return path.parent / name
+
+
+def median_us(fn, repeats: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def row(what: str, hexir_us: float, base_us: float, base: str) -> str:
+    return f"| {what} | {hexir_us:.1f} | {base_us:.1f} | {base_us / hexir_us:.2f} | {base} |"
+
+
+HEADER = "| what | hexir µs | baseline µs | speed (baseline/hexir) | baseline |\n|---|---|---|---|---|"
+
+
+def run_cuda(directory: Path, repeats: int) -> None:
+    import torch
+    from hexir_runtime import load
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, median of {repeats} calls\n")
+    print(HEADER)
+    rows = [r for r in json.loads((directory / "modules.json").read_text()) if r["device"] == "cuda"]
+    for spec in rows:
+        (m, k, _, _), dtype = spec["shape"], spec["dtype"]
+        module = load(directory / f"{spec['name']}.hxb", "cuda")
+        w = {key: torch.from_numpy(value).cuda() for key, value in weights(*spec["shape"][1:], dtype).items()}
+        x = np.random.default_rng(1).standard_normal((m, k)).astype(dtype)
+
+        def eager(x_gpu, w=w):
+            return torch.relu(x_gpu @ w["W1"] + w["b1"]) @ w["W2"] + w["b2"]
+
+        def torch_call(x=x, eager=eager):
+            return eager(torch.from_numpy(x).cuda()).cpu().numpy()
+
+        tolerance = 1e-3 if dtype == "float32" else 1e-9
+        np.testing.assert_allclose(module.main(x), torch_call(), rtol=tolerance, atol=tolerance)
+        ours, theirs = median_us(lambda x=x, module=module: module.main(x), repeats), median_us(torch_call, repeats)
+        print(row(f"{spec['name']} numpy in/out", ours, theirs, "torch eager .cuda() ... .cpu().numpy()"), flush=True)
+        if (m, k, dtype) == (64, 784, "float32"):
+            resident(module, eager, x, repeats)
+        module.close()
+    overhead(directory / "one_kernel.hxb", repeats)
+
+
+def resident(module, eager, x: np.ndarray, repeats: int) -> None:
+    """Torch CUDA tensors in and out, through DLPack, each call synchronized."""
+    import torch
+
+    x_gpu = torch.from_numpy(x).cuda()
+
+    def ours():
+        y = torch.from_dlpack(module.main(x_gpu, outputs="device"))
+        torch.cuda.synchronize()
+        return y
+
+    def theirs():
+        y = eager(x_gpu)
+        torch.cuda.synchronize()
+        return y
+
+    torch.testing.assert_close(ours(), theirs(), rtol=1e-3, atol=1e-3)
+    print(row("64x784x512x10 float32 device-resident (DLPack in/out)", median_us(ours, repeats),
+              median_us(theirs, repeats), "torch eager on CUDA tensors"), flush=True)
+
+
+def overhead(path: Path, repeats: int) -> None:
+    """A one-kernel module: its call time minus its kernel's time (CUDA events on its stream)."""
+    import torch
+    from cuda.bindings import driver
+    from hexir_runtime import load
+
+    module = load(path, "cuda")
+    executor = module._executors["main"]
+    program = executor.gpus[0]
+    m, k, _, dtype = ONE_KERNEL
+    x_gpu = torch.from_numpy(np.random.default_rng(2).standard_normal((m, k)).astype(dtype)).cuda()
+
+    def call():
+        module.main(x_gpu, outputs="device")
+        program.synchronize()
+
+    wall = median_us(call, repeats)
+    views = next(iter(executor.plans.values())).views
+    command = next(command for command in executor.entry.program if command.op == "call")
+    launch = program.launcher(command.kernel, [views[arg] for arg in command.args], {})  # what a call launches
+    start, end = (driver.cuEventCreate(0)[1] for _ in range(2))
+    kernel = []
+    for _ in range(repeats):
+        driver.cuEventRecord(start, program.stream)
+        launch()
+        driver.cuEventRecord(end, program.stream)
+        driver.cuEventSynchronize(end)
+        kernel.append(driver.cuEventElapsedTime(start, end)[1] * 1e3)
+    kernel_us = statistics.median(kernel)
+    print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
+          f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events), runtime overhead {wall - kernel_us:.1f} µs")
+
+
+def run_cpu(directory: Path, repeats: int) -> None:
+    from hexir_runtime import load
+
+    m, k, h, n, dtype = CPU_ROW
+    name = name_of(m, k, h, n, dtype, "cpu")
+    module = load(directory / f"{name}.hxb", "cpu")
+    w = weights(k, h, n, dtype)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(dtype)
+    out = np.empty((m, n), dtype)
+
+    def numpy_call():
+        return np.maximum(x @ w["W1"] + w["b1"], 0) @ w["W2"] + w["b2"]
+
+    np.testing.assert_allclose(module.main(x), numpy_call(), rtol=1e-5, atol=1e-5)
+    base = median_us(numpy_call, repeats)
+    print(HEADER)
+    print(row(f"{name} module.main(x)", median_us(lambda: module.main(x), repeats), base, "numpy"))
+    print(row(f"{name} module.main(x, out=y)", median_us(lambda: module.main(x, out=out), repeats), base, "numpy"))
+    try:
+        import hexir
+    except ImportError:
+        return
+
+    mlp = hexir.jit(mlp_of(w))
+    np.testing.assert_allclose(mlp(x), numpy_call(), rtol=1e-5, atol=1e-5)
+    print(row(f"{name} @hexir.jit", median_us(lambda: mlp(x), repeats), base, "numpy"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["build", "run"])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--repeats", type=int, default=500)
+    args = parser.parse_args()
+    if args.command == "build":
+        build(args.directory)
+    elif args.device == "cuda":
+        run_cuda(unpacked(args.directory), args.repeats)
+    else:
+        run_cpu(unpacked(args.directory), max(args.repeats, 10000))
+
+
+if __name__ == "__main__":
+    main()
