@@ -1,0 +1,173 @@
+"""The call path on the host: inputs read in place, out=, no allocation per call, DLPack
+host arguments, outputs="device" on a cpu module, and 8 threads calling one module."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from hexir_runtime import InputError, load
+from hexir_runtime import format as hxb
+from hexir_runtime.cpu import CpuDevice
+from hexir_runtime.device import HostMemory
+from hexir_runtime.executor import IN_PLACE_BYTES
+
+
+@pytest.fixture
+def batched(modules, c_library):
+    """`main(x: float32[batch, 8]) -> float32[batch, 4]` on the cpu."""
+    return load(hxb.encode(*modules.batched(c_library)), "cpu")
+
+
+@pytest.fixture
+def copies(monkeypatch) -> list[Any]:
+    """The arrays copied into entry buffers (HostMemory.copy_in's sources)."""
+    received: list[Any] = []
+    original = HostMemory.copy_in
+
+    def copy_in(self, buffer, array):
+        received.append(array)
+        original(self, buffer, array)
+    monkeypatch.setattr(HostMemory, "copy_in", copy_in)
+    return received
+
+
+def expected(modules, x: np.ndarray) -> np.ndarray:
+    return modules.mlp_numpy(x, modules.weights())
+
+
+def test_a_big_contiguous_input_is_read_in_place(batched, modules, copies):
+    rows = IN_PLACE_BYTES // 32 + 1  # 32 bytes a row
+    x = np.random.default_rng(0).standard_normal((rows, 8)).astype(np.float32)
+    np.testing.assert_allclose(batched.main(x), expected(modules, x), rtol=1e-5, atol=1e-5)
+    assert copies == []  # the kernel read x itself
+    strided = np.asfortranarray(x)  # same values, not C-contiguous: copied into the entry's buffer
+    np.testing.assert_allclose(batched.main(strided), expected(modules, x), rtol=1e-5, atol=1e-5)
+    assert len(copies) == 1 and copies[0] is strided
+    readonly = x.copy()
+    readonly.flags.writeable = False  # addressed another way, still in place
+    np.testing.assert_allclose(batched.main(readonly), expected(modules, x), rtol=1e-5, atol=1e-5)
+    assert len(copies) == 1
+
+
+def test_a_small_input_is_copied_which_is_cheaper_than_addressing_it(batched, modules, copies):
+    x = np.ones((2, 8), np.float32)
+    np.testing.assert_allclose(batched.main(x), expected(modules, x), rtol=1e-5, atol=1e-5)
+    assert len(copies) == 1 and copies[0] is x
+
+
+def test_out_is_written_and_returned(modules, c_library):
+    module = load(hxb.encode(*modules.mlp(c_library)), "cpu")
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    h, y = np.empty((2, 16), np.float32), np.empty((2, 4), np.float32)
+    assert module.layers(x, out=(h, y)) == (h, y)
+    result = module.layers(x)
+    np.testing.assert_array_equal(h, result[0])
+    np.testing.assert_array_equal(y, result[1])
+    strided = np.empty((4, 4), np.float32)[::2]
+    assert module.run("layers", x, out=[h, strided])[1] is strided
+    np.testing.assert_array_equal(strided, result[1])
+
+
+@pytest.mark.parametrize(("out", "message"), [
+    (lambda: np.empty((2, 4), np.float32), "layers(): out has 1 array(s) for 2 output(s)"),
+    (lambda: (np.empty((2, 16), np.float32), np.empty((2, 4))),
+     "layers(): out[1] expects float32[2, 4], got float64[2, 4]"),
+    (lambda: (np.empty((2, 16), np.float32), np.empty((3, 4), np.float32)),
+     "layers(): out[1] expects float32[2, 4], got float32[3, 4]"),
+    (lambda: (np.empty((2, 16), np.float32), [[0.0] * 4] * 2),
+     "layers(): out[1] must be a writable numpy array float32[2, 4], got list"),
+    (lambda: (np.empty((2, 16), np.float32), np.broadcast_to(np.float32(0), (2, 4))),
+     "layers(): out[1] must be a writable numpy array float32[2, 4], got ndarray"),
+], ids=["count", "dtype", "shape", "type", "read-only"])
+def test_a_wrong_out_is_an_input_error(modules, c_library, out, message):
+    module = load(hxb.encode(*modules.mlp(c_library)), "cpu")
+    with pytest.raises(InputError) as error:
+        module.layers(np.ones((2, 8), np.float32), out=out())
+    assert str(error.value) == message
+
+
+def test_out_with_a_symbolic_batch_must_have_the_calls_shape(batched):
+    with pytest.raises(InputError, match=r"^main\(\): out\[0\] has shape \(3, 4\), this call's output 0 \(2, 4\)$"):
+        batched.main(np.ones((2, 8), np.float32), out=np.empty((3, 4), np.float32))
+
+
+class CountingCpu(CpuDevice):
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocations = 0
+
+    def alloc(self, shape, dtype):
+        self.allocations += 1
+        return super().alloc(shape, dtype)
+
+
+def test_repeated_sizes_allocate_nothing_and_reuse_their_plan(modules, c_library):
+    device = CountingCpu()
+    module = load(hxb.encode(*modules.batched(c_library)), device)
+    executor = module._executors["main"]
+    x, out = np.ones((5, 8), np.float32), np.empty((5, 4), np.float32)
+    module.main(x)
+    allocations, plan = device.allocations, executor.plans[(((5, 8),), False)]
+    for rows in (5, 3, 5, 3):
+        module.main(x[:rows])
+        module.main(x[:rows], out=out[:rows])
+    assert device.allocations == allocations and executor.plans[(((5, 8),), False)] is plan
+    assert len(executor.plans) == 2
+    module.main(np.ones((7, 8), np.float32))  # bigger: the buffers grow, the older plans go
+    assert device.allocations > allocations and list(executor.plans) == [(((7, 8),), False)]
+
+
+class Tensor:
+    """A host tensor from another library: only the DLPack protocol (as torch's CPU tensors)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, stream: Any = None, **keys: Any) -> Any:
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array.__dlpack_device__()
+
+
+def test_host_dlpack_tensors_are_arguments_and_outputs_are_dlpack_too(batched, modules):
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    y = batched.main(Tensor(x))
+    np.testing.assert_allclose(y, expected(modules, x), rtol=1e-5, atol=1e-5)
+    device = batched.main(Tensor(x), outputs="device")  # a cpu module: its outputs are on the host
+    assert isinstance(device, np.ndarray) and device.__dlpack_device__() == (1, 0)
+    np.testing.assert_array_equal(np.from_dlpack(device), y)
+    with pytest.raises(InputError, match=r"^main\(\): argument 'x' expects float32\[batch, 8\], got float64\[3, 8\]$"):
+        batched.main(Tensor(x.astype(np.float64)))
+
+
+def test_outputs_must_be_host_or_device(batched):
+    with pytest.raises(InputError, match=r"^main\(\): outputs must be 'host' or 'device', got 'gpu'$"):
+        batched.main(np.ones((1, 8), np.float32), outputs="gpu")
+
+
+def test_concurrent_calls_from_8_threads_with_changing_sizes(batched, modules):
+    failures: list[Any] = []
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((1 + i % 700, 8)).astype(np.float32) for i in range(64)]
+    wanted = [expected(modules, x) for x in inputs]
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(200):
+                k = (seed * 7 + i) % len(inputs)
+                out = np.empty_like(wanted[k]) if i % 3 == 0 else None
+                y = batched.main(inputs[k], out=out)
+                np.testing.assert_allclose(y, wanted[k], rtol=1e-5, atol=1e-5)
+        except Exception as error:  # noqa: BLE001 - reported below, with the thread's seed
+            failures.append((seed, error))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

@@ -1,0 +1,98 @@
+"""The DLPack protocol of hexir_runtime.dlpack, checked against numpy's own implementation:
+numpy's capsules read by `unpack`, our `DLPackArray`s taken by `np.from_dlpack`."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import numpy as np
+import pytest
+from hexir_runtime.dlpack import CPU, DLPackArray, describe, tensor_of, unpack
+
+
+def test_unpack_reads_numpys_capsules():
+    array = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    tensor = unpack(array.__dlpack__())
+    assert tensor.pointer == array.ctypes.data and tensor.shape == (2, 3, 4) and tensor.dtype == np.float64
+    assert tensor.device == (CPU, 0) and tensor.contiguous and tensor.nbytes == array.nbytes
+    view = unpack(array[:, 1:, ::2].__dlpack__())
+    assert view.pointer == array.ctypes.data + 4 * 8 and view.shape == (2, 2, 2)
+    assert view.strides == (12, 4, 2) and not view.contiguous
+    assert unpack(array[0][:, None, :].__dlpack__()).contiguous  # the stride of an axis of 1 does not matter
+    assert describe(unpack(np.float32([1]).__dlpack__())) == "float32[1] on DLPack device type 1:0"
+    assert describe(unpack(np.int32([1]).__dlpack__())) == "code 0 bits 32 lanes 1[1] on DLPack device type 1:0"
+
+
+def test_releasing_an_unpacked_capsule_runs_the_producers_deleter():
+    array = np.ones(3, np.float32)
+    references = sys.getrefcount(array)
+    tensor = unpack(array.__dlpack__())
+    assert sys.getrefcount(array) == references + 1  # numpy's capsule keeps the array
+    tensor.release()
+    tensor.release()  # once only
+    assert sys.getrefcount(array) == references
+    dropped = unpack(array.__dlpack__())
+    del dropped
+    gc.collect()
+    assert sys.getrefcount(array) == references
+
+
+def test_numpy_takes_our_arrays_without_a_copy_and_keeps_them_alive():
+    memory = np.arange(12, dtype=np.float32)
+    freed: list[int] = []
+    array = DLPackArray(memory.ctypes.data, (3, 4), np.float32, (CPU, 0), free=freed.append)
+    taken = np.from_dlpack(array)
+    assert taken.shape == (3, 4) and taken.dtype == np.float32 and np.shares_memory(taken, memory)
+    np.testing.assert_array_equal(taken, memory.reshape(3, 4))
+    del array
+    gc.collect()
+    assert freed == []  # numpy's array still uses the memory
+    del taken
+    gc.collect()
+    assert freed == [memory.ctypes.data]
+
+
+def test_a_capsule_nobody_consumes_gives_its_reference_back():
+    freed: list[int] = []
+    array = DLPackArray(1234, (2,), np.float64, (CPU, 0), free=freed.append)
+    capsule = array.__dlpack__()
+    del capsule, array
+    gc.collect()
+    assert freed == [1234]
+
+
+def test_our_capsules_read_back_and_ready_gets_the_consumers_stream():
+    streams: list[object] = []
+    array = DLPackArray(4096, (5, 6), np.float64, (2, 0), ready=streams.append)
+    tensor = unpack(array.__dlpack__(stream=7))
+    assert (tensor.pointer, tensor.shape, tensor.dtype, tensor.device) == (4096, (5, 6), np.float64, (2, 0))
+    assert tensor.strides is None and streams == [7]
+    tensor.release()
+    array.__dlpack__(stream=-1)  # -1: the consumer asks for no synchronization
+    assert streams == [7]
+    assert array.__dlpack_device__() == (2, 0) and array.nbytes == 240 and array.ndim == 2
+    assert "float64[5, 6]" in repr(array)
+
+
+def test_copies_and_other_devices_are_refused():
+    array = DLPackArray(4096, (2,), np.float32, (2, 0))
+    with pytest.raises(BufferError, match="without a copy only"):
+        array.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match=r"lives on DLPack device \(2, 0\), not \(1, 0\)"):
+        array.__dlpack__(dl_device=(1, 0))
+
+
+def test_tensor_of_gives_host_tensors_as_numpy_arrays():
+    array = np.ones((2, 2), np.float32)
+    assert tensor_of(array) is array
+
+    class Host:
+        def __dlpack__(self, stream=None, **keys):
+            return array.__dlpack__()
+
+        def __dlpack_device__(self):
+            return (CPU, 0)
+
+    taken = tensor_of(Host())
+    assert isinstance(taken, np.ndarray) and np.shares_memory(taken, array)
