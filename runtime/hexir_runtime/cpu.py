@@ -91,14 +91,27 @@ def pick_library(cpu: Cpu, machine: str | None = None, flags: set[str] | None = 
 
 
 def check_library(blob: memoryview, what: str, machine: str | None = None) -> None:
-    """Raise DeviceError if the shared object `blob` is an ELF for another architecture than this machine's."""
-    header = bytes(blob[:20])
+    """Raise DeviceError if the shared object `blob` is an ELF for another architecture than this
+    machine's, or if its program headers (what dlopen maps) reach past its end: the loader would
+    map pages beyond the end of the file and die of SIGBUS touching them."""
+    header = bytes(blob[:64])
     if len(header) < 20 or not header.startswith(b"\x7fELF"):
         return  # not an ELF at all: dlopen says so
-    arch = ELF_MACHINES.get(int.from_bytes(header[18:20], "little" if header[5] == 1 else "big"))
+    order = "little" if header[5] == 1 else "big"
+    arch = ELF_MACHINES.get(int.from_bytes(header[18:20], order))
     machine = machine or platform.machine()
     if arch is not None and _arch(arch) != _arch(machine):
         raise DeviceError(f"{what} is for {arch}, but this machine is {machine}")
+    if header[4] != 2 or len(header) < 64:
+        raise DeviceError(f"{what} is not a 64-bit ELF shared object (or is truncated)")
+    field = lambda data, at, size: int.from_bytes(data[at : at + size], order)  # noqa: E731
+    table, size, count = field(header, 32, 8), field(header, 54, 2), field(header, 56, 2)
+    if size < 56 or table + size * count > len(blob):
+        raise DeviceError(f"{what} is truncated or corrupt: its program headers lie outside its {len(blob)} bytes")
+    for i in range(count):
+        entry = bytes(blob[table + i * size : table + i * size + 56])
+        if field(entry, 8, 8) + field(entry, 32, 8) > len(blob):  # p_offset + p_filesz
+            raise DeviceError(f"{what} is truncated or corrupt: its segment {i} ends past its {len(blob)} bytes")
 
 
 def _arch(name: str) -> str:
@@ -256,6 +269,7 @@ class CpuDevice(HostMemory):
         if shared:
             build = pick_library(manifest.cpu)
             where = main_where = f"the CPU library for {build.cpu} (blob {build.library})"
+            check_library(hxb.blob(build.library), where)
             main = open_library(hxb.blob(build.library), manifest.blobs[build.library].sha256, where)
             if hxb.version >= 2:  # version-1 files predate kernel tables
                 table = main.table()

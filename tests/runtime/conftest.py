@@ -64,7 +64,7 @@ def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
     if op == "relu":
         inner = math.prod(shapes[0][1:])
         return f"""{head}const {t} *x, {t} *out, {sizes}int64_t first, int64_t last) {{
-  for (int64_t i = first * {inner}; i < last * {inner}; ++i) out[i] = x[i] > 0 ? x[i] : 0;
+  for (int64_t i = first * {inner}; i < last * {inner}; ++i) out[i] = x[i] < 0 ? 0 : x[i]; /* NaN stays NaN */
 }}
 """
     (_, k), (_, n) = shapes[0], shapes[1]
