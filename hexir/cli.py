@@ -205,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         what = "is a folder" if output.is_dir() else f"the folder {output.parent} does not exist"
         print(f"hexir: error: cannot write {output}: {what}", file=sys.stderr)
         return 1
+    for folder in args.kernel_search_path:
+        if not Path(folder).is_dir():
+            print(f"hexir: error: --kernel-search-path {folder}: no such folder", file=sys.stderr)
+            return 1
     try:
         result = compile_input(args)
     except (ArgumentError, PlacementError, TargetError) as error:

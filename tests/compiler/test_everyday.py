@@ -138,6 +138,8 @@ def test_the_output_folder_is_checked_before_the_work(tmp_path):
     assert "float32[2, 4]" not in done.stdout  # nothing ran: mlp prints its output when it runs
     done = hexir_command(f"{MLP}:mlp", "-spec=x=2x8xf32", "-emit=mlir", "-o", str(tmp_path))
     assert done.returncode == 1 and f"cannot write {tmp_path}: is a folder" in done.stderr
+    done = hexir_command(f"{MLP}:mlp", "-spec=x=2x8xf32", "-emit=mlir", "--kernel-search-path", str(tmp_path / "no"))
+    assert done.returncode == 1 and f"--kernel-search-path {tmp_path / 'no'}: no such folder" in done.stderr
 
 
 def test_large_constants_are_elided_on_stdout(tmp_path):
