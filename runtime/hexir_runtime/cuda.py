@@ -260,9 +260,8 @@ class CudaProgram:
         self.device.make_current()
 
     def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
-        """Queue a copy of (page-locked, C-contiguous) host `array` into `buffer`."""
-        if self.staged:  # the previous call returned without waiting: its copies may still read it
-            self.synchronize()
+        """Queue a copy of (page-locked, C-contiguous) host `array` into `buffer`; the array must
+        not change until the stream has done it (`staged` says whether it may not have)."""
         if buffer.nbytes:
             check(self.driver.cuMemcpyHtoDAsync(buffer.pointer, array.ctypes.data, buffer.nbytes, self.stream),
                   "cuMemcpyHtoDAsync")
@@ -289,7 +288,7 @@ class CudaProgram:
         check(self.driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         self.staged = False
 
-    def output(self, shape: tuple[int, ...], dtype: str) -> DLPackArray:
+    def output(self, shape: tuple[int, ...], dtype: Any) -> DLPackArray:
         """Fresh device memory for one output of one call, owned by the returned array (freed
         when it and every tensor taken from it are gone)."""
         nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)

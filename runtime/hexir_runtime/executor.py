@@ -91,9 +91,10 @@ def bind(entry: Entry, shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
 class Plan:
     """The steps of one call shape, bound to that shape's buffer views."""
 
-    def __init__(self, views: list[Any], steps: list[Step], outputs: list[tuple[int, Any, Any]]) -> None:
+    def __init__(self, views: list[Any], steps: list[Step], outputs: list[tuple[int, Any, Any]], stages: bool) -> None:
         self.views, self.steps = views, steps
         self.outputs = outputs  # per returned buffer: (handle index or -1, its view, who copies it out)
+        self.stages = stages  # whether the host writes a staging buffer (an input bound for the GPU)
 
 
 class Executor:
@@ -193,6 +194,8 @@ class Executor:
         plan = self.plans.get(key) or self._plan(key)
         for gpu in self.gpus:
             gpu.begin()
+            if gpu.staged and plan.stages:  # the last call returned without waiting for its copies
+                gpu.synchronize()  # from the staging buffers that this call writes
         handles: list[Any] = [None] * (len(arrays) + len(self.returns))
         for index in self.host_inputs:
             array = arrays[index]
@@ -204,7 +207,7 @@ class Executor:
         if device:
             for position in self.device_outputs:
                 _, view, runner = plan.outputs[position]
-                handles[len(arrays) + position] = runner.output(view.shape, view.dtype.name)
+                handles[len(arrays) + position] = runner.output(view.shape, view.dtype)
         for step in plan.steps:
             step(arrays, handles)
         results = []
@@ -264,7 +267,8 @@ class Executor:
                 outputs.append((inputs + position, views[gpu], runners[gpu]))
             else:
                 outputs.append((-1, views[src], runners[src]))
-        plan = self.plans[key] = Plan(views, steps, outputs)
+        stages = any(command.op == "input" and command.dst in self.pinned for command in self.entry.program)
+        plan = self.plans[key] = Plan(views, steps, outputs, stages)
         return plan
 
     def _size_buffers(self, sizes: Mapping[str, int]) -> bool:
