@@ -6,7 +6,9 @@ program (load, launch, close). The executor only ever talks to devices through t
 Buffers are reused across calls whose sizes change: the executor allocates a flat buffer big
 enough for the call and asks the device for a `view` of it with the call's shape.
 Host buffers are numpy arrays: a device copies straight between them and its own buffers
-(`copy_in` from one, `copy_out_into` one), so a transfer makes no intermediate array.
+(`copy_in` from one, `copy_out_into` one), so a transfer makes no intermediate array. A GPU
+device also allocates page-locked host arrays (`alloc_pinned`, `free_pinned`): the executor's
+staging buffers for the host buffers that meet the GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from .format import Hxb
 
 
 class Program(Protocol):
-    """A module's kernels, loaded on one device."""
+    """A module's kernels, loaded on one device.
+
+    Optionally (the executor uses them where they exist): `launcher(kernel, buffers, sizes)`, a
+    function doing `launch` with everything computed once per call shape, given per-call
+    (argument, buffer) overrides, or None when there is nothing to run. A GPU program (one
+    with `begin`) also queues the module's copies on its own stream: `begin()` at the start of
+    each call, `copy_in`, `copy_out`, `copy_out_into`, `synchronize`, `staged` (a queued copy may
+    still read a staging buffer), `output(shape, dtype)` (a fresh device output, DLPack) and
+    `record()` (mark the end of a call whose outputs stay on the device).
+    """
 
     def launch(self, kernel: int, buffers: Sequence[Any], sizes: Mapping[str, int]) -> None:
         """Run kernels[kernel] on `buffers` (its args in order; the last one is written), its
