@@ -4,6 +4,7 @@ escapes is HxbFormatError, and a manifest that passes the checks runs on the ref
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import numpy as np
@@ -98,3 +99,64 @@ def test_mutated_manifests_fail_cleanly_or_run(modules, factory, draw):
             module.run(entry, *arrays)
         except HexirRuntimeError as error:
             pytest.fail(f"a checked module failed to run: {error}")
+
+
+# --- issue 12: real modules (their C library and kernel table), edited and re-encoded ----------
+
+
+def _blob_edit(draw, manifest: dict[str, Any], blobs: list, c_library: bytes) -> None:
+    names = [name for name, _ in blobs]
+    how = draw.draw(st.sampled_from(["constant", "library", "table"]))
+    constants = [i for i, name in enumerate(names) if name.startswith("constant")]
+    if how == "constant" and constants:
+        i = draw.draw(st.sampled_from(constants))
+        data = bytearray(blobs[i][1])
+        data[draw.draw(st.integers(0, len(data) - 1))] = draw.draw(st.integers(0, 255))
+        blobs[i] = (names[i], bytes(data) if draw.draw(st.booleans()) else bytes(data[: len(data) // 2]))
+    elif how == "library" and "cpu.so" in names:
+        i = names.index("cpu.so")
+        blobs[i] = ("cpu.so", draw.draw(st.sampled_from([c_library[: len(c_library) // 2], c_library[:64], b""])))
+    elif "cuda" in manifest:
+        i = manifest["cuda"]["table"]
+        table = json.loads(blobs[i][1])
+        entry = table["kernels"][0]
+        key = draw.draw(st.sampled_from(sorted(entry)))
+        entry[key] = draw.draw(JSON_VALUES)
+        blobs[i] = (names[i], json.dumps(table).encode())
+
+
+@pytest.mark.parametrize("factory", ["mlp", "batched", "cuda"])
+@FUZZ
+@given(st.data())
+def test_edited_real_modules_refuse_cleanly_or_agree_with_the_reference(modules, c_library, factory, draw):
+    manifest, blobs = getattr(modules, factory)(c_library)
+    manifest = copy.deepcopy(manifest)
+    for _ in range(draw.draw(st.integers(1, 2))):
+        if draw.draw(st.booleans()):
+            _blob_edit(draw, manifest, blobs, c_library)
+            continue
+        path = draw.draw(st.sampled_from(paths(manifest)[1:]))
+        parent = manifest
+        for key in path[:-1]:
+            parent = parent[key]
+        if draw.draw(st.booleans()):
+            parent[path[-1]] = draw.draw(JSON_VALUES)
+        else:
+            del parent[path[-1]]
+    try:
+        data = hxb.encode(manifest, blobs)
+        module = load(data, "cpu")
+        rng = np.random.default_rng(0)
+        arrays = {entry: [rng.standard_normal([3 if isinstance(d, str) else d for d in tensor.shape]).astype(
+            tensor.dtype) for _, tensor in module.signature(entry).inputs] for entry in module.entries}
+        results = {entry: module.run(entry, *arrays[entry]) for entry in module.entries}
+    except HexirRuntimeError:
+        return  # a documented refusal
+    try:
+        reference = load(data, "reference")
+    except KernelError:
+        return  # an op with no numpy version: nothing to compare with
+    for entry, result in results.items():
+        expected = reference.run(entry, *arrays[entry])
+        for got, want in zip(*(r if isinstance(r, tuple) else (r,) for r in (result, expected)), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
