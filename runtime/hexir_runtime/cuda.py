@@ -46,15 +46,20 @@ def _driver() -> Any:
     return driver
 
 
+_success: list[Any] = [None]  # the driver's CUDA_SUCCESS, once seen: enum members are singletons
+
+
 def check(result: tuple, call: str) -> Any:
     """The values a driver call returns after its CUresult, or DeviceError if it failed."""
-    driver = _driver()
-    status, *values = result
-    if status != driver.CUresult.CUDA_SUCCESS:
-        _, text = driver.cuGetErrorString(status)
-        message = text.decode() if isinstance(text, bytes) else str(text)
-        raise DeviceError(f"{call} failed: {getattr(status, 'name', status)} ({message})")
-    return values[0] if len(values) == 1 else tuple(values)
+    status = result[0]
+    if status is not _success[0]:  # on the call path, an identity test instead of an import and a lookup
+        driver = _driver()
+        if status != driver.CUresult.CUDA_SUCCESS:
+            _, text = driver.cuGetErrorString(status)
+            message = text.decode() if isinstance(text, bytes) else str(text)
+            raise DeviceError(f"{call} failed: {getattr(status, 'name', status)} ({message})")
+        _success[0] = status
+    return result[1] if len(result) == 2 else tuple(result[1:])
 
 
 class DeviceBuffer:
@@ -237,7 +242,7 @@ class CudaProgram:
         self.kernels = kernels
         self.modules: list[Any] = []  # the loaded CUmodules, unloaded by close
         self.stream: Any = None
-        self.event: Any = None  # recorded after a call that leaves outputs on the GPU
+        self.event: Any = None  # what a consumer's stream waits for (DLPack outputs)
         self.staged = False  # an asynchronous copy may still read a staging buffer
 
     def close(self) -> None:
@@ -300,14 +305,14 @@ class CudaProgram:
             # on the legacy stream, after the work of our (blocking) stream and of torch's default one
             check(driver.cuMemFreeAsync(pointer, 0), "cuMemFreeAsync")
 
-        def ready(stream: int | None) -> None:  # DLPack: 1 (or None) is the legacy stream, 2 per-thread
-            device.make_current()
-            check(driver.cuStreamWaitEvent(1 if stream is None else stream, event, 0), "cuStreamWaitEvent")
+        def ready(stream: int | None) -> None:
+            """Order the consumer's stream after our work. DLPack's 1 (or None) is the legacy default
+            stream, which waits for our (blocking) stream by itself; others wait for an event."""
+            if stream not in (None, 1):
+                device.make_current()
+                check(driver.cuEventRecord(event, self.stream), "cuEventRecord")
+                check(driver.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
         return DLPackArray(pointer, shape, dtype, (CUDA, device.ordinal), free, ready)
-
-    def record(self) -> None:
-        """Mark the end of a call's queued work, which exported outputs wait for."""
-        check(self.driver.cuEventRecord(self.event, self.stream), "cuEventRecord")
 
     def launcher(self, kernel: int, buffers: Sequence[DeviceBuffer],
                  sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, Any]]], None] | None:

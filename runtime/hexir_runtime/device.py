@@ -30,8 +30,7 @@ class Program(Protocol):
     (argument, buffer) overrides, or None when there is nothing to run. A GPU program (one
     with `begin`) also queues the module's copies on its own stream: `begin()` at the start of
     each call, `copy_in`, `copy_out`, `copy_out_into`, `synchronize`, `staged` (a queued copy may
-    still read a staging buffer), `output(shape, dtype)` (a fresh device output, DLPack) and
-    `record()` (mark the end of a call whose outputs stay on the device).
+    still read a staging buffer) and `output(shape, dtype)` (a fresh device output, DLPack).
     """
 
     def launch(self, kernel: int, buffers: Sequence[Any], sizes: Mapping[str, int]) -> None:

@@ -110,7 +110,10 @@ class Executor:
         # Who copies to and from each buffer: a GPU program (on its stream), else the device.
         self.runners = [by_device.get(place, place) for place in self.places]
         self.gpus = list({id(r): r for r in self.runners if hasattr(r, "begin")}.values())
-        self.stream = int(self.gpus[0].stream) if self.gpus else None  # where DLPack producers put inputs
+        # The stream DLPack producers are asked to make inputs ready on: the legacy default one
+        # (DLPack's 1), which our streams wait for by themselves (they are blocking streams), and
+        # where torch works by default, so that it needs no event either.
+        self.stream = 1 if self.gpus else None
         self.views: list[Any] = [None] * len(entry.buffers)  # each buffer, with the last plan's shape
         # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements, owner].
         self.allocations: dict[int, list[Any]] = {}
@@ -222,9 +225,6 @@ class Executor:
                 results.append(out[position])
             else:
                 results.append(runner.copy_out(view))
-        if device:
-            for gpu in self.gpus:
-                gpu.record()
         return results
 
     def _plan(self, key: tuple) -> Plan:

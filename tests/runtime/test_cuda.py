@@ -1218,15 +1218,18 @@ def test_a_cuda_tensor_is_read_in_place_and_outputs_stay_on_the_gpu(module_file,
     x = x_of((37, 11), "float64", seed=5)
     tensor = CudaTensor(fake, x)
     y, calls = calls_of_one_call(fake, module, tensor, outputs="device")
-    assert tensor.streams == [stream]  # the producer was asked for it on our stream
+    assert tensor.streams == [1]  # the producer was asked for it on the legacy stream, which ours waits for
     assert "cuMemcpyHtoDAsync" not in calls and "cuMemcpyDtoHAsync" not in calls
-    assert "cuStreamSynchronize" not in calls and calls[-1] == "cuEventRecord"
+    assert "cuStreamSynchronize" not in calls and "cuEventRecord" not in calls
     (launch,) = fake.launches
     assert launch["pointers"][0] == tensor.pointer and launch["pointers"][-1] == y.pointer
     assert y.__dlpack_device__() == (2, 0) and (y.shape, y.dtype) == ((37, 33), np.float64)
     np.testing.assert_allclose(device_bytes(fake, y), x @ W64, rtol=1e-12)
-    consumed = hexir_runtime.dlpack.unpack(y.__dlpack__(stream=1))  # as torch.from_dlpack would
-    assert fake.calls[-1] == "cuStreamWaitEvent" and fake.on_stream[-1] == ("cuStreamWaitEvent", 1)
+    before = len(fake.calls)
+    consumed = hexir_runtime.dlpack.unpack(y.__dlpack__(stream=1))  # as torch.from_dlpack on its default stream
+    assert fake.calls[before:] == []  # the legacy stream waits for our blocking stream by itself
+    hexir_runtime.dlpack.unpack(y.__dlpack__(stream=stream)).release()  # another stream waits for an event
+    assert fake.on_stream[-2:] == [("cuEventRecord", stream), ("cuStreamWaitEvent", stream)]
     assert (consumed.pointer, consumed.shape, consumed.device) == (y.pointer, (37, 33), (2, 0))
     pointer = y.pointer
     del y
