@@ -1,4 +1,5 @@
-"""Experiment: the GPU linear's tiling, measured (how gpu_schedule.linear_tiling was chosen).
+"""Experiment: the GPU linear's tilings, measured (how schedules/cuda.py's TILINGS and
+DMMA_TILINGS were chosen).
 
     PYTHONPATH=runtime:. python bench/tilings.py bench/variants                   # here: build
     PYTHONPATH=runtime python bench/linear.py run bench/variants --device cuda    # on the GPU
@@ -8,34 +9,72 @@ overriding the schedule's choice for the duration of the build.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
+
+os.environ["HEXIR_CACHE_DIR"] = ""  # the variants differ only in a patched table: never reuse a cached module
 
 import hexir
 from hexir.schedules import cuda as gpu_schedule
 
-TILINGS = [(64, 16, 4), (128, 8, 8), (128, 16, 8), (64, 8, 4)]
-SIZES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
+TILINGS = [(32, 16, 2), (64, 16, 4), (128, 16, 8)]
+#: (M, K, N, symbolic): the sizes where the choice between tilings is close.
+SIZES = [(512, 512, 512, False), (1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 1024, 33, False),
+         (256, 1024, 1024, True), (4096, 1024, 1024, True), (64, 1024, 1024, True), (1024, 4096, 4096, True)]
 
 
 def linear(x, w):
     return hexir.linear(x, w)
 
 
+#: The FP64 tensor-core kernel's tilings (block rows, block columns, k slice, warps along rows, along columns).
+DMMA_TILINGS = [(64, 64, 16, 2, 2), (128, 64, 16, 2, 2), (64, 128, 16, 2, 2), (128, 128, 16, 4, 2),
+                (128, 128, 16, 2, 4)]
+DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
+              (4096, 1024, 1024, True)]
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    chosen_dmma = gpu_schedule.dmma_tiling
+    try:
+        for tiling in DMMA_TILINGS:
+            gpu_schedule.dmma_tiling = lambda m, n, tiling=tiling: tiling
+            for m, k, n, symbolic in DMMA_SIZES:
+                name = f"linear_{m}x{k}x{n}_float64_cuda_dmma{'x'.join(map(str, tiling))}{'_sym' if symbolic else ''}"
+                hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), "float64"),
+                             hexir.TensorSpec((k, n), "float64"), placement={"hexir.linear": "cuda"})
+                rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": "float64", "device": "cuda",
+                             "symbolic": symbolic, "variant": f"d{tiling[0]}x{tiling[1]}w{tiling[3]}x{tiling[4]}"})
+    finally:
+        gpu_schedule.dmma_tiling = chosen_dmma
+    rows_max = gpu_schedule.ROWS_MAX
+    try:
+        for limit in (16, 0):  # the row-streaming kernel, then the tiled one, for few rows
+            gpu_schedule.ROWS_MAX = limit
+            for m in (1, 4, 8, 16):
+                for dtype in ("float32", "float64"):
+                    name = f"linear_{m}x4096x4096_{dtype}_cuda_{'rows' if limit else 'tiled'}"
+                    hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, 4096), dtype),
+                                 hexir.TensorSpec((4096, 4096), dtype), placement={"hexir.linear": "cuda"})
+                    rows.append({"name": name, "m": m, "k": 4096, "n": 4096, "dtype": dtype, "device": "cuda",
+                                 "variant": "rows" if limit else "tiled"})
+    finally:
+        gpu_schedule.ROWS_MAX = rows_max
     chosen = gpu_schedule.linear_tiling
     try:
         for tiling in TILINGS:
             gpu_schedule.linear_tiling = lambda m, n, tiling=tiling: tiling
             tile, step, per = tiling
-            for m, k, n in SIZES:
-                for dtype in ("float32", "float64"):
-                    name = f"linear_{m}x{k}x{n}_{dtype}_cuda_t{tile}s{step}p{per}"
-                    hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
+            for m, k, n, symbolic in SIZES:
+                for dtype in ("float32",):  # float64 runs on the tensor cores (schedules/cuda.py dmma)
+                    name = f"linear_{m}x{k}x{n}_{dtype}_cuda_t{tile}s{step}p{per}{'_sym' if symbolic else ''}"
+                    hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
                                  hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": "cuda"})
-                    rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cuda"})
+                    rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cuda",
+                                 "symbolic": symbolic, "variant": f"t{tile}"})
     finally:
         gpu_schedule.linear_tiling = chosen
     (out / "modules.json").write_text(json.dumps(rows, indent=1))

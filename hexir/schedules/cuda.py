@@ -13,10 +13,12 @@ warp's stores are consecutive too) in a private buffer that NVVM keeps in regist
           for tx in [0, 16) bind threadIdx.x          for each k slice: stage; barrier; FMAs; barrier
                                                       out[row, col] = epilogues(sums) where row < M, col < N
 
-linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): 128-thread
-blocks (4 warps, 2 x 2) compute 64 x 64 tiles; each warp a 32 x 32 quarter as 4 x 4
-`mma.sync.m8n8k4.f64` tiles (two f64 sums of each per thread: 32 in registers), its x and w
+linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): blocks of
+warps (2 x 2 for a 64 x 64 tile, `DMMA_TILINGS`), each warp computing its part of the tile as
+`mma.sync.m8n8k4.f64` tiles (two f64 sums of each per thread, in registers), its x and w
 fragments read from the same shared-memory slices the SIMT kernel stages.
+
+linear with at most 16 rows (static) streams w instead (`rows`): see `linear_rows`.
 
 elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
 element count. The guards make any shape work: 1, primes, sizes no block size divides, and a
@@ -39,12 +41,15 @@ from hexir.schedules import Request, extent
 #: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.70 of
 #: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.57) but leave SMs idle on small outputs
 #: (bench/results/2026-11-30-h200-tilings.md, 2026-11-30-h200-tilings-2.md).
-TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 0))
+TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 0))  # 512^3: 32x32 0.84, 64x64 0.64
 SMALL_TILING, LARGE_TILING = TILINGS[1][0], TILINGS[0][0]
 #: With a row count known only at run time, large tiles from this many columns on.
 LARGE_TILES_FROM_COLUMNS = 2048
-#: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row).
-ROWS_MAX = 16
+#: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row). At
+#: 4096 x 4096 on the H200 it beats the tiled kernel 4.5x at 1 row, 2.5x at 4, 1.7x at 8, and
+#: loses at 16 (bench/results/2026-11-30-h200-tilings-2.md).
+ROWS_MAX = 8
+ROWS_SHARED_BYTES = 32768
 ELEMENTWISE_BLOCK = 256
 
 
@@ -98,8 +103,17 @@ def _stage(source: ir.Value, tile: ir.Value, thread: ir.Value, threads: int, loa
         ht.store(value, tile, [r, c])
 
 
-#: The FP64 tensor-core kernel: block tile, k slice, threads (4 warps as 2 x 2), warp tile.
-DMMA_TILE, DMMA_STEP, DMMA_THREADS, DMMA_WARP_TILE = 64, 16, 128, 32
+#: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
+#: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen.
+DMMA_TILINGS = (((64, 64, 16, 2, 2), 0),)
+
+
+def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
+    """The DMMA tiling of an [m, n] output: the first of DMMA_TILINGS that gives enough blocks."""
+    for tiling, fewest in DMMA_TILINGS:
+        if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
+            return tiling
+    return DMMA_TILINGS[-1][0]
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
@@ -125,7 +139,9 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    warps = 16 if request.dtype == "float32" else 8  # partial sums: warps x M x 32 <= 32 KiB
+    # as many warps as the partial sums allow (warps x M x 32 elements <= 32 KiB), up to 32: more
+    # loads in flight for the few blocks (one per 32 columns) a product of few rows has
+    warps = max(1, min(32, ROWS_SHARED_BYTES // (m * 32 * (4 if request.dtype == "float32" else 8))))
     ht.set_variant("rows")
     columns, depth = ht.index(n), ht.index(k_extent)
     with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
@@ -219,9 +235,10 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile, step, threads, warp_tile = DMMA_TILE, DMMA_STEP, DMMA_THREADS, DMMA_WARP_TILE
-    frags = warp_tile // 8                                   # 4 x 4 mma tiles per warp
-    grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)
+    tile_m, tile_n, step, warps_m, warps_n = dmma_tiling(m, n)
+    threads = 32 * warps_m * warps_n
+    frags_m, frags_n = tile_m // warps_m // 8, tile_n // warps_n // 8   # mma tiles per warp
+    grid = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m), 1)
     rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
     pair = ir.Type.parse("!llvm.struct<(f64, f64)>")
     f64_type = ir.Attribute.parse("#nvvm.mma_type<f64>")
@@ -230,32 +247,34 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        x_tile = ht.alloc_local([tile, step + DMMA_PAD[0]], element, "shared")
-        w_tile = ht.alloc_local([step, tile + DMMA_PAD[1]], element, "shared")
+        x_tile = ht.alloc_local([tile_m, step + DMMA_PAD[0]], element, "shared")
+        w_tile = ht.alloc_local([step, tile_n + DMMA_PAD[1]], element, "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
-            sums = ht.alloc_local([frags, frags, 2], element)
+            sums = ht.alloc_local([frags_m, frags_n, 2], element)
             zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            with ht.loop(0, frags, "unrolled") as i, ht.loop(0, frags, "unrolled") as j, \
+            with ht.loop(0, frags_m, "unrolled") as i, ht.loop(0, frags_n, "unrolled") as j, \
                     ht.loop(0, 2, "unrolled") as c:
                 ht.store(zero, sums, [i, j, c])
             warp = arith.DivUIOp(thread, ht.index(32)).result
             lane = arith.RemUIOp(thread, ht.index(32)).result
             group, in_group = arith.DivUIOp(lane, ht.index(4)).result, arith.RemUIOp(lane, ht.index(4)).result
-            warp_row = _times(arith.DivUIOp(warp, ht.index(2)).result, warp_tile)
-            warp_column = _times(arith.RemUIOp(warp, ht.index(2)).result, warp_tile)
-            row0, column0 = _times(block_row, tile), _times(block_column, tile)
-            loads = tile * step // threads
+            warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
+            warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
+            row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
             with ht.loop(0, -(-k_extent // step), "serial") as k_slice:
                 k0 = _times(k_slice, step)
-                _stage(x, x_tile, thread, threads, loads, step, (row0, k0), (rows, depth))
-                _stage(w, w_tile, thread, threads, loads, tile, (k0, column0), (depth, columns))
+                _stage(x, x_tile, thread, threads, tile_m * step // threads, step, (row0, k0), (rows, depth))
+                _stage(w, w_tile, thread, threads, tile_n * step // threads, tile_n, (k0, column0), (depth, columns))
                 ht.barrier()
                 with ht.loop(0, step // 4, "unrolled") as kq:
-                    kk = _plus(_times(kq, 4), in_group)      # A: (row group, col in_group); B: (row in_group, col group)
-                    a = [ht.load(x_tile, [_plus(warp_row, _plus(ht.index(8 * f), group)), kk]) for f in range(frags)]
-                    b = [ht.load(w_tile, [kk, _plus(warp_column, _plus(ht.index(8 * f), group))]) for f in range(frags)]
-                    for fi in range(frags):
-                        for fj in range(frags):
+                    # fragments: A (row group, column in_group), B (row in_group, column group)
+                    kk = _plus(_times(kq, 4), in_group)
+                    a = [ht.load(x_tile, [_plus(warp_row, _plus(ht.index(8 * f), group)), kk])
+                         for f in range(frags_m)]
+                    b = [ht.load(w_tile, [kk, _plus(warp_column, _plus(ht.index(8 * f), group))])
+                         for f in range(frags_n)]
+                    for fi in range(frags_m):
+                        for fj in range(frags_n):
                             at = [ht.index(fi), ht.index(fj)]
                             c = [ht.load(sums, [*at, ht.index(h)]) for h in range(2)]
                             d = nvvm.MmaOp(pair, ir.Attribute.parse("#nvvm.shape<m = 8, n = 8, k = 4>"),
@@ -265,7 +284,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                             for h in range(2):
                                 ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
                 ht.barrier()
-            with ht.loop(0, frags, "unrolled") as i, ht.loop(0, frags, "unrolled") as j, \
+            with ht.loop(0, frags_m, "unrolled") as i, ht.loop(0, frags_n, "unrolled") as j, \
                     ht.loop(0, 2, "unrolled") as h:
                 row = _plus(row0, _plus(warp_row, _plus(_times(i, 8), group)))
                 column = _plus(column0, _plus(warp_column, _plus(_times(j, 8), _plus(_times(in_group, 2), h))))
