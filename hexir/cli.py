@@ -177,7 +177,8 @@ def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:
         module = _trace_python(fn.fn if isinstance(fn, JitFunction) else fn, args.input.rpartition(":")[2],
                                args.spec, options)
     else:
-        _check_input(Path(args.input))  # a missing file, a folder, an .hxb: say so first
+        if Path(args.input).exists():
+            _check_input(Path(args.input))  # a folder, an empty file, an .hxb: say so first
         raise ArgumentError(f"input {args.input!r}: expected FILE.mlir or FILE.py:FUNCTION")
     if args.emit == "dot":
         return placed_dot(module, options)
