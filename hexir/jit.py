@@ -71,14 +71,17 @@ class _Bound:
     arrays that became constants (`captured`)."""
 
     def __init__(self, fn: Callable, count: int, statics: dict[int, Any]):
-        self.fn, self.count, self.statics, self.captured = fn, count, statics, []
+        self.fn, self.count, self.statics, self.state = fn, count, statics, None
         self.__globals__, self.__code__, self.__closure__ = fn.__globals__, fn.__code__, fn.__closure__
 
     def __call__(self, *tensors: Any) -> Any:
+        self.state = tracing._current()  # the trace's record of constants, complete once the trace ends
         it = iter(tensors)
-        result = self.fn(*(self.statics[i] if i in self.statics else next(it) for i in range(self.count)))
-        self.captured = [array for array, _ in tracing._current().constants.values()]
-        return result
+        return self.fn(*(self.statics[i] if i in self.statics else next(it) for i in range(self.count)))
+
+    @property
+    def captured(self) -> list[np.ndarray]:
+        return [array for array, _ in self.state.constants.values()] if self.state else []
 
 
 class JitFunction:

@@ -96,6 +96,13 @@ def test_captured_arrays_become_read_only_constants():
     np.testing.assert_allclose(f(given), 2 * expected, rtol=1e-6)
 
 
+def test_an_array_returned_as_is_is_captured_too():
+    table = np.ones((2, 2), np.float32)
+    f = hexir.jit(lambda x: (hexir.relu(x), table))
+    f(X)
+    assert not table.flags.writeable
+
+
 # ---- the command ----------------------------------------------------------------------------------
 
 def hexir_command(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
