@@ -260,6 +260,10 @@ def _check_device_tensor(entry: str, name: str, expected: TensorType, tensor: dl
 
 def _check_out(entry: str, out: Any, outputs: str, executor: Executor) -> Sequence[np.ndarray]:
     """`out` as a tuple of one writable numpy array per output, each of the output's dtype and shape."""
+    if type(out) is np.ndarray and outputs == "host" and len(executor.returned) == 1:
+        _, dtype, shape = executor.returned[0]
+        if out.dtype == dtype and out.shape == shape and out.flags.writeable:
+            return (out,)  # the common case, in three comparisons
     arrays = out if isinstance(out, (tuple, list)) else (out,)
     where = f"{entry}(): out"
     if outputs == "device":
