@@ -51,7 +51,7 @@ from hexir.errors import TraceError
 from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import BATCH, TensorSpec
 from hexir.frontend.trace import current_device, trace, user_where
-from hexir.target import parse_target
+from hexir.target import DEFAULT_CPU_LEVELS, host_level, parse_target
 
 _STATIC_TYPES = (bool, int, float, complex, str, bytes, type(None), np.generic)
 
@@ -236,6 +236,13 @@ class JitFunction:
                 self._calls[key] = call
         return call
 
+    def _for_this_host(self) -> Options:
+        """The options a call compiles with: code for this machine's x86-64 level alone, unless the
+        target names cpu levels (export keeps every default level, for machines not yet seen)."""
+        if self.options.target.cpu_levels != DEFAULT_CPU_LEVELS:
+            return self.options
+        return replace(self.options, target=replace(self.options.target, cpu_levels=(host_level(),)))
+
     def _load(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[Any, str]:
         """The loaded module for `specs`, compiled unless it was already (under the lock)."""
         key = self.cache_key(specs, statics)
@@ -246,7 +253,7 @@ class JitFunction:
             form = result_form(module)
             with warnings.catch_warnings(record=True) as notices:  # e.g. "no usable GPU"
                 warnings.simplefilter("always")
-                loaded = hexir_runtime.load(cache.compile_cached(module, self.options, self.cache))
+                loaded = hexir_runtime.load(cache.compile_cached(module, self._for_this_host(), self.cache))
             for notice in notices:  # said once per signature, at the caller's line
                 warnings.warn(str(notice.message), notice.category, stacklevel=4)
             self._compiled[key] = (loaded, form)

@@ -5,6 +5,7 @@ kernel's launch, the schedules size their tiles, the backends pick flags), so a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hexir.errors import CompileError, TargetError
@@ -34,15 +35,19 @@ MAX_BLOCK_THREADS = 1024
 DEFAULT_CPU_LEVELS = ("x86-64-v4", "x86-64-v3", "x86-64")
 
 
-def host_level(flags: set[str] | None = None) -> str:
+@functools.cache
+def _host_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as file:
+            line = next((line for line in file if line.startswith("flags")), "")
+    except OSError:
+        line = ""
+    return frozenset(line.partition(":")[2].split())
+
+
+def host_level(flags: set[str] | frozenset[str] | None = None) -> str:
     """The best x86-64 level this machine runs (its /proc/cpuinfo flags), the baseline if unknown."""
-    if flags is None:
-        try:
-            with open("/proc/cpuinfo") as file:
-                line = next((line for line in file if line.startswith("flags")), "")
-        except OSError:
-            line = ""
-        flags = set(line.partition(":")[2].split())
+    flags = _host_flags() if flags is None else flags
     fitting = [level for level, needed in CPU_LEVELS.items() if set(needed) <= flags]
     return fitting[-1] if fitting else "x86-64"
 
