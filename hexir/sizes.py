@@ -13,9 +13,8 @@ The text form (`ceildiv(batch, 64)`) is what the IR attributes hold and `-emit` 
 from __future__ import annotations
 
 import re
-from typing import Union
 
-Expr = Union[int, str, tuple]
+Expr = int | str | tuple
 OPS = {"ceildiv": lambda a, b: -(-a // b), "mul": lambda a, b: a * b, "add": lambda a, b: a + b,
        "min": min, "max": max}
 

@@ -10,7 +10,6 @@ from mlir import ir
 
 from hexir.errors import TraceError
 
-
 #: Short dtype names, as `-spec` and MLIR spell them.
 DTYPE_ALIASES = {"f32": "float32", "f64": "float64"}
 #: What `None` in a shape stands for: the batch symbol.
