@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import gc
 import sys
+import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hexir_runtime import InputError
 from hexir_runtime.dlpack import CPU, DLPackArray, describe, tensor_of, unpack
 
 
@@ -96,3 +99,54 @@ def test_tensor_of_gives_host_tensors_as_numpy_arrays():
 
     taken = tensor_of(Host())
     assert isinstance(taken, np.ndarray) and np.shares_memory(taken, array)
+
+
+# ---- on a real GPU, with torch (and cupy if installed): skipped elsewhere ---------------------------
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def gpu_modules() -> Path:
+    """bench/mlp.py's modules (built by `python bench/mlp.py build bench/mlp_modules`), on a
+    machine with a GPU and torch."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU for torch")
+    directory = BENCH / "mlp_modules"
+    if not (directory / "one_kernel.hxb").exists():
+        if not (BENCH / "mlp_modules.tar.gz").exists():
+            pytest.skip("bench/mlp_modules not built (python bench/mlp.py build bench/mlp_modules)")
+        with tarfile.open(BENCH / "mlp_modules.tar.gz") as archive:
+            archive.extractall(BENCH, filter="data")
+    return directory
+
+
+def test_torch_cuda_tensors_in_and_out_without_copies(gpu_modules):
+    import torch
+    from hexir_runtime import load
+
+    module = load(gpu_modules / "mlp_64x784x512x10_float32_cuda.hxb", "cuda")
+    x = torch.randn(64, 784, device="cuda")
+    y = module.main(x, outputs="device")
+    taken = torch.from_dlpack(y)
+    assert taken.device.type == "cuda" and taken.data_ptr() == y.pointer and taken.shape == (64, 10)
+    np.testing.assert_allclose(taken.cpu().numpy(), module.main(x.cpu().numpy()), rtol=1e-6)  # numpy in and out
+    np.testing.assert_allclose(module.main(x), taken.cpu().numpy(), rtol=1e-6)  # CUDA in, numpy out
+    del y
+    taken += 1  # still valid: the consumer's tensor keeps the memory
+    torch.cuda.synchronize()
+    with pytest.raises(InputError, match="expects a C-contiguous tensor"):
+        module.main(torch.randn(784, 64, device="cuda").T)
+    with pytest.raises(InputError, match=r"expects float32\[64, 784\] on cuda:0, got float64"):
+        module.main(torch.randn(64, 784, device="cuda", dtype=torch.float64))
+
+
+def test_cupy_takes_device_outputs_too(gpu_modules):
+    cupy = pytest.importorskip("cupy")
+    from hexir_runtime import load
+
+    module = load(gpu_modules / "mlp_64x784x512x10_float32_cuda.hxb", "cuda")
+    x = cupy.random.standard_normal((64, 784), dtype=cupy.float32)
+    y = cupy.from_dlpack(module.main(x, outputs="device"))
+    np.testing.assert_allclose(cupy.asnumpy(y), module.main(cupy.asnumpy(x)), rtol=1e-6)
