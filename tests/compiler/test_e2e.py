@@ -20,6 +20,8 @@ from hypothesis.extra import numpy as hnp
 import hexir
 from hexir.driver import run_stage
 
+from .conftest import cuda_linear_launch
+
 TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12, "atol": 1e-12}}
 
 
@@ -63,11 +65,13 @@ def test_exported_module_matches_numpy(dtype, tmp_path):
 
 
 def test_threads_split_the_rows_correctly(tmp_path):
-    mlp, expected = two_layers("float64", k=5, hidden=7, n=3, seed=4)
-    x = np.random.default_rng(5).standard_normal((37, 5))
+    mlp, expected = two_layers("float64", k=5, hidden=130, n=3, seed=4)
+    x = np.random.default_rng(5).standard_normal((101, 5))
     path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
+    # 101 rows x 130 float64 columns: 3 x 2 tiles of 48 rows and 128 columns, the last ones short
+    assert [k["work"]["extent"] for k in hexir_runtime.load(path, "reference").hxb.json["kernels"]] == [3 * 2, 3]
     # split_bytes=0: split every launch, however small (by default only launches of 1 MiB or more
-    # are, and these are a few KiB): 37 rows, in linear's blocks of CPU_ROWS, split unevenly over 4 threads
+    # are, and these are a few KiB), here unevenly over 4 threads
     module = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
     np.testing.assert_allclose(module.main(x), expected(x), **TOLERANCE["float64"])
 
@@ -156,18 +160,21 @@ def _launch(text: str, kernel: str) -> tuple[list[int], list[int]]:
        n=st.sampled_from([1, 127, 128, 129, 1920, 2047, 2048, 2049, 4095]) | st.integers(1, 4096),
        k=st.integers(1, 40), rank=st.integers(1, 3))
 @example(m=2048, n=2048, k=3, rank=2)  # 16 x 16 = 256 large tiles: the large tiling, just
-@example(m=2048, n=1920, k=3, rank=2)  # 240: the small tiling
+@example(m=2048, n=1920, k=3, rank=2)  # 240: the 64x64 tiling
+@example(m=960, n=1000, k=3, rank=2)   # 15 x 16 = 240 of 64x64: the 32x32 tiling
+@example(m=8, n=1000, k=3, rank=2)     # the row-streaming kernel
+@example(m=9, n=1000, k=3, rank=1)
 def test_cuda_launches_cover_any_output_at_compile_level(m, n, k, rank):
-    """The launch records of a cuda linear and relu, from the shapes alone: 128x128 output tiles
-    when that still makes at least 256 blocks (two per SM of a 132-SM GPU), else 64x64, 16x16
-    threads either way; a relu's elements in blocks of 256 threads (over all its axes)."""
+    """The launch records of a cuda linear and relu, from the shapes alone (the linear's rule is
+    `cuda_linear_launch`: the kernel and tiling its shape gets, e.g. 128x128 tiles only where they
+    still make 256 blocks); a relu's elements in blocks of 256 threads (over all its axes)."""
     relu_shape = (m, n) if rank == 2 else (m * n,) if rank == 1 else (m, 1, n)
     linear = hexir.jit(lambda x, w: hexir.linear(x, w), placement="hexir.linear=cuda")
     relu = hexir.jit(lambda x: hexir.relu(x), placement="hexir.relu=cuda")
     specs = hexir.TensorSpec((m, k), "float32"), hexir.TensorSpec((k, n), "float32")
     grid, block = _launch(str(run_stage(linear.trace(*specs), "mlir-tir", linear.options)), "linear")
-    tile = 128 if math.ceil(m / 128) * math.ceil(n / 128) >= 256 else 64
-    assert (grid, block) == ([math.ceil(n / tile), math.ceil(m / tile), 1], [16, 16, 1])
+    expected = cuda_linear_launch(m, n)
+    assert (grid, block) == (expected["grid"], expected["block"])
     grid, block = _launch(str(run_stage(relu.trace(hexir.TensorSpec(relu_shape, "float32")), "mlir-tir",
                                         relu.options)), "relu")
     assert (grid, block) == ([math.ceil(m * n / 256), 1, 1], [256, 1, 1])
