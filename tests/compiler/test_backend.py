@@ -16,10 +16,9 @@ from hexir.backend import cpu as cpu_backend
 from hexir.backend.toolchain import llvm_tool, run_tool
 from hexir.driver import Options, compile_module
 from hexir.errors import CompileError, TargetError
-from hexir.schedules.cpu import ROWS as CPU_ROWS
 from hexir.target import Target, parse_target
 
-from .conftest import LLVM_BIN, parse
+from .conftest import LLVM_BIN, cpu_linear_tiles, parse
 
 W1 = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
 W2 = np.random.default_rng(6).standard_normal((16, 4)).astype(np.float32)
@@ -49,9 +48,14 @@ def v3() -> hxb.Hxb:
     return _compile("cpu:x86-64-v3")
 
 
-def _library(module: hxb.Hxb, tmp_path) -> str:
-    path = tmp_path / "kernels.so"
-    path.write_bytes(bytes(module.blob(module.json["cpu"]["library"])))
+def _libraries(module: hxb.Hxb) -> dict[str, bytes]:
+    """x86-64 level -> the bytes of its cpu library, in the manifest's order (best first)."""
+    return {entry["cpu"]: bytes(module.blob(entry["library"])) for entry in module.json["cpu"]["libraries"]}
+
+
+def _library(module: hxb.Hxb, tmp_path, level: str) -> str:
+    path = tmp_path / f"kernels-{level}.so"
+    path.write_bytes(_libraries(module)[level])
     return str(path)
 
 
@@ -60,38 +64,48 @@ def _disassembly(path: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def test_library_is_an_elf_shared_object_for_x86_64(baseline):
-    data = bytes(baseline.blob(baseline.json["cpu"]["library"]))
-    assert data[:4] == b"\x7fELF"
-    assert data[4] == 2  # 64-bit
-    e_type, e_machine = struct.unpack_from("<HH", data, 16)
-    assert e_type == 3  # ET_DYN
-    assert e_machine == 62  # EM_X86_64
+def test_libraries_are_elf_shared_objects_for_x86_64(baseline):
+    assert baseline.json["cpu"]["arch"] == "x86_64"
+    for level, data in _libraries(baseline).items():
+        assert data[:4] == b"\x7fELF", level
+        assert data[4] == 2  # 64-bit
+        e_type, e_machine = struct.unpack_from("<HH", data, 16)
+        assert e_type == 3  # ET_DYN
+        assert e_machine == 62  # EM_X86_64
 
 
-def test_library_exports_every_kernel_symbol(baseline, tmp_path):
-    symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "-D", "--defined-only", _library(baseline, tmp_path)],
-                             capture_output=True, text=True, check=True).stdout
-    exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
+def test_every_library_exports_every_kernel_symbol(baseline, tmp_path):
     kernels = [k["symbol"] for k in baseline.json["kernels"]]
     assert [k["op"] for k in baseline.json["kernels"]] == ["linear", "linear"]  # the relu is fused into the first
     assert len(set(kernels)) == 2
-    assert set(kernels) <= exported
+    for level in _libraries(baseline):
+        library = _library(baseline, tmp_path, level)
+        symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "-D", "--defined-only", library],
+                                 capture_output=True, text=True, check=True).stdout
+        exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
+        assert set(kernels) <= exported, level
 
 
-def test_default_target_is_the_portable_baseline(baseline, tmp_path):
-    cpu = baseline.json["cpu"]
-    assert (cpu["arch"], cpu["cpu"], cpu["features"]) == ("x86_64", "x86-64", ["sse", "sse2"])
-    assert not [line for line in _disassembly(_library(baseline, tmp_path)).splitlines()
+def test_default_target_ships_v4_v3_and_the_portable_baseline(baseline, tmp_path):
+    libraries = baseline.json["cpu"]["libraries"]
+    assert [entry["cpu"] for entry in libraries] == ["x86-64-v4", "x86-64-v3", "x86-64"]
+    features = {entry["cpu"]: set(entry["features"]) for entry in libraries}
+    assert features["x86-64"] == {"sse", "sse2"}
+    assert {"avx", "avx2", "fma", "bmi2"} <= features["x86-64-v3"] and "avx512f" not in features["x86-64-v3"]
+    assert {"avx512f", "avx512bw", "avx512vl"} <= features["x86-64-v4"]
+    assert not [line for line in _disassembly(_library(baseline, tmp_path, "x86-64")).splitlines()
                 if "\tv" in line or "ymm" in line], "baseline code uses VEX (AVX) instructions"
+    assert not [line for line in _disassembly(_library(baseline, tmp_path, "x86-64-v3")).splitlines()
+                if "zmm" in line], "x86-64-v3 code uses AVX-512 registers"
+    assert any("\tv" in line for line in _disassembly(_library(baseline, tmp_path, "x86-64-v3")).splitlines())
 
 
-def test_x86_64_v3_changes_the_manifest_and_the_code(v3, tmp_path):
-    cpu = v3.json["cpu"]
-    assert cpu["cpu"] == "x86-64-v3"
-    assert {"avx", "avx2", "fma", "bmi2"} <= set(cpu["features"])
-    assert "avx512f" not in cpu["features"]
-    assert any("\tv" in line for line in _disassembly(_library(v3, tmp_path)).splitlines())
+def test_x86_64_v3_alone_changes_the_manifest_and_the_code(v3, tmp_path):
+    (entry,) = v3.json["cpu"]["libraries"]
+    assert entry["cpu"] == "x86-64-v3"
+    assert {"avx", "avx2", "fma", "bmi2"} <= set(entry["features"])
+    assert "avx512f" not in entry["features"]
+    assert any("\tv" in line for line in _disassembly(_library(v3, tmp_path, "x86-64-v3")).splitlines())
 
 
 @pytest.mark.parametrize("text, message", [
@@ -119,10 +133,11 @@ def test_llvm_ir_refuses_ops_outside_the_llvm_dialect():
 
 
 def test_parse_target_keeps_what_the_text_does_not_say():
-    assert parse_target("cpu:x86-64-v2,cuda:sm_80,cuda:sm_90,cuda:sm_80") == Target("x86-64-v2", ("sm_80", "sm_90"))
-    base = Target("x86-64-v3", ("sm_80",))
-    assert parse_target("cuda:sm_90", base) == Target("x86-64-v3", ("sm_90",))
-    assert parse_target("cpu:x86-64-v4", base) == Target("x86-64-v4", ("sm_80",))
+    assert parse_target("cpu:x86-64-v2,cuda:sm_80,cuda:sm_90,cuda:sm_80") == Target(("x86-64-v2",), ("sm_80", "sm_90"))
+    base = Target(("x86-64-v3",), ("sm_80",))
+    assert parse_target("cuda:sm_90", base) == Target(("x86-64-v3",), ("sm_90",))
+    assert parse_target("cpu:x86-64-v4", base) == Target(("x86-64-v4",), ("sm_80",))
+    assert parse_target("cpu:x86-64-v3,cpu:x86-64", base) == Target(("x86-64-v3", "x86-64"), ("sm_80",))
     assert parse_target(None, base) is base
 
 
@@ -155,10 +170,11 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
     assert relu["op"] == "relu" and relu["device"] == "cpu" and relu["epilogues"] == []
     assert [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
     assert [a["access"] for a in relu["args"]] == ["read", "write"]
-    # linear (fused or not): the rows in blocks of CPU_ROWS (one short block here); relu: the rows
-    rows, row_blocks = X.shape[0], -(-X.shape[0] // CPU_ROWS)
+    # linear (fused or not): tiles of its output (one here); relu: the rows
     assert [k["work"] for k in (linear_relu, relu, linear_bias)] == [
-        {"extent": row_blocks, "grain": 1}, {"extent": rows, "grain": 1}, {"extent": row_blocks, "grain": 1}]
+        {"extent": cpu_linear_tiles(2, 16, "float32"), "grain": 1}, {"extent": 2, "grain": 1},
+        {"extent": cpu_linear_tiles(2, 4, "float32"), "grain": 1}]
+    assert cpu_linear_tiles(2, 16, "float32") == 1
 
 
 def test_constants_hold_the_weights_by_name(baseline):
@@ -206,7 +222,7 @@ def test_export_writes_an_hxb_for_a_plain_function(tmp_path):
 
     path = hexir.export(plain, tmp_path / "relu.hxb", hexir.TensorSpec((5,), "float64"), target="cpu:x86-64-v2")
     module = hxb.read(path)
-    assert module.json["cpu"]["cpu"] == "x86-64-v2"
+    assert [entry["cpu"] for entry in module.json["cpu"]["libraries"]] == ["x86-64-v2"]
     assert module.json["kernels"][0]["args"][0] == {"shape": [5], "dtype": "float64", "access": "read"}
 
 
