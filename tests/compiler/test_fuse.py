@@ -24,17 +24,20 @@ import hexir
 from hexir.driver import Options, run_stage
 from hexir.errors import TraceError
 from hexir.passes.fuse import fuse
-from hexir.schedules.cpu import ROWS as CPU_ROWS
 
-from .conftest import filecheck, lower, parse
+from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, filecheck, lower, parse
 
 X, W, B, Y = "tensor<3x5xf32>", "tensor<5x7xf32>", "tensor<7xf32>", "tensor<3x7xf32>"
 
 
 def program(*, linear: str = "cpu", relu: str | None = None, bias: bool = False,
-            tail: str = f"return %2 : {Y}", results: str = Y, extra: str = "") -> str:
+            tail: str = f"return %2 : {Y}", results: str = Y, extra: str = "", rows: int = 3) -> str:
     """@main(x[3, 5]): %1 = linear(x, W[, b]) on `linear`, %2 = relu(%1) on `relu` (the linear's
-    device unless given), then `extra` ops and the `tail` (by default: return %2)."""
+    device unless given), then `extra` ops and the `tail` (by default: return %2); `rows`
+    other than 3 makes x[rows, 5]."""
+    if rows != 3:
+        return program(linear=linear, relu=relu, bias=bias, tail=tail, results=results, extra=extra).replace(
+            "tensor<3x", f"tensor<{rows}x")
     operands, types = ("%arg0, %w, %b", f"{X}, {W}, {B}") if bias else ("%arg0, %w", f"{X}, {W}")
     bias_constant = (f'  %b = "hexir.constant"() {{device = "auto", name = "b", value = dense<-1.0> : {B}}} : () -> {B}\n'
                      if bias else "")
@@ -100,35 +103,29 @@ def test_fuse_again_changes_nothing():
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
-def test_the_cpu_kernel_applies_the_relu_after_the_product_in_each_row_block(bias):
+def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias):
     epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
         if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
+    # the sums start from the bias row, or from zeros
+    start = "vector.load %arg2[%[[J]]] : memref<7xf32>, vector<7xf32>" if bias else \
+        "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.sizes = [], hextir.work = {{extent = "{-(-3 // CPU_ROWS)}", grain = 1 : i64}}}}
-        CHECK:       scf.for %[[BLOCK:.+]] = %c0 to %c{-(-3 // CPU_ROWS)} step %c1 {{
-        CHECK:         %[[FIRST:.+]] = arith.muli %[[BLOCK]], %{{{{.+}}}} : index
-        CHECK:         %[[ROWS:.+]] = arith.minui
-        CHECK-NOT:     arith.maximumf
-        CHECK:         arith.mulf
-        CHECK-NEXT:    %[[O:.+]] = "hextir.load"({out}, %{{{{.+}}}}, %{{{{.+}}}})
-        CHECK-NEXT:    %[[S:.+]] = arith.addf %[[O]], %{{{{.+}}}} : f32
-        CHECK-NEXT:    "hextir.store"(%[[S]], {out}, %{{{{.+}}}}, %{{{{.+}}}})
+        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
+        CHECK:       scf.for %[[I:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 {{
+        CHECK-NEXT:    %[[J:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %c0 : index
+        CHECK-NEXT:    %[[START:[0-9a-z_]+]] = {start}
+        CHECK-NEXT:    %[[S:[0-9]+]] = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[START]]) -> (vector<7xf32>) {{
+        CHECK-NOT:       arith.maximumf
+        CHECK:           scf.yield
         CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    scf.for %[[R:.+]] = %c0 to %[[ROWS]] step %c1 {{
-        CHECK-NEXT:      %[[N:.+]] = arith.constant 7 : index
-        CHECK-NEXT:      scf.for %[[J:.+]] = %c0 to %[[N]] step %c1 {{
-        CHECK-NEXT:        %[[I:.+]] = arith.addi %[[FIRST]], %[[R]] : index
-        CHECK-NEXT:        %[[V:.+]] = "hextir.load"({out}, %[[I]], %[[J]]) : (memref<3x7xf32>, index, index) -> f32
-        CHECK-NEXT:        %[[ZERO:.+]] = arith.constant 0.000000e+00 : f32
-        CHECK-NEXT:        %[[M:.+]] = arith.maximumf %[[V]], %[[ZERO]] : f32
-        CHECK-NEXT:        "hextir.store"(%[[M]], {out}, %[[I]], %[[J]]) : (f32, memref<3x7xf32>, index, index) -> ()
-        CHECK-NEXT:      }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:  }} {{hextir.schedule = #hextir.loop<"parallel", "">}}
+        CHECK-NOT:     vector.store
+        CHECK:         %[[M:[0-9]+]] = arith.maximumf %[[S]], %{{{{cst[_0-9]*}}}} : vector<7xf32>
+        CHECK-NEXT:    vector.store %[[M]], {out}[%[[I]], %[[J]]] : memref<3x7xf32>, vector<7xf32>
+        CHECK:       }} {{hextir.schedule = #hextir.loop<"parallel", "">}}
         CHECK-NEXT:  return
+        CHECK:       func.func public @"[[LINEAR]]@x86-64-v3"(
+        CHECK:       func.func public @"[[LINEAR]]@x86-64"(
         CHECK-NOT:   func.func public
         CHECK-LABEL: func.func @main
         CHECK:       %[[Y:.+]] = "hexir.call"({{{{.+}}}}) {{callee = @[[LINEAR]], device = "cpu"
@@ -144,7 +141,7 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
         CHECK-NEXT:    %[[SB:.+]] = arith.addf %[[S]], %[[BIAS]] : f32
         CHECK-NEXT:    %[[M:.+]] = arith.maximumf %[[SB]], %{{.+}} : f32""" if bias else \
         "CHECK-NEXT:    %[[M:.+]] = arith.maximumf %[[S]], %{{.+}} : f32"
-    text = lower(program(linear="cuda", bias=bias), "mlir-tir")
+    text = lower(program(linear="cuda", bias=bias, rows=17), "mlir-tir")  # 17 rows: the SIMT kernel
     filecheck(text, f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME:      hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cuda", "linear">
@@ -152,9 +149,9 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
         CHECK:         "hextir.barrier"
         CHECK-NOT:     arith.maximumf
         CHECK:         scf.if
-        CHECK-NEXT:    %[[S:.+]] = "hextir.load"(%{{{{.+}}}}) : (memref<4x4xf32>, index, index) -> f32
+        CHECK-NEXT:    %[[S:.+]] = "hextir.load"(%{{{{.+}}}}) : (memref<2x2xf32>, index, index) -> f32
         {add_bias}
-        CHECK-NEXT:    "hextir.store"(%[[M]], {out}, %{{{{.+}}}}, %{{{{.+}}}}) : (f32, memref<3x7xf32>, index, index) -> ()
+        CHECK-NEXT:    "hextir.store"(%[[M]], {out}, %{{{{.+}}}}, %{{{{.+}}}}) : (f32, memref<17x7xf32>, index, index) -> ()
         CHECK-NOT:     arith.maximumf
         CHECK:         #hextir.loop<"parallel", "blockIdx.y">
         CHECK-NEXT:    return
@@ -271,10 +268,11 @@ TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 1e-5}, "float64": {"rtol": 1e-12,
 BOTH_ON_CUDA = {"hexir.linear": "cuda", "hexir.relu": "cuda"}
 
 
-def layer_of(dtype: str, bias: bool, m: int = 9, k: int = 5, n: int = 7, seed: int = 0):
+def layer_of(dtype: str, bias: bool, m: int = 53, k: int = 5, n: int = 7, seed: int = 0):
     """x, w, b, relu(linear(x, w[, b])) as a function, and its numpy value (some of it clipped
-    to 0, some not). 9 rows: more than one block of CPU_ROWS, the last one short."""
-    assert m > CPU_ROWS and m % CPU_ROWS
+    to 0, some not). 53 rows: more than one cpu tile of 48 rows, the last one short; and enough
+    rows for the cuda SIMT kernel."""
+    assert m > CPU_TILE_ROWS and m % CPU_TILE_ROWS
     rng = np.random.default_rng(seed)
     x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None
