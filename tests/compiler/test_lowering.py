@@ -256,9 +256,9 @@ def test_kernel_without_an_outer_parallel_loop_is_refused():
 # ---- to-llvm -----------------------------------------------------------------------------
 
 def test_llvm_kernel_takes_bare_pointers_and_a_work_range():
-    filecheck(lower(LINEAR, "llvm"), f"""
+    filecheck(lower(LINEAR, "llvm"), """
         CHECK: define void @linear_0(ptr noalias %0, ptr noalias %1, ptr noalias %2, i64 %3, i64 %4)
-        CHECK: call i64 @llvm.umin.i64(i64 %{{{{.+}}}}, i64 2)
+        CHECK: call i64 @llvm.umin.i64(i64 %{{.+}}, i64 2)
         CHECK: call <4 x float> @llvm.fmuladd.v4f32(
     """)
 
