@@ -149,8 +149,9 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
 
 def _table_entry(entry: dict) -> dict:
     """What a library's own table says of one of its kernels (the manifest must agree)."""
-    row = {"symbol": entry["symbol"], "args": [{"shape": a["shape"], "dtype": a["dtype"]} for a in entry["args"]]}
-    row.update({key: entry[key] for key in ("sizes", "scalars", "work", "launch") if key in entry})
+    row = {"symbol": entry["symbol"], "op": entry["op"],
+           "args": [{"shape": a["shape"], "dtype": a["dtype"]} for a in entry["args"]]}
+    row.update({key: entry[key] for key in ("epilogues", "sizes", "scalars", "work", "launch") if key in entry})
     return row
 
 
