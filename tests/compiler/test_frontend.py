@@ -261,13 +261,15 @@ def test_python_number_is_not_an_operand():
 
 
 def test_returning_a_non_tensor():
-    @hexir.jit
+    """Blamed on the function's definition (its first line, the decorator), not on its caller."""
+    @hexir.jit  # returns-str
     def f(x):
         return hexir.relu(x), "done"
 
     with pytest.raises(TraceError, match=r"a @hexir.jit function must return tensors \(or a tuple of them, or "
-                                         r"None\); output 1 is a str") as caught:
-        f.trace(X)  # returns-str
+                                         r"None\); test_returning_a_non_tensor.<locals>.f's output 1 is a str") \
+            as caught:
+        f.trace(X)
     assert_at(caught.value, "returns-str")
 
 
@@ -309,8 +311,8 @@ CONCRETE = {
            r"only when the compiled function runs; use hexir ops"),
     "float": (lambda x: float(x), r"float\(\) needs the values of a traced float32\[2, 8\] tensor"),
     "int": (lambda x: int(x), r"int\(\) needs the values of a traced float32\[2, 8\] tensor"),
-    "np.asarray": (lambda x: np.asarray(x), r"conversion to a numpy array needs the values of a traced "
-                   r"float32\[2, 8\] tensor"),
+    "np.asarray": (lambda x: np.asarray(x), r"conversion to a numpy array \(numpy functions on a tensor; use "
+                   r"hexir.relu for np.maximum\(x, 0\)\) needs the values of a traced float32\[2, 8\] tensor"),
     "indexing": (lambda x: x[0], r"indexing needs the values"),
     "iteration": (lambda x: list(x), r"iteration needs the values"),
 }
