@@ -163,7 +163,7 @@ def test_prebuilt_cpu_objects_are_embedded(tmp_path, kind):
     built = tmp_path / f"scale2{kind}"
     flags = ["-c"] if kind == ".o" else ["-shared"]
     subprocess.run(["cc", "-O2", "-fPIC", *flags, str(KERNELS / "scale2.c"), "-o", str(built)], check=True)
-    kernel = hexir.kernel("scale2", cpu=built, out=same_shape)
+    kernel = hexir.kernel("scale2", cpu=built, out=same_shape, dtypes=("float32", "float32"))  # prebuilt: types declared
     path = export(tmp_path, lambda x: kernel(x), SPEC)
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     np.testing.assert_allclose(hexir_runtime.load(path, "cpu").main(x), expected(x), rtol=1e-6)
@@ -203,10 +203,10 @@ def test_ptx_and_cubin_files_are_taken(tmp_path):
     (tmp_path / "scale2.ptx").write_bytes(bytes(first.blob(images["compute_90"])))
     (tmp_path / "scale2.cubin").write_bytes(bytes(first.blob(images["sm_90"])))
     for name, keys in (("scale2.ptx", ["compute_90", "sm_90"]), ("scale2.cubin", ["sm_90"])):
-        kernel = hexir.kernel("scale2", cuda=tmp_path / name, out=same_shape, grid=grid)
+        kernel = hexir.kernel("scale2", cuda=tmp_path / name, out=same_shape, grid=grid, dtypes=("float32", "float32"))
         data = manifest(export(tmp_path, calling(kernel), SPEC).read_bytes())
         assert sorted(data["kernels"][0]["images"]) == keys
-    kernel = hexir.kernel("scale2", cuda=tmp_path / "scale2.cubin", out=same_shape, grid=grid)
+    kernel = hexir.kernel("scale2", cuda=tmp_path / "scale2.cubin", out=same_shape, grid=grid, dtypes=("float32", "float32"))
     with pytest.raises(CompileError, match=r"is a CUBIN for sm_90, but the module targets sm_80 "
                                            r"\(-target=cuda:sm_90 to build for it\)"):
         export(tmp_path, lambda x: kernel(x), SPEC, target="cuda:sm_80")
@@ -215,12 +215,16 @@ def test_ptx_and_cubin_files_are_taken(tmp_path):
 # ---- export-time errors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("file", "source", "message"), [
-    ("bad.c", "void scale2(float *x { }", r"compiling custom kernel scale2 \(bad.c\) failed \(exit 1\):\n.*error"),
-    ("other.c", "void something_else(void) {}", r"other.c does not define the symbol 'scale2'"),
+    ("bad.c", "void scale2(float *x { }",
+     r"compiling custom kernel scale2 \(bad.c\) for x86-64-v4 failed \(exit 1\):\n(.*\n)*.*bad.c:1:22: error"),
+    # the signature check, compiled with the file, finds no scale2
+    ("other.c", "void something_else(void) {}",
+     r"compiling custom kernel scale2 \(other.c\) for x86-64-v4 failed \(exit 1\):\n.*error: .scale2. undeclared"),
     ("bad.cu", "extern \"C\" __global__ void scale2(float *x) { undefined_thing(); }",
      r"NVRTC could not compile .*bad.cu for sm_90:\n.*undefined_thing"),
     ("mangled.cu", "__global__ void scale2(float *x) {}",
-     r"mangled.cu does not define the symbol 'scale2' \(declare it extern \"C\""),
+     r"NVRTC could not compile .*mangled.cu for sm_90:\n(.*\n)*.*custom kernel scale2: expected extern \"C\" "
+     r"__global__ void scale2\(const float \*, float \*, long long, long long, long long, long long\)"),
 ])
 def test_bad_sources_fail_at_export_with_the_tools_message(tmp_path, file, source, message):
     (tmp_path / file).write_text(source)
@@ -232,7 +236,7 @@ def test_bad_sources_fail_at_export_with_the_tools_message(tmp_path, file, sourc
 
 def test_an_object_that_is_not_x86_64_elf_is_refused(tmp_path):
     (tmp_path / "scale2.o").write_bytes(b"not an object file at all, but long enough to have a header" * 2)
-    kernel = hexir.kernel("scale2", cpu=tmp_path / "scale2.o", out=same_shape)
+    kernel = hexir.kernel("scale2", cpu=tmp_path / "scale2.o", out=same_shape, dtypes=("float32", "float32"))
     with pytest.raises(CompileError, match=r"scale2.o is not a 64-bit ELF file"):
         export(tmp_path, lambda x: kernel(x), SPEC)
 

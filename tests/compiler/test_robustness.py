@@ -87,7 +87,8 @@ def test_custom_kernels_from_files_of_one_name_keep_their_own_code(tmp_path):
                           f"y[i] = {factor} * x[i]; }}\n")
         built = tmp_path / folder / "k.so"
         subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(built)], check=True)
-        kernels.append(hexir.kernel(f"scale_{folder}", cpu=built, out=lambda x: hexir.TensorSpec(x.shape, x.dtype)))
+        kernels.append(hexir.kernel(f"scale_{folder}", cpu=built, out=lambda x: hexir.TensorSpec(x.shape, x.dtype),
+                                    dtypes=("float32", "float32")))
     path = tmp_path / "m.hxb"
     hexir.export(lambda x: (kernels[0](x), kernels[1](x)), path, X)
     two, ten = hexir_runtime.load(path, "cpu").main(X)
