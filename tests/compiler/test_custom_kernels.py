@@ -163,7 +163,7 @@ def test_prebuilt_cpu_objects_are_embedded(tmp_path, kind):
     built = tmp_path / f"scale2{kind}"
     flags = ["-c"] if kind == ".o" else ["-shared"]
     subprocess.run(["cc", "-O2", "-fPIC", *flags, str(KERNELS / "scale2.c"), "-o", str(built)], check=True)
-    kernel = hexir.kernel("scale2", cpu=built, out=same_shape, dtypes=("float32", "float32"))  # prebuilt: types declared
+    kernel = hexir.kernel("scale2", cpu=built, out=same_shape, dtypes=("float32", "float32"))  # prebuilt
     path = export(tmp_path, lambda x: kernel(x), SPEC)
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     np.testing.assert_allclose(hexir_runtime.load(path, "cpu").main(x), expected(x), rtol=1e-6)
@@ -206,7 +206,8 @@ def test_ptx_and_cubin_files_are_taken(tmp_path):
         kernel = hexir.kernel("scale2", cuda=tmp_path / name, out=same_shape, grid=grid, dtypes=("float32", "float32"))
         data = manifest(export(tmp_path, calling(kernel), SPEC).read_bytes())
         assert sorted(data["kernels"][0]["images"]) == keys
-    kernel = hexir.kernel("scale2", cuda=tmp_path / "scale2.cubin", out=same_shape, grid=grid, dtypes=("float32", "float32"))
+    kernel = hexir.kernel("scale2", cuda=tmp_path / "scale2.cubin", out=same_shape, grid=grid,
+                          dtypes=("float32", "float32"))
     with pytest.raises(CompileError, match=r"is a CUBIN for sm_90, but the module targets sm_80 "
                                            r"\(-target=cuda:sm_90 to build for it\)"):
         export(tmp_path, lambda x: kernel(x), SPEC, target="cuda:sm_80")
