@@ -8,7 +8,9 @@ A registration says everything the compiler needs about an op:
 - `reference`: its meaning in numpy (what tests compare against);
 - `schedules`: for each device, the builder of its kernel (`hexir/schedules/<device>.py`);
 - `scalar`: for an element-wise op, its per-element function; such an op can also be fused
-  into a preceding linear as an epilogue.
+  into a preceding linear as an epilogue;
+- `variants`: for a device, the schedule's other kernels for the op, the runtime choosing one
+  per call from the bound sizes (the cuda linear with a symbolic batch: a kernel per tile).
 
     register(OpDef("neg", ("x",), shape=elementwise_rule("neg"), reference=np.negative,
                    schedules=ELEMENTWISE, scalar=lambda v: arith.NegFOp(v).result))
@@ -17,7 +19,7 @@ A registration says everything the compiler needs about an op:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mlir import ir
@@ -25,7 +27,7 @@ from mlir.dialects import arith
 
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
-from hexir.schedules import Builder, cpu, cuda
+from hexir.schedules import Builder, Variants, cpu, cuda
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class OpDef:
     reference: Callable[..., np.ndarray]
     schedules: dict[str, Builder]
     scalar: Callable[[ir.Value], ir.Value] | None = None
+    variants: dict[str, Variants] = field(default_factory=dict)  # device -> the schedule's other kernels
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -99,6 +102,6 @@ def _zero_like(value: ir.Value) -> ir.Value:
 
 register(OpDef("linear", ("x", "w", "bias?"), linear_shape,
                reference=lambda x, w, bias=None: x @ w + (0 if bias is None else bias),
-               schedules={"cpu": cpu.linear, "cuda": cuda.linear}))
+               schedules={"cpu": cpu.linear, "cuda": cuda.linear}, variants={"cuda": cuda.linear_variants}))
 register(OpDef("relu", ("x",), elementwise_rule("relu"), reference=lambda x: np.maximum(x, 0),
                schedules=ELEMENTWISE, scalar=lambda v: arith.MaximumFOp(v, _zero_like(v)).result))

@@ -86,7 +86,7 @@ def _call_types(module: ir.Module) -> dict[str, list[ir.Type]]:
 def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict:
     device, op = ht.kernel_of(kernel)
     name = ht.name_of(kernel)
-    args = [{**_spec(t), "access": "read"} for t in calls[ht.fallback_of(kernel) or name]]
+    args = [{**_spec(t), "access": "read"} for t in calls[ht.fallback_of(kernel) or ht.variant_of(kernel) or name]]
     args[-1]["access"] = "write"
     entry = {"name": name, "op": op, "device": device, "symbol": name, "args": args}
     custom = ht.custom_of(kernel)
@@ -183,7 +183,7 @@ def _package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: Cu
              custom: CustomBuild) -> bytes:
     packer = _Packer()
     manifest: dict = {"producer": f"hexir {__version__}"}
-    fallbacks, kernel_entries = {}, []
+    fallbacks, kernel_entries, variants, others = {}, [], {}, []
     cuda_images: dict[str, int] = {}  # the generated kernels' images, stored once for all of them
     calls = _call_types(module)
     for kernel in ht.kernels(module):
@@ -201,8 +201,15 @@ def _package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: Cu
             entry["images"] = dict(cuda_images)
         if ht.fallback_of(kernel) is not None:
             fallbacks[ht.fallback_of(kernel)] = entry
+        elif ht.variant_of(kernel) is not None:
+            variants[ht.name_of(kernel)] = entry
         else:
             kernel_entries.append(entry)
+            others.append(ht.variants_of(kernel))
+    for entry, chosen in zip(kernel_entries, others, strict=True):  # a kernel's variants, in the order tried
+        if chosen:
+            entry["variants"] = [{"symbol": symbol, "launch": variants[symbol]["launch"], "below": below}
+                                 for symbol, below in chosen]
     for entry in kernel_entries:
         fallback = fallbacks.get(entry["name"])
         if fallback is not None:

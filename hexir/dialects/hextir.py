@@ -85,6 +85,8 @@ FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands 
 CUSTOM = "hextir.custom"            # on a custom kernel's declaration: {symbol, file}
 LEVEL = "hextir.level"              # on a cpu kernel: the x86-64 level it is built for
 VARIANT = "hextir.variant"          # on a kernel: which of its schedule's kernels it is (e.g. "dmma")
+VARIANTS = "hextir.variants"        # on a kernel: [{symbol = @k__t32, below = {batch = 1024}}], chosen per call
+VARIANT_OF = "hextir.variant_of"    # on such an other kernel: @the kernel it is a variant of
 #: Each cuda kernel gets a cpu twin, `<name>_cpu`.
 FALLBACK_SUFFIX = "_cpu"
 #: The gpu.module that holds the outlined cuda kernels.
@@ -278,6 +280,32 @@ def set_variant(variant: str) -> None:
     """Name the variant of the kernel being built (called by a schedule inside its body)."""
     kernel = ir.InsertionPoint.current.block.owner
     kernel.attributes[VARIANT] = ir.StringAttr.get(variant)
+
+
+def set_variants(kernel: ir.Operation, variants: Sequence[tuple[str, dict[str, int]]]) -> None:
+    kernel.attributes[VARIANTS] = ir.ArrayAttr.get([ir.DictAttr.get({
+        "symbol": ir.FlatSymbolRefAttr.get(symbol),
+        "below": ir.DictAttr.get({name: _i64(bound) for name, bound in below.items()})}) for symbol, below in variants])
+
+
+def variants_of(kernel: ir.Operation) -> list[tuple[str, dict[str, int]]]:
+    """A kernel's other kernels and the sizes below which each runs instead of it."""
+    if VARIANTS not in kernel.attributes:
+        return []
+    found = []
+    for entry in ir.ArrayAttr(kernel.attributes[VARIANTS]):
+        entry = ir.DictAttr(entry)
+        below = {named.name: ir.IntegerAttr(named.attr).value for named in ir.DictAttr(entry["below"])}
+        found.append((ir.FlatSymbolRefAttr(entry["symbol"]).value, below))
+    return found
+
+
+def variant_of(kernel: ir.Operation) -> str | None:
+    return ir.FlatSymbolRefAttr(kernel.attributes[VARIANT_OF]).value if VARIANT_OF in kernel.attributes else None
+
+
+def set_variant_of(kernel: ir.Operation, name: str) -> None:
+    kernel.attributes[VARIANT_OF] = ir.FlatSymbolRefAttr.get(name)
 
 
 def level_name(name: str, level: str, target: object) -> str:

@@ -66,7 +66,14 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                            if n in ops.REGISTRY and ops.REGISTRY[n].scalar is not None}
                 request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars)
                 if device == "cuda":
-                    _kernel(name, arg_types, device, definition, request)
+                    kernel = _kernel(name, arg_types, device, definition, request)
+                    variants = definition.variants.get(device, lambda *_: [])(arg_types[:len(values)], request)
+                    for variant, _ in variants:  # the schedule's other kernels, chosen per call
+                        other = _kernel(f"{name}__{variant}", arg_types, device, definition,
+                                        replace(request, variant=variant))
+                        ht.set_variant_of(other, name)
+                    if variants:
+                        ht.set_variants(kernel, [(f"{name}__{variant}", below) for variant, below in variants])
                 for level in target.cpu_levels:  # a cpu kernel (or the cuda one's cpu twin) per x86-64 level
                     cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
                     at_level = replace(request, target=replace(target, cpu_levels=(level,)))

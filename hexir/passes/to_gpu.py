@@ -59,8 +59,9 @@ def _outline(kernel: ir.Operation) -> None:
     shared = [op for op in walk(kernel, "hextir.alloc_local")
               if ir.StringAttr(op.attributes["space"]).value == "shared"]
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
-    for attribute in (ht.KERNEL, ht.EPILOGUES, ht.SIZES, ht.LAUNCH):
-        function.operation.attributes[attribute] = kernel.attributes[attribute]
+    for attribute in (ht.KERNEL, ht.EPILOGUES, ht.SIZES, ht.LAUNCH, ht.VARIANT, ht.VARIANTS, ht.VARIANT_OF):
+        if attribute in kernel.attributes:
+            function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the
     # kernel's own, counted by `workgroup_attributions`.
     block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in shared))

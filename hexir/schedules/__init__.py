@@ -35,6 +35,7 @@ class Request:
     target: Target
     symbols: tuple[str, ...] = ()
     scalars: dict[str, Callable[[ir.Value], ir.Value]] = field(default_factory=dict)
+    variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
 
     def fused(self) -> list[Callable[[ir.Value], ir.Value]]:
         """The per-element functions of the epilogues after the bias, in order."""
@@ -42,12 +43,16 @@ class Request:
 
 
 Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht.Launch"]
+#: A schedule's other kernels for one op, chosen per call: given the kernel's buffer types and the
+#: request, [(variant, {symbol: bound})]: the runtime runs the first variant whose sizes are all
+#: below their bounds, else the kernel itself.
+Variants = Callable[[list[ir.Type], Request], list[tuple[str, dict[str, int]]]]
 
 
-def extent(buffer: ir.Value, axis: int, request: Request) -> sizes.Expr:
-    """The extent of `buffer` along `axis`: an int, or the kernel's size symbol for a `?`
-    (a generated kernel has at most one: its rows)."""
-    shaped = ir.MemRefType(buffer.type)
+def extent(buffer: ir.Value | ir.Type, axis: int, request: Request) -> sizes.Expr:
+    """The extent of `buffer` (a value or its type) along `axis`: an int, or the kernel's size
+    symbol for a `?` (a generated kernel has at most one: its rows)."""
+    shaped = ir.MemRefType(buffer.type if isinstance(buffer, ir.Value) else buffer)
     if not shaped.is_dynamic_dim(axis):
         return shaped.shape[axis]
     if len(request.symbols) != 1:

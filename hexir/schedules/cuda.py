@@ -54,13 +54,30 @@ ELEMENTWISE_BLOCK = 256
 
 
 def linear_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int]:
-    """The tiling of an [m, n] output: the first of TILINGS that gives enough blocks."""
+    """The tiling of an [m, n] output: the first of TILINGS that gives enough blocks (a symbolic
+    m: the largest; `linear_variants` adds the smaller ones, for the batches they fill the GPU at)."""
     if isinstance(m, str):
-        return LARGE_TILING if n >= LARGE_TILES_FROM_COLUMNS else SMALL_TILING
+        return LARGE_TILING
     for tiling, fewest in TILINGS:
         if -(-m // tiling[0]) * -(-n // tiling[0]) >= fewest:
             return tiling
     return TILINGS[-1][0]
+
+
+def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, dict[str, int]]]:
+    """With a symbolic batch, a SIMT kernel per tile of TILINGS: the smaller tiles run the
+    batches too small for the larger ones to give the GPU enough blocks (what the static choice
+    does at compile time, done per call)."""
+    m, n = extent(types[0], 0, request), extent(types[-1], 1, request)
+    if not isinstance(m, str) or _uses_dmma(request):
+        return []
+    # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
+    starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
+    return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
+
+
+def _uses_dmma(request: Request) -> bool:
+    return request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs)
 
 
 def _contract() -> ir.Attribute:
@@ -126,7 +143,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     m = extent(args[0], 0, request)
     if isinstance(m, int) and m <= ROWS_MAX:
         return linear_rows(args, symbols, request)
-    if request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs):
+    if _uses_dmma(request):
         return linear_dmma(args, symbols, request)
     return linear_simt(args, symbols, request)
 
@@ -185,7 +202,10 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile, step, per = linear_tiling(m, n)
+    tile, step, per = linear_tiling(m, n) if request.variant is None else \
+        next(t for t, _ in TILINGS if f"t{t[0]}" == request.variant)
+    if request.variant is not None:
+        ht.set_variant(request.variant)
     threads = tile // per                                    # 16 threads per axis
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
     grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)

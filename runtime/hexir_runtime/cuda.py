@@ -217,16 +217,19 @@ class CudaDevice:
                         image += b"\0"  # the driver reads PTX as a C string
                     modules[blob] = check(self.driver.cuModuleLoadData(image), f"cuModuleLoadData ({arch})")
                     program.modules.append(modules[blob])
-                try:
-                    function = check(self.driver.cuModuleGetFunction(modules[blob], code.symbol.encode()),
-                                     "cuModuleGetFunction")
-                    if code.launch.shared_bytes > DEFAULT_SHARED_BYTES:  # a bigger block needs opting in
-                        attribute = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                        check(self.driver.cuFuncSetAttribute(function, attribute, code.launch.shared_bytes),
-                              "cuFuncSetAttribute")
-                except DeviceError as error:
-                    raise KernelError(f"kernels[{index}] ({kernel.name}): {error}") from None
-                program.kernels[index] = (function, kernel, code.launch)
+                functions = {}  # the kernel's symbol and its variants'
+                for symbol, launch in [(code.symbol, code.launch), *((v.symbol, v.launch) for v in code.variants)]:
+                    try:
+                        function = check(self.driver.cuModuleGetFunction(modules[blob], symbol.encode()),
+                                         "cuModuleGetFunction")
+                        if launch.shared_bytes > DEFAULT_SHARED_BYTES:  # a bigger block needs opting in
+                            attribute = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                            check(self.driver.cuFuncSetAttribute(function, attribute, launch.shared_bytes),
+                                  "cuFuncSetAttribute")
+                    except DeviceError as error:
+                        raise KernelError(f"kernels[{index}] ({kernel.name}): {error}") from None
+                    functions[symbol] = function
+                program.kernels[index] = (functions, kernel, code)
         except BaseException:
             program.close()  # the images loaded before the failure
             raise
@@ -324,7 +327,9 @@ class CudaProgram:
         as 64-bit integers."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
-        function, spec, launch = self.kernels[kernel]
+        functions, spec, code = self.kernels[kernel]
+        symbol, launch = code.pick(sizes)  # the variant for this call's sizes, or the kernel itself
+        function = functions[symbol]
         grid = [evaluate(size, sizes) for size in launch.grid]
         if 0 in grid:
             return None

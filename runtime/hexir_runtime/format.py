@@ -64,7 +64,7 @@ _IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
 _KERNEL_KEYS = {
     ("cpu", False): (("epilogues", "sizes", "work"), ()),
     ("cpu", True): (("scalars", "source"), ("library",)),
-    ("cuda", False): (("epilogues", "sizes", "launch", "images"), ("cpu_fallback",)),
+    ("cuda", False): (("epilogues", "sizes", "launch", "images"), ("cpu_fallback", "variants")),
     ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
 }
 _OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
@@ -167,12 +167,31 @@ class Code:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Another kernel in the same images computing the same thing, run instead when every size
+    of the call is below its bound (`below`: symbol -> bound)."""
+
+    symbol: str
+    launch: Launch
+    below: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class GpuCode:
-    """CUDA code for a kernel: its symbol in `images` (architecture -> blob) and its launch."""
+    """CUDA code for a kernel: its symbol in `images` (architecture -> blob) and its launch, and
+    the variants tried first, in order."""
 
     symbol: str
     launch: Launch
     images: Mapping[str, int]
+    variants: tuple[Variant, ...] = ()
+
+    def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
+        """The symbol and launch that run a call with `sizes`."""
+        for variant in self.variants:
+            if all(sizes[name] < bound for name, bound in variant.below.items()):
+                return variant.symbol, variant.launch
+        return self.symbol, self.launch
 
 
 @dataclass(frozen=True)
@@ -461,13 +480,17 @@ def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], 
         if not kernel.custom:  # what the code computes: the reference device's input, so it must agree
             expected["op"], expected["epilogues"] = spec["op"], spec["epilogues"]
         path = f"kernels[{index}]" if gpu or kernel.device == "cpu" else f"kernels[{index}].cpu_fallback"
-        entry = table.get(code.symbol)
-        if entry is None:
-            _fail(f"{path}.symbol", f"{kernel.name}: symbol {code.symbol!r} is not in the kernel table of {where}")
-        for key, value in expected.items():
-            if _canonical(entry.get(key)) != _canonical(value):
-                _fail(f"{path}.{key}", f"{kernel.name}: the manifest says {_canonical(value)}, the kernel table "
-                                       f"of {where} says {_canonical(entry.get(key))}")
+        checks = [(path, code.symbol, expected)]
+        for j, variant in enumerate(spec.get("variants", []) if gpu else []):  # the same, launched otherwise
+            checks.append((f"{path}.variants[{j}]", variant["symbol"], {**expected, "launch": variant["launch"]}))
+        for field_path, symbol, wanted in checks:
+            entry = table.get(symbol)
+            if entry is None:
+                _fail(f"{field_path}.symbol", f"{kernel.name}: symbol {symbol!r} is not in the kernel table of {where}")
+            for key, value in wanted.items():
+                if _canonical(entry.get(key)) != _canonical(value):
+                    _fail(f"{field_path}.{key}", f"{kernel.name}: the manifest says {_canonical(value)}, the kernel "
+                                                 f"table of {where} says {_canonical(entry.get(key))}")
 
 
 def _canonical(value: Any) -> str:
@@ -644,16 +667,16 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
         return Kernel(name, op, device, args, epilogues, integers, own, None, own.source)
-    launch = _object(kernel["launch"], f"{path}.launch", ("grid", "block", "shared_bytes"))
-    grid = tuple(_expr(size, f"{path}.launch.grid[{j}]", symbols)
-                 for j, size in enumerate(_triple(launch, "grid", path)))
-    block = tuple(_int(size, f"{path}.launch.block[{j}]", 1)
-                  for j, size in enumerate(_triple(launch, "block", path)))
-    if math.prod(block) > 1024:
-        _fail(f"{path}.launch.block", f"{block[0]} x {block[1]} x {block[2]} threads: a block has at most 1024")
-    shared = _int(launch["shared_bytes"], f"{path}.launch.shared_bytes")
-    if shared > MAX_SHARED_BYTES:
-        _fail(f"{path}.launch.shared_bytes", f"{shared} bytes: a block has at most {MAX_SHARED_BYTES}")
+    variants = []
+    for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
+        where = f"{path}.variants[{j}]"
+        _object(variant, where, ("symbol", "launch", "below"))
+        below = _object(variant["below"], f"{where}.below", tuple(symbols))
+        if not below:
+            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
+        variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
+                                _launch(variant["launch"], f"{where}.launch", symbols),
+                                {name: _int(bound, f"{where}.below.{name}", 1) for name, bound in below.items()}))
     images = kernel["images"]
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
@@ -671,14 +694,26 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         fallback_symbol = _identifier(spec["symbol"], f"{where}.symbol")
         fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
                     else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
-    gpu = GpuCode(symbol, Launch(grid, block, shared), dict(images))
+    gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants))
     return Kernel(name, op, device, args, epilogues, integers, fallback, gpu, kernel.get("source"))
 
 
+def _launch(spec: Any, path: str, symbols: list[str]) -> Launch:
+    launch = _object(spec, path, ("grid", "block", "shared_bytes"))
+    grid = tuple(_expr(size, f"{path}.grid[{j}]", symbols) for j, size in enumerate(_triple(launch, "grid", path)))
+    block = tuple(_int(size, f"{path}.block[{j}]", 1) for j, size in enumerate(_triple(launch, "block", path)))
+    if math.prod(block) > 1024:
+        _fail(f"{path}.block", f"{block[0]} x {block[1]} x {block[2]} threads: a block has at most 1024")
+    shared = _int(launch["shared_bytes"], f"{path}.shared_bytes")
+    if shared > MAX_SHARED_BYTES:
+        _fail(f"{path}.shared_bytes", f"{shared} bytes: a block has at most {MAX_SHARED_BYTES}")
+    return Launch(grid, block, shared)
+
+
 def _triple(launch: dict[str, Any], key: str, path: str) -> list[Any]:
-    sizes = _list(launch[key], f"{path}.launch.{key}")
+    sizes = _list(launch[key], f"{path}.{key}")
     if len(sizes) != 3:
-        _fail(f"{path}.launch.{key}", f"expected [x, y, z], got {len(sizes)} numbers")
+        _fail(f"{path}.{key}", f"expected [x, y, z], got {len(sizes)} numbers")
     return sizes
 
 

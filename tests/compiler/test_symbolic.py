@@ -151,3 +151,25 @@ def test_the_command_line_takes_a_symbolic_spec(spec, tmp_path):
                              "-emit=mlir"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert 'tensor<?x8xf32, "batch">' in result.stdout
+
+
+def test_a_symbolic_cuda_linear_carries_a_kernel_per_tile_chosen_per_call():
+    from hexir_runtime.format import decode
+
+    def layer(x):
+        return hexir.linear(x, np.ones((64, 1024), np.float32))
+    data = hexir.jit(layer, placement="hexir.linear=cuda").compile(hexir.TensorSpec(("batch", 64), "float32"))
+    hxb = decode(data)
+    (kernel,) = hxb.manifest.kernels
+    code = kernel.gpu_code
+    # 1024 columns: 64x64 tiles give 256 blocks from 1024 rows on, 128x128 tiles from 4096
+    assert [(v.symbol.rsplit("__", 1)[1], dict(v.below)) for v in code.variants] == \
+        [("t32", {"batch": 1024}), ("t64", {"batch": 4096})]
+    assert code.pick({"batch": 1000})[0].endswith("__t32")
+    assert code.pick({"batch": 1024})[0].endswith("__t64")
+    assert code.pick({"batch": 4096}) == (code.symbol, code.launch)
+    assert [v.launch.grid for v in code.variants] == [(32, ("ceildiv", "batch", 32), 1),
+                                                      (16, ("ceildiv", "batch", 64), 1)]
+    assert code.launch.grid == (8, ("ceildiv", "batch", 128), 1)
+    x = RNG.standard_normal((5, 64)).astype(np.float32)  # and the cpu twin still computes it
+    np.testing.assert_allclose(load(data, "cpu").main(x), x @ np.ones((64, 1024), np.float32), rtol=1e-5)

@@ -116,10 +116,15 @@ def _blob_edit(draw, manifest: dict[str, Any], blobs: list, c_library: bytes) ->
     elif how == "library" and "cpu.so" in names:
         i = names.index("cpu.so")
         blobs[i] = ("cpu.so", draw.draw(st.sampled_from([c_library[: len(c_library) // 2], c_library[:64], b""])))
-    elif "cuda" in manifest:
-        i = manifest["cuda"]["table"]
-        table = json.loads(blobs[i][1])
-        entry = table["kernels"][0]
+    elif isinstance(manifest.get("cuda"), dict) and manifest["cuda"].get("table") in range(len(blobs)):
+        i = manifest["cuda"]["table"]  # (an earlier edit of the manifest may have changed or removed it)
+        try:
+            table = json.loads(blobs[i][1])
+            entry = table["kernels"][0]
+        except (ValueError, TypeError, KeyError, IndexError):
+            return  # not the table any more
+        if not isinstance(entry, dict) or not entry:
+            return
         key = draw.draw(st.sampled_from(sorted(entry)))
         entry[key] = draw.draw(JSON_VALUES)
         blobs[i] = (names[i], json.dumps(table).encode())
