@@ -84,7 +84,7 @@ def _host_timed(fn):
     return timed
 
 
-def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int):
+def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, threads: int | None = None):
     """A function timing one launch of the module's one kernel on buffers already on `device`."""
     from hexir_runtime.format import read
 
@@ -95,7 +95,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int):
         place = CudaDevice()
     else:
         from hexir_runtime.cpu import CpuDevice
-        place = CpuDevice()
+        place = CpuDevice(threads=threads)
     program = place.load(hxb)
     sizes = {symbol: m for symbol in kernel.integers if isinstance(symbol, str)}
     shapes = [a.shape for a in arrays] + [(m, arrays[1].shape[1])]  # the inputs (x, w[, bias]), then out
@@ -119,7 +119,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int):
     return timed
 
 
-def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
+def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None) -> None:
     rows = [r for r in json.loads((modules / "modules.json").read_text())
             if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9]
     rng = np.random.default_rng(0)
@@ -138,6 +138,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
                                                 for i in threadpool_info() if i.get("user_api") == "blas")
         except ImportError:
             pass
+    if threads:
+        where += f", hexir on {threads} threads"
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}")
@@ -146,7 +148,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float) -> None:
         x = rng.standard_normal((m, k)).astype(dtype)
         w = rng.standard_normal((k, n)).astype(dtype)
         inputs = [x, w, rng.standard_normal(n).astype(dtype)] if row.get("fused") else [x, w]
-        hexir_time = _median_seconds(_kernel_runner(modules / f"{row['name']}.hxb", device, inputs, m), repeats)
+        runner = _kernel_runner(modules / f"{row['name']}.hxb", device, inputs, m, threads)
+        hexir_time = _median_seconds(runner, repeats)
         if device == "cuda":
             tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
             tout = torch.empty((m, n), dtype=tx.dtype, device="cuda")
@@ -178,13 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     run_parser.add_argument("--repeats", type=int, default=20)
+    run_parser.add_argument("--threads", type=int, help="cpu: hexir's threads (default: every core)")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out)
     else:
-        run(args.modules, args.device, args.repeats, args.max_gflop)
+        run(args.modules, args.device, args.repeats, args.max_gflop, args.threads)
     return 0
 
 
