@@ -50,7 +50,7 @@ from hexir.driver import Options, parse_placement
 from hexir.errors import TraceError
 from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import BATCH, TensorSpec
-from hexir.frontend.trace import current_device, trace, user_where
+from hexir.frontend.trace import current_device, trace, user_frame, user_where
 from hexir.target import DEFAULT_CPU_LEVELS, host_level, parse_target
 
 _STATIC_TYPES = (bool, int, float, complex, str, bytes, type(None), np.generic)
@@ -255,7 +255,9 @@ class JitFunction:
                 warnings.simplefilter("always")
                 loaded = hexir_runtime.load(cache.compile_cached(module, self._for_this_host(), self.cache))
             for notice in notices:  # said once per signature, at the caller's line
-                warnings.warn(str(notice.message), notice.category, stacklevel=4)
+                caller = user_frame()  # the user's line, however deep in hexir this compile started
+                warnings.warn_explicit(str(notice.message), notice.category, caller.filename if caller else "hexir",
+                                       caller.lineno if caller else 0)
             self._compiled[key] = (loaded, form)
         return self._compiled[key]
 

@@ -38,17 +38,19 @@ from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request
-from hexir.target import Target
+from hexir.target import Target, check_launch
 
 
 def lower_to_tir(module: ir.Module, target: Target) -> None:
     """Replace every compute op with a call to a freshly built kernel, and every
     hexir.custom_call with a call to a declaration of the user's kernel."""
     main = hx.main_function(module)
-    for counter, op in enumerate(o.operation for o in list(main.regions[0].blocks[0].operations)):
+    counter = -1
+    for op in [o.operation for o in main.regions[0].blocks[0].operations]:
         definition = ops.lookup(op.name)
         if definition is None and op.name != "hexir.custom_call":
             continue
+        counter += 1  # kernels are numbered in program order: linear_0, relu_1, ...
         device = hx.device_of(op)
         kind = hx.string_attr(op, "kernel") if definition is None else definition.name
         name = f"{kind}_{counter}"
@@ -67,6 +69,8 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars)
                 if device == "cuda":
                     kernel = _kernel(name, arg_types, device, definition, request)
+                    launch = ht.record_of(kernel)  # what can be checked before run time: the static axes
+                    check_launch(name, [g if isinstance(g, int) else None for g in launch.grid], list(launch.block))
                     variants = definition.variants.get(device, lambda *_: [])(arg_types[:len(values)], request)
                     for variant, _ in variants:  # the schedule's other kernels, chosen per call
                         other = _kernel(f"{name}__{variant}", arg_types, device, definition,

@@ -141,7 +141,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
     tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
     m = extent(args[0], 0, request)
-    if isinstance(m, int) and m <= ROWS_MAX:
+    if isinstance(m, int) and 0 < m <= ROWS_MAX:
         return linear_rows(args, symbols, request)
     if _uses_dmma(request):
         return linear_dmma(args, symbols, request)

@@ -671,9 +671,6 @@ def test_a_linear_with_an_empty_inner_axis_is_refused_at_trace_time(build, m, k,
         build("linear", "float32", m, k, n)
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
-                   reason="BUG: schedules/cuda.py linear_rows divides 32 KiB by M * 32 * itemsize to size its "
-                          "warps: a cuda linear with 0 rows raises ZeroDivisionError at compile time")
 def test_a_linear_with_no_rows_runs(build):
     path = build("linear", "float32", 0, 4, 3)
     x, w = np.ones((0, 4), np.float32), np.ones((4, 3), np.float32)

@@ -482,6 +482,7 @@ def no_gpu(monkeypatch):
     def refuse():
         raise DeviceError("no CUDA device (made unusable by the test)")
     monkeypatch.setattr(hexir_runtime.module, "_cuda_device", refuse)
+    monkeypatch.setattr(hexir_runtime.module, "_notices", set())  # the notice is said once per process
 
 
 def _gpu_calls() -> tuple[list[warnings.WarningMessage], list[np.ndarray]]:
@@ -504,8 +505,6 @@ def test_a_gpu_function_without_a_gpu_warns_once(no_gpu):
         np.testing.assert_array_equal(result, [[0.0, 2.0]])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: JitFunction._load re-warns with stacklevel=4, one frame above the "
-                                      "caller of the jitted function (here: pytest's python.py)")
 def test_a_gpu_function_without_a_gpu_warns_at_the_callers_line(no_gpu):
     caught, _ = _gpu_calls()
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, line_of(__file__, "gpu-call"))]

@@ -252,8 +252,6 @@ def test_a_chain_of_relus_after_a_linear_fuses_in_order():
     assert kernel_ops(lower(source, "mlir-tir")) == [("linear", "cpu", "linear_relu_relu")]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fuse makes hexir.epilogues = [\"relu\", \"relu\"] of a relu chain, "
-                                      "which the .hxb format refuses (each epilogue once): CompileError at -emit=hxb")
 def test_a_linear_with_a_chain_of_relus_compiles_and_runs():
     source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu"}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
     x = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)

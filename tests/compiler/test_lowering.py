@@ -177,8 +177,6 @@ def test_one_trip_loops_keep_their_schedule():
     """)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: lower-to-tir numbers kernels by their op's position in @main "
-                                      "(constants included): linear_2, relu_3 instead of linear_0, relu_1")
 def test_kernels_are_numbered_in_program_order():
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), """
         CHECK:     @linear_0

@@ -69,8 +69,6 @@ def test_placement_dicts_are_type_checked(placement):
         hexir.jit(lambda x: x, placement=placement)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a generated cuda kernel's launch is no longer checked against CUDA's "
-                                      "grid limits at compile time (to_gpu's check_launch went, nothing replaced it)")
 def test_a_launch_cuda_cannot_make_is_a_compile_error():
     fn = hexir.jit(lambda x, w: hexir.linear(x, w), placement="hexir.linear=cuda")
     with pytest.raises(CompileError, match=r"its launch needs 65625 blocks along y, more than CUDA's 65535"):

@@ -220,7 +220,7 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
                    "entries[0].buffers[0].shape", "too large"),
     "kernel op": (lambda m: m["kernels"][0].update(op="conv-2d"), "kernels[0].op", "got 'conv-2d'"),
     "linear epilogues": (lambda m: m["kernels"][0].update(epilogues=["relu", "bias"]), "kernels[0].epilogues",
-                         'expected [bias] then fused element-wise ops, each once, got ["relu", "bias"]'),
+                         'expected [bias] then fused element-wise ops, got ["relu", "bias"]'),
     "relu epilogues": (lambda m: m["kernels"][1].update(epilogues=["bias"]), "kernels[1].epilogues",
                        'relu has none, got ["bias"]'),
     "bias without its arg": (lambda m: m["kernels"][2].update(epilogues=["bias"]), "kernels[2].args",
