@@ -1,6 +1,8 @@
 """Export the v1 test modules of tests/data (see README.md) with the compiler at commit a35bbb6."""
 import sys
+
 import numpy as np
+
 import hexir
 
 out = sys.argv[1]
