@@ -42,16 +42,27 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
+#: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
+PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
 #: every NR). The same on every level, so the work record is too: a module's libraries for
-#: several levels share one manifest.
-MC, NC_BYTES = 48, 1024
+#: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
+#: (the cores of a big host, a few times over): more rows per tile reuse each packed block of
+#: w more (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows,
+#: 92 with 192; 1024^3: 94, 87, 95).
+MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 1024, 64
 
 
-def tiling(level: str, dtype: str) -> tuple[int, int, int, int]:
-    """(MR, NR, MC, NC) for a level and dtype."""
+def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:
+    """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output (a symbolic m: the fewest rows,
+    for the small batches)."""
     mr, nr = MICRO[level, dtype]
-    return mr, nr, MC, NC_BYTES // (4 if dtype == "float32" else 8)
+    nc = NC_BYTES // (4 if dtype == "float32" else 8)
+    column_tiles = max(1, -(-n // nc))
+    if isinstance(m, str):
+        return mr, nr, MC_CHOICES[-1], nc
+    mc = next((mc for mc in MC_CHOICES if -(-m // mc) * column_tiles >= WORK_ITEMS), MC_CHOICES[-1])
+    return mr, nr, mc, nc
 
 
 def _zero(element: ir.Type) -> ir.Value:
@@ -75,11 +86,15 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
-    mr, nr, mc, nc = tiling(request.target.cpu, request.dtype)
+    mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n)
     nc = min(nc, -(-n // nr) * nr)
     column_tiles = -(-n // nc)
     tiles = sizes.mul(sizes.ceildiv(m, mc), column_tiles)
     rows = ht.size_value(m, symbols)
+    element = ir.MemRefType(out.type).element_type
+    # w's block of the tile, KC rows x the tile's columns, copied panel by panel (NR columns, k
+    # rows, contiguous): each call of the kernel (a thread's share) has its own, on its stack
+    packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) if _packs(m, mc) else None
     operands = (x, w, out, bias, request)
     with ht.loop(0, ht.size_value(tiles, symbols), "parallel") as tile:
         r0 = arith.MulIOp(arith.DivUIOp(tile, _i(column_tiles)).result, _i(mc)).result
@@ -88,38 +103,71 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
         row_span = (r0, arith.DivUIOp(arith.SubIOp(r1, r0).result, _i(mr)).result, r1)
         last_width = n - (column_tiles - 1) * nc
         if last_width == nc:
-            _tile(operands, c0, nc, row_span, k_extent, mr, nr)
+            _tile(operands, packed, c0, nc, row_span, k_extent, mr, nr)
         else:  # the last column tile is narrower: its own copy, so that every width is static
             last = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, c0, _i(n - last_width)).result, has_else=True)
             with ir.InsertionPoint(last.then_block):
-                _tile(operands, c0, last_width, row_span, k_extent, mr, nr)
+                _tile(operands, packed, c0, last_width, row_span, k_extent, mr, nr)
                 scf.YieldOp([])
             with ir.InsertionPoint(last.else_block):
-                _tile(operands, c0, nc, row_span, k_extent, mr, nr)
+                _tile(operands, packed, c0, nc, row_span, k_extent, mr, nr)
                 scf.YieldOp([])
     return ht.Work(tiles)
 
 
-def _tile(operands, c0, width, row_span, k_extent, mr, nr) -> None:
+def _packs(m: sizes.Expr, mc: int) -> bool:
+    """Whether the kernel packs w: unless every tile has too few rows for the copy to pay."""
+    return isinstance(m, str) or m >= PACK_FROM_ROWS
+
+
+def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:
     """One work item: rows [r0, r1) x `width` columns from c0. Groups of MR rows take one NR
     panel at a time; the rows left over take all the tile's columns at once (a 1-row product
-    streams w's rows)."""
+    streams w's rows). A tile of enough rows first packs w's block (`packed`) and reads it from
+    there: contiguous panels, which the caches and the TLB hold where w's own rows, N apart,
+    are each on another page."""
     r0, full_groups, r1 = row_span
     rest = arith.AddIOp(r0, arith.MulIOp(full_groups, _i(mr)).result).result
     pieces = [(p * nr, nr) for p in range(width // nr)] + ([(width - width % nr, width % nr)] if width % nr else [])
     k_blocks = -(-k_extent // KC)
     with ht.loop(0, k_blocks, "serial") as kb:
         block = _KBlock(kb, k_blocks, k_extent)
-        for start, size in ([(None, nr)] if width // nr else []) + pieces[width // nr:]:
-            # the full panels in a loop, then the narrower one
-            with ht.loop(0, width // nr if start is None else 1, "serial") as panel:
-                offset = arith.MulIOp(panel, _i(nr)).result if start is None else _i(start)
-                j0 = arith.AddIOp(c0, offset).result
-                with ht.loop(0, full_groups, "serial") as group:
-                    i0 = arith.AddIOp(r0, arith.MulIOp(group, _i(mr)).result).result
-                    _micro(operands, block, i0, [(j0, size)], mr)
-        with ht.loop(rest, r1, "serial") as i:
-            _micro(operands, block, i, [(arith.AddIOp(c0, _i(start)).result, size) for start, size in pieces], 1)
+
+        def body(source) -> None:
+            for start, size in ([(None, nr)] if width // nr else []) + pieces[width // nr:]:
+                # the full panels in a loop, then the narrower one
+                with ht.loop(0, width // nr if start is None else 1, "serial") as panel:
+                    index = panel if start is None else _i(start // nr)
+                    j0 = arith.AddIOp(c0, arith.MulIOp(index, _i(nr)).result).result
+                    with ht.loop(0, full_groups, "serial") as group:
+                        i0 = arith.AddIOp(r0, arith.MulIOp(group, _i(mr)).result).result
+                        _micro(operands, source, block, i0, [(j0, index, size)], mr)
+            with ht.loop(rest, r1, "serial") as i:
+                _micro(operands, source, block, i,
+                       [(arith.AddIOp(c0, _i(start)).result, _i(start // nr), size) for start, size in pieces], 1)
+
+        if packed is None:
+            body(None)
+        else:
+            many = arith.CmpIOp(arith.CmpIPredicate.uge, arith.SubIOp(r1, r0).result, _i(PACK_FROM_ROWS)).result
+            choice = scf.IfOp(many, has_else=True)
+            with ir.InsertionPoint(choice.then_block):
+                _pack(operands[1], packed, block, c0, pieces)
+                body(packed)
+                scf.YieldOp([])
+            with ir.InsertionPoint(choice.else_block):
+                body(None)
+                scf.YieldOp([])
+
+
+def _pack(w: ir.Value, packed: ir.Value, block, c0: ir.Value, pieces: list[tuple[int, int]]) -> None:
+    """packed[p, k - k0, :width] = w[k, c0 + p * NR : + width] for the k block, each panel p."""
+    element = ir.MemRefType(w.type).element_type
+    for p, (start, width) in enumerate(pieces):
+        type_ = ir.VectorType.get([width], element)
+        with ht.loop(block.k0, block.k1, "serial") as k:
+            row = vector.LoadOp(type_, w, [k, arith.AddIOp(c0, _i(start)).result]).result
+            vector.StoreOp(row, packed, [_i(p), arith.SubIOp(k, block.k0).result, _i(0)])
 
 
 class _KBlock:
@@ -132,18 +180,20 @@ class _KBlock:
         self.last = arith.CmpIOp(arith.CmpIPredicate.eq, kb, _i(count - 1)).result if count > 1 else None
 
 
-def _micro(operands, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, int]], rows: int) -> None:
+def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, ir.Value, int]],
+           rows: int) -> None:
     """out[i0:i0+rows, piece] (+)= x[i0:i0+rows, k block] @ w[k block, piece] for each column
-    piece (j0, width): rows x pieces vectors of sums, loop-carried through k (registers)."""
+    piece (j0, panel, width), w read from `packed` (its panel) when given: rows x pieces
+    vectors of sums, loop-carried through k (registers)."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
-    types = [ir.VectorType.get([width], element) for _, width in pieces]
+    types = [ir.VectorType.get([width], element) for *_, width in pieces]
     row_index = [arith.AddIOp(i0, _i(r)).result if r else i0 for r in range(rows)]
-    slots = [(i, j0, type_) for i in row_index for (j0, _), type_ in zip(pieces, types, strict=True)]
+    slots = [(i, j0, type_) for i in row_index for (j0, *_), type_ in zip(pieces, types, strict=True)]
 
     def start() -> list[ir.Value]:
         first = [vector.LoadOp(t, bias, [j0]).result if bias is not None else _splat_zero(t)
-                 for (j0, _), t in zip(pieces, types, strict=True)]
+                 for (j0, *_), t in zip(pieces, types, strict=True)]
         return first * rows
 
     def running() -> list[ir.Value]:
@@ -153,7 +203,12 @@ def _micro(operands, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, 
     loop.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
     with ir.InsertionPoint(loop.body):
         k = loop.induction_variable
-        b = [vector.LoadOp(t, w, [k, j0]).result for (j0, _), t in zip(pieces, types, strict=True)]
+        if packed is None:
+            b = [vector.LoadOp(t, w, [k, j0]).result for (j0, *_), t in zip(pieces, types, strict=True)]
+        else:
+            kk = arith.SubIOp(k, block.k0).result
+            b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
+                                                                                                 strict=True)]
         a = {i: ht.load(x, [i, k]) for i in row_index}
         sums = [vector.FMAOp(vector.BroadcastOp(t, a[i]).result, b[p % len(pieces)], acc).result
                 for p, ((i, _, t), acc) in enumerate(zip(slots, loop.inner_iter_args, strict=True))]
