@@ -47,10 +47,9 @@ PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
 #: every NR). The same on every level, so the work record is too: a module's libraries for
 #: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
-#: (the cores of a big host, a few times over): more rows per tile reuse each packed block of
-#: w more (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows,
+#: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows,
 #: 92 with 192; 1024^3: 94, 87, 95).
-MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 1024, 64
+MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 1024, 32
 
 
 def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:
@@ -96,9 +95,12 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     # rows, contiguous): each call of the kernel (a thread's share) has its own, on its stack
     packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) if _packs(m, mc) else None
     operands = (x, w, out, bias, request)
+    row_tiles = ht.size_value(sizes.ceildiv(m, mc), symbols)
     with ht.loop(0, ht.size_value(tiles, symbols), "parallel") as tile:
-        r0 = arith.MulIOp(arith.DivUIOp(tile, _i(column_tiles)).result, _i(mc)).result
-        c0 = arith.MulIOp(arith.RemUIOp(tile, _i(column_tiles)).result, _i(nc)).result
+        # tiles in column order: a thread's run of tiles mostly shares one column block of w,
+        # which the caches then keep between its tiles
+        r0 = arith.MulIOp(arith.RemUIOp(tile, row_tiles).result, _i(mc)).result
+        c0 = arith.MulIOp(arith.DivUIOp(tile, row_tiles).result, _i(nc)).result
         r1 = _min(arith.AddIOp(r0, _i(mc)).result, rows)
         row_span = (r0, arith.DivUIOp(arith.SubIOp(r1, r0).result, _i(mr)).result, r1)
         last_width = n - (column_tiles - 1) * nc
