@@ -9,7 +9,7 @@ The runtime never imports the compiler (`hexir`) or MLIR.
 from .errors import DeviceError, HexirRuntimeError, HxbFormatError, InputError, KernelError
 from .module import Module, Signature, load
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DeviceError",
