@@ -47,8 +47,9 @@ PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
 #: every NR). The same on every level, so the work record is too: a module's libraries for
 #: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
-#: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows,
-#: 92 with 192; 1024^3: 94, 87, 95).
+#: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more
+#: (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows, 92 with
+#: 192; 1024^3: 94, 87, 95).
 MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 1024, 32
 
 

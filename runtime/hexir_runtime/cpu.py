@@ -26,7 +26,7 @@ import os
 import platform
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -306,6 +306,15 @@ class CpuDevice(HostMemory):
         return CpuProgram(functions, self)
 
 
+def address(array: np.ndarray) -> int:
+    """Where an array's data starts: through the buffer protocol when it is writable (3x
+    faster than `array.ctypes.data`, which builds an object per call)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except TypeError:  # read-only
+        return array.ctypes.data
+
+
 class CpuProgram:
     """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
     custom kernel) and the size expressions they take after their pointers."""
@@ -314,9 +323,12 @@ class CpuProgram:
         self.kernels = kernels
         self.device = device
 
-    def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
-        """Run kernels[kernel] on C-contiguous `buffers`, in chunks of its parallel loop if big
-        (never of fewer than its `grain` iterations); not at all if the loop has no iteration."""
+    def launcher(self, kernel: int, buffers: Sequence[np.ndarray],
+                 sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
+        """A function running kernels[kernel] on C-contiguous `buffers` for a call shape's
+        `sizes`, its arguments and chunks computed here, once (None: the loop has no iteration);
+        given (argument, array) pairs that replace some buffers in a call. A big launch runs in
+        chunks of its parallel loop (never of fewer than its `grain` iterations) on the pool."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
         function, work, integers = self.kernels[kernel]
@@ -324,23 +336,36 @@ class CpuProgram:
         extent = 0 if work is None else evaluate(work.extent, sizes)
         if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
             raise KernelError(f"kernels[{kernel}]: a size or extent of this call does not fit in int64")
-        arguments = [buffer.ctypes.data for buffer in buffers] + values
-        if work is None:  # a custom kernel: called once, with its scalars after the pointers
-            function(*arguments)
-            return
-        if extent == 0:
-            return
-        chunks = 1
-        if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
-            chunks = min(self.device.threads, extent // work.grain)
-        if chunks < 2:
-            function(*arguments, 0, extent)
-            return
-        bounds = [extent * i // chunks for i in range(chunks + 1)]
-        pool = worker_pool()
-        futures = [pool.submit(function, *arguments, bounds[i], bounds[i + 1]) for i in range(chunks)]
-        for future in futures:
-            future.result()
+        base = [buffer.ctypes.data for buffer in buffers] + values
+        ranges: list[tuple[int, ...]] = [()]  # a custom kernel: called once, its scalars after the pointers
+        if work is not None:
+            if extent == 0:
+                return None
+            chunks = 1
+            if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
+                chunks = max(1, min(self.device.threads, extent // work.grain))
+            ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
+
+        def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
+            arguments = base
+            if overrides:
+                arguments = list(base)
+                for position, array in overrides:
+                    arguments[position] = address(array)
+            if len(ranges) == 1:
+                function(*arguments, *ranges[0])
+                return
+            pool = worker_pool()
+            for future in [pool.submit(function, *arguments, *bounds) for bounds in ranges]:
+                future.result()
+        return go
+
+    def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
+        """Run kernels[kernel] on C-contiguous `buffers` (see `launcher`); not at all if its loop
+        has no iteration."""
+        go = self.launcher(kernel, buffers, sizes)
+        if go is not None:
+            go()
 
     def close(self) -> None:
         """Nothing to unload: a library stays loaded for the process (ctypes cannot unload it)."""

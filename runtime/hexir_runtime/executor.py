@@ -25,7 +25,6 @@ the GPU to the host stays on the GPU: the kernel that computes it writes a fresh
 
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -36,8 +35,8 @@ import numpy as np
 from .cpu import CpuProgram
 from .device import Device, Program
 from .dlpack import DeviceTensor
-from .errors import InputError, KernelError
-from .format import Entry, Hxb, TensorType, evaluate
+from .errors import InputError
+from .format import Entry, Hxb, TensorType
 
 Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its handles)
 # A host input smaller than this is copied into its buffer rather than read in place: numpy
@@ -358,12 +357,8 @@ def _launcher(program: Program, kernel: int, buffers: list[Any],
     """A function running kernels[kernel] on `buffers` for these `sizes`, given per-call
     (argument position, array) overrides; None when there is nothing to run."""
     make = getattr(program, "launcher", None)
-    if make is not None:
-        return make(kernel, buffers, sizes)
-    if type(program) is CpuProgram and "launch" not in vars(program):  # not wrapped by a caller
-        go = _cpu_launcher(program, kernel, buffers, sizes)
-        if go is not False:
-            return go
+    if make is not None and not (isinstance(program, CpuProgram) and "launch" in vars(program)):
+        return make(kernel, buffers, sizes)  # (a CpuProgram whose launch a caller wrapped goes through it)
 
     def launch(overrides: Sequence[tuple[int, Any]] = ()) -> None:
         arguments = list(buffers)
@@ -371,37 +366,6 @@ def _launcher(program: Program, kernel: int, buffers: list[Any],
             arguments[position] = array
         program.launch(kernel, arguments, sizes)
     return launch
-
-
-def _cpu_launcher(program: CpuProgram, kernel: int, buffers: list[np.ndarray],
-                  sizes: Mapping[str, int]) -> Callable[..., None] | None | bool:
-    """CpuProgram.launch with its arguments computed once per call shape (False: a launch split
-    over threads, left to CpuProgram.launch). TODO(cpu.py's owner): make it CpuProgram.launcher."""
-    if kernel not in program.kernels:
-        raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
-    function, work, integers = program.kernels[kernel]
-    values = [evaluate(expr, sizes) for expr in integers]
-    extent = 0 if work is None else evaluate(work.extent, sizes)
-    if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
-        raise KernelError(f"kernels[{kernel}]: a size or extent of this call does not fit in int64")
-    base = [buffer.ctypes.data for buffer in buffers] + values
-    if work is not None:
-        if extent == 0:
-            return None
-        if sum(buffer.nbytes for buffer in buffers) >= program.device.split_bytes and min(
-                program.device.threads, extent // work.grain) >= 2:
-            return False
-        base += [0, extent]
-
-    def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
-        if not overrides:
-            function(*base)
-            return
-        arguments = list(base)
-        for position, array in overrides:
-            arguments[position] = address(array)
-        function(*arguments)
-    return go
 
 
 def format_tensor(array: np.ndarray) -> str:
@@ -413,12 +377,3 @@ def format_tensor(array: np.ndarray) -> str:
     columns = array.shape[-1] if array.ndim else 1
     rows = array.reshape(math.prod(array.shape[:-1]), columns)
     return "".join("".join(f"{value:f} " for value in row) + "\n" for row in rows.tolist())
-
-
-def address(array: np.ndarray) -> int:
-    """Where an array's data starts: through the buffer protocol when it is writable (3x
-    faster than `array.ctypes.data`, which builds an object per call)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except TypeError:  # read-only
-        return array.ctypes.data
