@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, here (MLIR needed), everything bench/gpu_run.sh runs on the GPU machine, into .gpu/
-# (ignored by git via .git/info/exclude; carry it with the device tool): the runtime and its
+# (ignored by git; carry it with the device tool): the runtime and its
 # tests as they are now, the GPU suite's cases, the benchmarks' modules, the examples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
