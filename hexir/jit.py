@@ -41,6 +41,7 @@ from typing import Any
 
 import hexir_runtime
 import numpy as np
+from hexir_runtime import dlpack
 from mlir import ir
 from typeguard import TypeCheckError, check_type
 
@@ -133,11 +134,12 @@ class JitFunction:
         for position, (arg_name, value) in enumerate(zip(self.arg_names, values, strict=True)):
             if isinstance(value, TensorSpec):
                 specs.append(value)
-            elif isinstance(value, np.ndarray):
-                if value.dtype.name not in ("float32", "float64"):
-                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {value.dtype}; "
+            elif isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
+                shape, dtype = _shape_and_dtype(value)
+                if dtype not in ("float32", "float64"):
+                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; "
                                      "expected float32 or float64", *user_where())
-                specs.append(TensorSpec.of(value))
+                specs.append(TensorSpec(shape, dtype))
             else:
                 try:
                     _static_key(value)
@@ -200,8 +202,9 @@ class JitFunction:
         return self._generalize(specs, changed) if any(changed) else specs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the function on numpy arrays (and static values); compiled on the first call of each
-        signature. The result has the function's own form: None, an array, or a tuple/list of arrays."""
+        """Run the function on numpy arrays or other DLPack tensors (and static values); compiled
+        on the first call of each signature. The result has the function's own form: None, an
+        array, or a tuple/list of arrays."""
         values = args if not kwargs and len(args) == len(self.arg_names) else self.bind(args, kwargs)
         try:
             key = (tuple([(v.shape, v.dtype) if isinstance(v, np.ndarray) else _static_key(v) for v in values]),
@@ -260,6 +263,19 @@ class JitFunction:
                                        caller.lineno if caller else 0)
             self._compiled[key] = (loaded, form)
         return self._compiled[key]
+
+
+def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
+    """The shape and dtype name of a numpy array or of any DLPack tensor (torch, cupy, jax, on
+    the host or a GPU), which the compiled module then takes as it is."""
+    if isinstance(value, np.ndarray):
+        return value.shape, value.dtype.name
+    device_type, _ = value.__dlpack_device__()
+    if device_type in (dlpack.CPU, dlpack.CUDA_HOST):
+        array = np.from_dlpack(value)  # a view, no copy
+        return array.shape, array.dtype.name
+    tensor = dlpack.tensor_of(value)  # borrows the tensor, and gives it back when dropped
+    return tensor.shape, getattr(tensor, "dtype_text", None) or tensor.dtype.name
 
 
 def _native(value: Any) -> Any:

@@ -169,3 +169,27 @@ def test_static_values_on_the_command_line(tmp_path):
     assert 'hexir.arg_names = ["x", "w"]' in done.stdout
     done = hexir_command(f"{program}:f", "-spec=x=2x8xf32", "-spec=mode='none'", "-emit=mlir")
     assert done.returncode == 2 and "missing a required argument: 'w'" in done.stderr
+
+
+class _HostTensor:
+    """A tensor of another library, as the DLPack protocol shows it (on the host)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_a_jit_function_takes_any_dlpack_tensor():
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    f = hexir.jit(lambda x: hexir.linear(x, w))
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(f(_HostTensor(x)), x @ w, rtol=1e-5)
+    np.testing.assert_allclose(f(x), x @ w, rtol=1e-5)  # the same compiled module
+    assert f.trace_count == 1
+    with pytest.raises(hexir.TraceError, match="argument 'x' has dtype int32; expected float32 or float64"):
+        f(_HostTensor(np.ones((2, 4), np.int32)))
