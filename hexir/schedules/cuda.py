@@ -27,7 +27,7 @@ row count known only at run time (the grid is then an expression of it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, llvm, memref, nvvm, scf
@@ -108,6 +108,22 @@ def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: ir.Va
     return inside.results[0]
 
 
+def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
+           bounds: tuple[ir.Value, ir.Value], bias: ir.Value | None, request: Request) -> None:
+    """out[row, column] = epilogues(value()) where row < M and column < N (the store guard): the
+    bias of the column, then the fused ops, each an instruction here and no pass over memory."""
+    (row, column), (rows, columns) = at, bounds
+    inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
+    with ir.InsertionPoint(inside.then_block):
+        result = value()
+        if bias is not None:
+            result = arith.AddFOp(result, ht.load(bias, [column])).result
+        for apply in request.fused():
+            result = apply(result)
+        ht.store(result, out, [row, column])
+        scf.YieldOp([])
+
+
 def _stage(source: ir.Value, tile: ir.Value, thread: ir.Value, threads: int, loads: int, width: int,
            origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> None:
     """Copy a [loads * threads / width, width] block of `source` at `origin` into `tile`, each
@@ -183,17 +199,13 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             ht.barrier()
             with ht.loop(0, -(-m // warps), "unrolled") as part:  # thread (warp, lane) adds up row warp (+ warps)
                 row = _plus(_times(part, warps), warp)
-                inside = scf.IfOp(arith.AndIOp(_less(row, ht.index(m)), _less(column, columns)).result)
-                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
+
+                def total(row=row, lane=lane) -> ir.Value:
                     value = ht.load(partial, [ht.index(0), row, lane])
                     for other in range(1, warps):
                         value = arith.AddFOp(value, ht.load(partial, [ht.index(other), row, lane])).result
-                    if bias is not None:
-                        value = arith.AddFOp(value, ht.load(bias, [column])).result
-                    for apply in request.fused():
-                        value = apply(value)
-                    ht.store(value, out, [row, column])
-                    scf.YieldOp([])
+                    return value
+                _store(total, out, (row, column), (ht.index(m), columns), bias, request)
     return ht.Launch((sizes.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 
@@ -238,15 +250,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             with ht.loop(0, per, "unrolled") as i, ht.loop(0, per, "unrolled") as j:
                 row = _plus(row0, _plus(ty, _times(i, threads)))
                 column = _plus(column0, _plus(tx, _times(j, threads)))
-                inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
-                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
-                    value = ht.load(sums, [i, j])
-                    if bias is not None:
-                        value = arith.AddFOp(value, ht.load(bias, [column])).result
-                    for apply in request.fused():  # a fused op costs an instruction here, no pass over memory
-                        value = apply(value)
-                    ht.store(value, out, [row, column])
-                    scf.YieldOp([])
+                _store(lambda i=i, j=j: ht.load(sums, [i, j]), out, (row, column), (rows, columns), bias, request)
     return ht.Launch(grid, (threads, threads, 1))
 
 
@@ -308,15 +312,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                     ht.loop(0, 2, "unrolled") as h:
                 row = _plus(row0, _plus(warp_row, _plus(_times(i, 8), group)))
                 column = _plus(column0, _plus(warp_column, _plus(_times(j, 8), _plus(_times(in_group, 2), h))))
-                inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
-                with ir.InsertionPoint(inside.then_block):  # the store guard: row < M and column < N
-                    value = ht.load(sums, [i, j, h])
-                    if bias is not None:
-                        value = arith.AddFOp(value, ht.load(bias, [column])).result
-                    for apply in request.fused():
-                        value = apply(value)
-                    ht.store(value, out, [row, column])
-                    scf.YieldOp([])
+                _store(lambda i=i, j=j, h=h: ht.load(sums, [i, j, h]), out, (row, column), (rows, columns), bias,
+                       request)
     return ht.Launch(grid, (threads, 1, 1))
 
 
