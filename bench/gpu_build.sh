@@ -14,4 +14,5 @@ python bench/mlp.py build .gpu/bench/mlp_modules && rm -rf .gpu/bench/mlp_module
 python bench/crafted.py build .gpu/crafted
 python examples/split.py .gpu/example > /dev/null
 python examples/custom_kernel/run.py .gpu/example > /dev/null
+if [ "${TUNE:-0}" = 1 ]; then python bench/tilings.py .gpu/variants; fi  # part 3's sweep
 ls .gpu/example; du -sh .gpu

@@ -3,6 +3,7 @@
 # bench/gpu_build.sh). With the device tool: carry .gpu, run `bash .gpu/bench/gpu_run.sh $OUT PART`.
 #   part 1: machine, runtime tests (Python 3.12, no MLIR), GPU suite, examples, crafted files
 #   part 2: benchmarks (linear vs cuBLAS and numpy, thread scaling, MLP call path vs torch)
+#   part 3: the GPU suite, the tilings sweep (built with TUNE=1), linear vs cuBLAS, MLP (profiled)
 set -uo pipefail
 out=${1:-/tmp/hexir-gpu}; part=${2:-1}
 cd "$(dirname "$0")/.."
@@ -26,6 +27,15 @@ print('custom.hxb on cuda: max abs difference from numpy', float(abs(y-e).max())
     2>&1 | tee "$out/custom.txt" || status=1
   echo "== crafted cuda modules"
   python3 bench/crafted.py run crafted cuda 2>&1 | tee "$out/crafted.txt" || status=1
+elif [ "$part" = 3 ]; then
+  echo "== GPU property suite: cuda vs cpu vs numpy"
+  python3 tests/gpu/suite.py run cases --devices cuda,cpu 2>&1 | tail -12 | tee "$out/suite.txt" || status=1
+  echo "== the tilings sweep (bench/tilings.py) vs cuBLAS"
+  python3 bench/linear.py run variants --device cuda --repeats 20 2>&1 | tee "$out/tilings.txt" || status=1
+  echo "== linear on cuda vs cuBLAS"
+  python3 bench/linear.py run modules --device cuda --repeats 20 2>&1 | tee "$out/linear_cuda.txt" || status=1
+  echo "== MLP call path vs torch eager, the one-kernel call profiled"
+  python3 bench/mlp.py run bench/mlp_modules.tar.gz --profile 2>&1 | tee "$out/mlp_cuda.txt" || status=1
 else
   echo "== linear on cuda vs cuBLAS"
   python3 bench/linear.py run modules --device cuda --repeats 20 2>&1 | tee "$out/linear_cuda.txt" || status=1

@@ -111,7 +111,7 @@ def row(what: str, hexir_us: float, base_us: float, base: str) -> str:
 HEADER = "| what | hexir µs | baseline µs | speed (baseline/hexir) | baseline |\n|---|---|---|---|---|"
 
 
-def run_cuda(directory: Path, repeats: int) -> None:
+def run_cuda(directory: Path, repeats: int, profile: bool = False) -> None:
     import torch
     from hexir_runtime import load
 
@@ -139,7 +139,7 @@ def run_cuda(directory: Path, repeats: int) -> None:
         if (m, k, dtype) == (64, 784, "float32"):
             resident(module, eager, x, repeats)
         module.close()
-    overhead(directory / "one_kernel.hxb", repeats)
+    overhead(directory / "one_kernel.hxb", repeats, profile)
 
 
 def resident(module, eager, x: np.ndarray, repeats: int) -> None:
@@ -163,7 +163,7 @@ def resident(module, eager, x: np.ndarray, repeats: int) -> None:
               median_us(theirs, repeats), "torch eager on CUDA tensors"), flush=True)
 
 
-def overhead(path: Path, repeats: int) -> None:
+def overhead(path: Path, repeats: int, profile: bool = False) -> None:
     """A one-kernel module: its call time minus its kernel's time (CUDA events on its stream)."""
     import torch
     from cuda.bindings import driver
@@ -194,6 +194,12 @@ def overhead(path: Path, repeats: int) -> None:
     kernel_us = statistics.median(kernel)
     print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
           f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events), runtime overhead {wall - kernel_us:.1f} µs")
+    if profile:  # where the host's time goes in those calls
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [call() for _ in range(repeats)])
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def run_cpu(directory: Path, repeats: int) -> None:
@@ -230,11 +236,12 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--repeats", type=int, default=500)
+    parser.add_argument("--profile", action="store_true", help="cProfile the one-kernel module's calls")
     args = parser.parse_args()
     if args.command == "build":
         build(args.directory)
     elif args.device == "cuda":
-        run_cuda(unpacked(args.directory), args.repeats)
+        run_cuda(unpacked(args.directory), args.repeats, args.profile)
     else:
         run_cpu(unpacked(args.directory), max(args.repeats, 10000))
 

@@ -18,7 +18,7 @@ os.environ["HEXIR_CACHE_DIR"] = ""  # the variants differ only in a patched tabl
 import hexir
 from hexir.schedules import cuda as gpu_schedule
 
-TILINGS = [(32, 16, 2), (64, 16, 4), (128, 16, 8)]
+TILINGS = [(32, 16, 2), (64, 16, 4), (64, 8, 4), (128, 16, 8), (128, 8, 8)]
 #: (M, K, N, symbolic): the sizes where the choice between tilings is close.
 SIZES = [(512, 512, 512, False), (1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 1024, 33, False),
          (256, 1024, 1024, True), (4096, 1024, 1024, True), (64, 1024, 1024, True), (1024, 4096, 4096, True)]
@@ -29,8 +29,8 @@ def linear(x, w):
 
 
 #: The FP64 tensor-core kernel's tilings (block rows, block columns, k slice, warps along rows, along columns).
-DMMA_TILINGS = [(64, 64, 16, 2, 2), (128, 64, 16, 2, 2), (64, 128, 16, 2, 2), (128, 128, 16, 4, 2),
-                (128, 128, 16, 2, 4)]
+DMMA_TILINGS = [(64, 64, 16, 2, 2), (64, 64, 8, 2, 2), (128, 64, 8, 2, 2), (64, 128, 8, 2, 2),
+                (128, 128, 8, 4, 2), (128, 128, 8, 2, 4)]
 DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
               (4096, 1024, 1024, True)]
 
@@ -47,7 +47,7 @@ def main(out: Path) -> None:
                 hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), "float64"),
                              hexir.TensorSpec((k, n), "float64"), placement={"hexir.linear": "cuda"})
                 rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": "float64", "device": "cuda",
-                             "symbolic": symbolic, "variant": f"d{tiling[0]}x{tiling[1]}w{tiling[3]}x{tiling[4]}"})
+                             "symbolic": symbolic, "variant": f"d{tiling[0]}x{tiling[1]}s{tiling[2]}w{tiling[3]}x{tiling[4]}"})
     finally:
         gpu_schedule.dmma_tiling = chosen_dmma
     rows_max = gpu_schedule.ROWS_MAX
@@ -74,7 +74,7 @@ def main(out: Path) -> None:
                     hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
                                  hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": "cuda"})
                     rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cuda",
-                                 "symbolic": symbolic, "variant": f"t{tile}"})
+                                 "symbolic": symbolic, "variant": f"t{tile}s{step}"})
     finally:
         gpu_schedule.linear_tiling = chosen
     (out / "modules.json").write_text(json.dumps(rows, indent=1))

@@ -67,6 +67,9 @@ def _outline(kernel: ir.Operation) -> None:
     block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in shared))
     function.operation.attributes["workgroup_attributions"] = ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), len(shared))
+    if shared:  # 16-byte aligned, for the 128-bit loads the schedules read them with
+        function.operation.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get(
+            [ir.Attribute.parse("{llvm.align = 16 : i64}")] * len(shared))
     with ir.InsertionPoint(block):
         terminator = gpu.ReturnOp([])
     for old, new in zip(old_block.arguments, block.arguments[:len(arg_types)], strict=True):

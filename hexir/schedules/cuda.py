@@ -1,24 +1,26 @@
 """cuda schedules: every loop bound to a GPU index, every shape guarded.
 
 linear (x[M,K] @ w[K,N], epilogues bias and fused element-wise ops): each 16x16-thread block
-computes a tile x tile tile of out. It walks K in slices of `step`: the block stages x[tile
-rows, step] and w[step, tile columns] in shared memory (consecutive threads read consecutive
-addresses, so the loads coalesce; out-of-range elements are staged as 0), waits at a barrier,
-and each thread accumulates a per x per block of sums (rows ty+16i, columns tx+16j, so a
-warp's stores are consecutive too) in a private buffer that NVVM keeps in registers.
+computes a tile x tile tile of out (`simt`, the tile from TILINGS by the grid it gives). It
+walks K in slices of `step` through two shared buffers (`_pipeline`): while it computes on
+one slice, each thread's loads of the next are in flight into registers (consecutive threads
+at consecutive addresses, so they coalesce; out-of-range elements are 0), stored to the other
+buffer after the arithmetic, one barrier per slice. x's slice is stored transposed (k-major),
+so a thread's `per` rows, like its `per` columns of w's, are runs of 4 (f32) consecutive
+elements read with 128-bit shared loads; each thread accumulates per x per sums in registers.
 
-    for by in [0, ceil(M/tile)) bind blockIdx.y       x_tile, w_tile: shared buffers
+    for by in [0, ceil(M/tile)) bind blockIdx.y       x_tile[2][step][tile+4], w_tile[2][step][tile]
       for bx in [0, ceil(N/tile)) bind blockIdx.x
-        for ty in [0, 16) bind threadIdx.y            sums[per][per] = 0
-          for tx in [0, 16) bind threadIdx.x          for each k slice: stage; barrier; FMAs; barrier
+        for ty in [0, 16) bind threadIdx.y            sums[per][per] = 0; fetch slice 0; put
+          for tx in [0, 16) bind threadIdx.x          for each k slice s: fetch s+1; FMAs on s; put s+1; barrier
                                                       out[row, col] = epilogues(sums) where row < M, col < N
 
 linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): blocks of
-warps (2 x 2 for a 64 x 64 tile, `DMMA_TILINGS`), each warp computing its part of the tile as
-`mma.sync.m8n8k4.f64` tiles (two f64 sums of each per thread, in registers), its x and w
-fragments read from the same shared-memory slices the SIMT kernel stages.
+2 x 2 warps (`DMMA_TILINGS`), each warp computing its part of the tile as `mma.sync` m16n8k4
+tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from shared
+slices pipelined as the SIMT kernel's are.
 
-linear with at most 16 rows (static) streams w instead (`rows`): see `linear_rows`.
+linear with at most ROWS_MAX rows (static) streams w instead (`rows`): see `linear_rows`.
 
 elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
 element count. The guards make any shape work: 1, primes, sizes no block size divides, and a
@@ -27,10 +29,11 @@ row count known only at run time (the grid is then an expression of it).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, llvm, memref, nvvm, scf
+from mlir.dialects import arith, llvm, memref, scf, vector
 
 from hexir import sizes
 from hexir.dialects import hextir as ht
@@ -50,6 +53,7 @@ LARGE_TILES_FROM_COLUMNS = 2048
 #: loses at 16 (bench/results/2026-11-30-h200-tilings-2.md).
 ROWS_MAX = 8
 ROWS_SHARED_BYTES = 32768
+ROWS_UNROLL = 4
 ELEMENTWISE_BLOCK = 256
 
 
@@ -124,21 +128,50 @@ def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.
         scf.YieldOp([])
 
 
-def _stage(source: ir.Value, tile: ir.Value, thread: ir.Value, threads: int, loads: int, width: int,
+def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, width: int,
            origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> None:
-    """Copy a [loads * threads / width, width] block of `source` at `origin` into `tile`, each
-    thread `loads` elements, consecutive threads at consecutive addresses."""
-    with ht.loop(0, loads, "unrolled") as e:
-        position = _plus(thread, _times(e, threads))
-        r = arith.DivUIOp(position, ht.index(width)).result
-        c = arith.RemUIOp(position, ht.index(width)).result
-        value = _guarded_load(source, _plus(origin[0], r), _plus(origin[1], c), *bounds)
-        ht.store(value, tile, [r, c])
+    """Load this thread's part of a [rows, width] block of `source` at `origin` into registers
+    (`staged`, one element per `threads` of the block, consecutive threads at consecutive
+    addresses so the loads coalesce; outside `bounds` an element is 0 and no load happens)."""
+    with ht.loop(0, ir.MemRefType(staged.type).shape[0], "unrolled") as e:
+        r, c = _split(_plus(thread, _times(e, threads)), width)
+        ht.store(_guarded_load(source, _plus(origin[0], r), _plus(origin[1], c), *bounds), staged, [e])
+
+
+def _put(staged: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
+         transpose: bool = False) -> None:
+    """Store what `_fetch` loaded into `tile[buffer]`, at [r, c] (or at [c, r]: transposed)."""
+    with ht.loop(0, ir.MemRefType(staged.type).shape[0], "unrolled") as e:
+        r, c = _split(_plus(thread, _times(e, threads)), width)
+        ht.store(ht.load(staged, [e]), tile, [buffer, c, r] if transpose else [buffer, r, c])
+
+
+def _split(position: ir.Value, width: int) -> tuple[ir.Value, ir.Value]:
+    return arith.DivUIOp(position, ht.index(width)).result, arith.RemUIOp(position, ht.index(width)).result
+
+
+def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Callable[[ir.Value], None],
+              compute: Callable[[ir.Value], None]) -> None:
+    """Walk K in slices of `step` through two shared buffers: while the block computes on slice s
+    (buffer s % 2), its loads of slice s + 1 are in flight into registers, stored into the other
+    buffer after the arithmetic; one barrier per slice. (Slice s + 1 past the end loads nothing:
+    the guards give zeros.)"""
+    fetch(ht.index(0))
+    put(ht.index(0))
+    ht.barrier()
+    with ht.loop(0, -(-depth // step), "serial") as k_slice:
+        fetch(_times(_plus(k_slice, ht.index(1)), step))
+        buffer = arith.RemUIOp(k_slice, ht.index(2)).result
+        compute(buffer)
+        put(arith.SubIOp(ht.index(1), buffer).result)
+        ht.barrier()
 
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
-#: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen.
-DMMA_TILINGS = (((64, 64, 16, 2, 2), 0),)
+#: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen (two
+#: waves of 132 SMs): on the H200 128x64 gives 0.74/0.71 of cuBLAS at 2048^3/4096^3 where 64x64
+#: gives 0.74/0.68, and 0.86 at 1024^3 where 64x64 gives 1.02 (bench/results/2026-11-30-h200-pipelines.md).
+DMMA_TILINGS = (((128, 64, 8, 2, 2), 264), ((64, 64, 16, 2, 2), 0))
 
 
 def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
@@ -165,7 +198,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 
 
 def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    """M <= 16 rows: w is read once, coalesced. A block's 32 lanes take 32 columns, its warps
+    """M <= ROWS_MAX rows: w is read once, coalesced. A block's 32 lanes take 32 columns, its warps
     split K (warp y takes k = y, y + warps, ...), each thread keeping the M sums of its column
     in registers; the warps' partial sums are added through shared memory at the end."""
     x, w, out = args[0], args[1], args[-1]
@@ -181,19 +214,17 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         partial = ht.alloc_local([warps, m, 32], element, "shared")
         with ht.loop(0, warps, "parallel", "threadIdx.y") as warp, ht.loop(0, 32, "parallel", "threadIdx.x") as lane:
             column = _plus(_times(block, 32), lane)
-            sums = ht.alloc_local([m], element)
-            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            with ht.loop(0, m, "unrolled") as r:
-                ht.store(zero, sums, [r])
-            with ht.loop(0, -(-k_extent // warps), "serial") as step:
-                k = _plus(_times(step, warps), warp)
-                inside = scf.IfOp(arith.AndIOp(_less(k, depth), _less(column, columns)).result)
-                with ir.InsertionPoint(inside.then_block):
-                    b = ht.load(w, [k, column])
-                    with ht.loop(0, m, "unrolled") as r:
-                        product = arith.MulFOp(ht.load(x, [r, k]), b, fastmath=_contract()).result
-                        ht.store(arith.AddFOp(ht.load(sums, [r]), product, fastmath=_contract()).result, sums, [r])
-                    scf.YieldOp([])
+            sums = _zeros([m], element)
+            # ROWS_UNROLL k's per step, their loads of w (and x) issued before any arithmetic: more
+            # memory accesses in flight per warp
+            with ht.loop(0, -(-k_extent // (warps * ROWS_UNROLL)), "serial") as step:
+                ks = [_plus(_times(_plus(_times(step, ROWS_UNROLL), ht.index(u)), warps), warp) for u in range(ROWS_UNROLL)]
+                b = [_guarded_load(w, k, column, depth, columns) for k in ks]
+                a = [[_guarded_load(x, ht.index(r), k, ht.index(m), depth) for r in range(m)] for k in ks]
+                for u, r in itertools.product(range(ROWS_UNROLL), range(m)):
+                    product = arith.MulFOp(a[u][r], b[u], fastmath=_contract()).result
+                    at = [ht.index(r)]
+                    ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
             with ht.loop(0, m, "unrolled") as r:
                 ht.store(ht.load(sums, [r]), partial, [warp, r, lane])
             ht.barrier()
@@ -219,39 +250,81 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     if request.variant is not None:
         ht.set_variant(request.variant)
     threads = tile // per                                    # 16 threads per axis
+    width = min(per, 16 // _width_bytes(element))                  # elements per 128-bit shared load
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
     grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)
     rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
     with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
-        x_tile = ht.alloc_local([tile, step], element, "shared")
-        w_tile = ht.alloc_local([step, tile], element, "shared")
+        # x's slice transposed (k-major, rows padded by one vector against bank conflicts on
+        # the transposing stores), w's as it is: a thread's rows and columns are then runs of
+        # `width` consecutive elements, each read with one 128-bit load
+        x_tile = ht.alloc_local([2, step, tile + width], element, "shared")
+        w_tile = ht.alloc_local([2, step, tile], element, "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
                 ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
-            sums = ht.alloc_local([per, per], element)
-            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            with ht.loop(0, per, "unrolled") as r, ht.loop(0, per, "unrolled") as c:
-                ht.store(zero, sums, [r, c])
+            sums = _zeros([per, per], element)
+            x_staged, w_staged = ht.alloc_local([loads], element), ht.alloc_local([loads], element)
             thread = _plus(_times(ty, threads), tx)
             row0, column0 = _times(block_row, tile), _times(block_column, tile)
-            with ht.loop(0, -(-k_extent // step), "serial") as k_slice:
-                k0 = _times(k_slice, step)
-                _stage(x, x_tile, thread, threads * threads, loads, step, (row0, k0), (rows, depth))
-                _stage(w, w_tile, thread, threads * threads, loads, tile, (k0, column0), (depth, columns))
-                ht.barrier()
-                with ht.loop(0, step, "unrolled") as kk, ht.loop(0, per, "unrolled") as i:
-                    a = ht.load(x_tile, [_plus(ty, _times(i, threads)), kk])
-                    with ht.loop(0, per, "unrolled") as j:
-                        b = ht.load(w_tile, [kk, _plus(tx, _times(j, threads))])
-                        product = arith.MulFOp(a, b, fastmath=_contract()).result
-                        total = arith.AddFOp(ht.load(sums, [i, j]), product, fastmath=_contract()).result
-                        ht.store(total, sums, [i, j])
-                ht.barrier()
-            with ht.loop(0, per, "unrolled") as i, ht.loop(0, per, "unrolled") as j:
-                row = _plus(row0, _plus(ty, _times(i, threads)))
-                column = _plus(column0, _plus(tx, _times(j, threads)))
-                _store(lambda i=i, j=j: ht.load(sums, [i, j]), out, (row, column), (rows, columns), bias, request)
+
+            def fetch(k0: ir.Value) -> None:
+                _fetch(x, x_staged, thread, threads * threads, step, (row0, k0), (rows, depth))
+                _fetch(w, w_staged, thread, threads * threads, tile, (k0, column0), (depth, columns))
+
+            def put(buffer: ir.Value) -> None:
+                _put(x_staged, x_tile, buffer, thread, threads * threads, step, transpose=True)
+                _put(w_staged, w_tile, buffer, thread, threads * threads, tile)
+
+            def compute(buffer: ir.Value) -> None:
+                for kk in map(ht.index, range(step)):  # unrolled here: constant shared offsets
+                    a = _vector_run(x_tile, buffer, kk, ty, threads, width, per)
+                    b = _vector_run(w_tile, buffer, kk, tx, threads, width, per)
+                    for i in range(per):
+                        for j in range(per):
+                            at = [ht.index(i), ht.index(j)]
+                            product = arith.MulFOp(a[i], b[j], fastmath=_contract()).result
+                            ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
+            _pipeline(k_extent, step, fetch, put, compute)
+            for i in range(per):
+                for j in range(per):
+                    row = _plus(row0, _plus(_times(ty, width), ht.index(_spread(i, threads, width))))
+                    column = _plus(column0, _plus(_times(tx, width), ht.index(_spread(j, threads, width))))
+                    _store(lambda i=i, j=j: ht.load(sums, [ht.index(i), ht.index(j)]), out, (row, column),
+                           (rows, columns), bias, request)
     return ht.Launch(grid, (threads, threads, 1))
+
+
+def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
+    """A thread's private buffer of sums, zeroed. Its every index is a constant (the loops over
+    it are unrolled here, not left to LLVM), so NVVM keeps it in registers, never on the stack."""
+    sums = ht.alloc_local(shape, element)
+    zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+    for at in itertools.product(*map(range, shape)):
+        ht.store(zero, sums, list(map(ht.index, at)))
+    return sums
+
+
+def _spread(i: int, threads: int, width: int) -> int:
+    """Where a thread's i-th row (column) lies from its first: runs of `width`, `threads * width` apart."""
+    return i // width * threads * width + i % width
+
+
+def _vector_run(tile: ir.Value, buffer: ir.Value, kk: ir.Value, thread: ir.Value, threads: int, width: int,
+                per: int) -> list[ir.Value]:
+    """The thread's `per` elements of row kk of `tile[buffer]`, as `per / width` 128-bit loads."""
+    element = ir.MemRefType(tile.type).element_type
+    vector_type = ir.VectorType.get([width], element)
+    values = []
+    for run in range(per // width):
+        start = _plus(_times(thread, width), ht.index(run * threads * width))
+        loaded = vector.LoadOp(vector_type, tile, [buffer, kk, start], alignment=width * _width_bytes(element)).result
+        values += [vector.ExtractOp(loaded, [], [v]).result for v in range(width)]
+    return values
+
+
+def _width_bytes(element: ir.Type) -> int:
+    return ir.FloatType(element).width // 8
 
 
 def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
@@ -261,60 +334,73 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     element = ir.MemRefType(out.type).element_type
     tile_m, tile_n, step, warps_m, warps_n = dmma_tiling(m, n)
     threads = 32 * warps_m * warps_n
-    frags_m, frags_n = tile_m // warps_m // 8, tile_n // warps_n // 8   # mma tiles per warp
+    # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4 on an H200, 66 against
+    # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
+    mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
+    frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     grid = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m), 1)
     rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
-    pair = ir.Type.parse("!llvm.struct<(f64, f64)>")
-    f64_type = ir.Attribute.parse("#nvvm.mma_type<f64>")
+    halves, sums_per = mma_m // 8, mma_m // 4  # a thread's A values (rows g, g + 8) and C values
     ht.set_variant("dmma")
     with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        x_tile = ht.alloc_local([tile_m, step + DMMA_PAD[0]], element, "shared")
-        w_tile = ht.alloc_local([step, tile_n + DMMA_PAD[1]], element, "shared")
+        x_tile = ht.alloc_local([2, tile_m, step + DMMA_PAD[0]], element, "shared")
+        w_tile = ht.alloc_local([2, step, tile_n + DMMA_PAD[1]], element, "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
-            sums = ht.alloc_local([frags_m, frags_n, 2], element)
-            zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            with ht.loop(0, frags_m, "unrolled") as i, ht.loop(0, frags_n, "unrolled") as j, \
-                    ht.loop(0, 2, "unrolled") as c:
-                ht.store(zero, sums, [i, j, c])
+            sums = _zeros([frags_m, frags_n, sums_per], element)
             warp = arith.DivUIOp(thread, ht.index(32)).result
             lane = arith.RemUIOp(thread, ht.index(32)).result
             group, in_group = arith.DivUIOp(lane, ht.index(4)).result, arith.RemUIOp(lane, ht.index(4)).result
             warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
             warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
             row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
-            with ht.loop(0, -(-k_extent // step), "serial") as k_slice:
-                k0 = _times(k_slice, step)
-                _stage(x, x_tile, thread, threads, tile_m * step // threads, step, (row0, k0), (rows, depth))
-                _stage(w, w_tile, thread, threads, tile_n * step // threads, tile_n, (k0, column0), (depth, columns))
-                ht.barrier()
-                with ht.loop(0, step // 4, "unrolled") as kq:
-                    # fragments: A (row group, column in_group), B (row in_group, column group)
-                    kk = _plus(_times(kq, 4), in_group)
-                    a = [ht.load(x_tile, [_plus(warp_row, _plus(ht.index(8 * f), group)), kk])
-                         for f in range(frags_m)]
-                    b = [ht.load(w_tile, [kk, _plus(warp_column, _plus(ht.index(8 * f), group))])
+            x_staged = ht.alloc_local([tile_m * step // threads], element)
+            w_staged = ht.alloc_local([tile_n * step // threads], element)
+
+            def fetch(k0: ir.Value) -> None:
+                _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth))
+                _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns))
+
+            def put(buffer: ir.Value) -> None:
+                _put(x_staged, x_tile, buffer, thread, threads, step)
+                _put(w_staged, w_tile, buffer, thread, threads, tile_n)
+
+            def compute(buffer: ir.Value) -> None:
+                for kq in range(step // 4):  # unrolled here: constant shared offsets
+                    # fragments: A (rows group [+ 8], column in_group), B (row in_group, column group)
+                    kk = _plus(ht.index(4 * kq), in_group)
+                    a = [[ht.load(x_tile, [buffer, _plus(warp_row, _plus(ht.index(mma_m * f + 8 * r), group)), kk])
+                          for r in range(halves)] for f in range(frags_m)]
+                    b = [ht.load(w_tile, [buffer, kk, _plus(warp_column, _plus(ht.index(8 * f), group))])
                          for f in range(frags_n)]
-                    for fi in range(frags_m):
-                        for fj in range(frags_n):
-                            at = [ht.index(fi), ht.index(fj)]
-                            c = [ht.load(sums, [*at, ht.index(h)]) for h in range(2)]
-                            d = nvvm.MmaOp(pair, ir.Attribute.parse("#nvvm.shape<m = 8, n = 8, k = 4>"),
-                                           ir.Attribute.parse("#nvvm.mma_layout<row>"),
-                                           ir.Attribute.parse("#nvvm.mma_layout<col>"), [a[fi]], [b[fj]], c,
-                                           multiplicandAPtxType=f64_type, multiplicandBPtxType=f64_type).result
-                            for h in range(2):
-                                ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
-                ht.barrier()
-            with ht.loop(0, frags_m, "unrolled") as i, ht.loop(0, frags_n, "unrolled") as j, \
-                    ht.loop(0, 2, "unrolled") as h:
-                row = _plus(row0, _plus(warp_row, _plus(_times(i, 8), group)))
-                column = _plus(column0, _plus(warp_column, _plus(_times(j, 8), _plus(_times(in_group, 2), h))))
-                _store(lambda i=i, j=j, h=h: ht.load(sums, [i, j, h]), out, (row, column), (rows, columns), bias,
-                       request)
+                    for fi, fj in itertools.product(range(frags_m), range(frags_n)):
+                        at = [ht.index(fi), ht.index(fj)]
+                        c = [ht.load(sums, [*at, ht.index(h)]) for h in range(sums_per)]
+                        d = _mma_f64(mma_m, a[fi], b[fj], c)
+                        for h in range(sums_per):
+                            ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
+            _pipeline(k_extent, step, fetch, put, compute)
+            for i, j, h in itertools.product(range(frags_m), range(frags_n), range(sums_per)):
+                # C: rows group [+ 8], columns 2 in_group + (0, 1)
+                row = _plus(row0, _plus(warp_row, _plus(ht.index(mma_m * i + 8 * (h // 2)), group)))
+                column = _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
+                _store(lambda at=list(map(ht.index, (i, j, h))): ht.load(sums, at), out, (row, column),
+                       (rows, columns), bias, request)
     return ht.Launch(grid, (threads, 1, 1))
+
+
+def _mma_f64(m: int, a: list[ir.Value], b: ir.Value, c: list[ir.Value]) -> ir.Value:
+    """D = A B + C on the FP64 tensor cores, `mma.sync.aligned.m{m}n8k4.row.col.f64` (inline PTX:
+    NVVM's mma op knows only m8n8k4 for f64), as a struct of the thread's C values."""
+    operands = [*a, b, *c]  # after the outputs $0.., in the order the text names them
+    count = len(c)
+    places = lambda first, n: ", ".join(f"${i}" for i in range(first, first + n))
+    text = (f"mma.sync.aligned.m{m}n8k4.row.col.f64.f64.f64.f64 {{{places(0, count)}}}, "
+            f"{{{places(count, len(a))}}}, {{${count + len(a)}}}, {{{places(count + len(a) + 1, count)}}};")
+    result = ir.Type.parse("!llvm.struct<(" + ", ".join(["f64"] * count) + ")>")
+    return llvm.InlineAsmOp(result, operands, text, ",".join(["=d"] * count + ["d"] * len(operands))).result
 
 
 def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:

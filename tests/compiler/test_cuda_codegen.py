@@ -73,113 +73,131 @@ func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {
 }
 """
 
-# x[17, 5] @ w[5, 7]: more rows than the row-streaming kernel takes (16), too few blocks for
-# larger tiles: the SIMT kernel with the smallest tiling of the schedule's table, 32x32 tiles of
-# out, k slices of 16, 2x2 sums per thread, so 16x16 threads stage 32*16 / 256 = 2 elements of
-# each tile per slice.
+# x[17, 5] @ w[5, 7]: more rows than the row-streaming kernel takes, too few blocks for larger
+# tiles: the SIMT kernel with the smallest tiling of the schedule's table, 32x32 tiles of out, k
+# slices of 16, 2x2 sums per thread, so 16x16 threads stage 32*16 / 256 = 2 elements of each tile
+# per slice, and read their 2 rows (columns) as one 2-wide vector (WIDTH) per k.
 TILE, STEP, PER = 32, 16, 2
-LOADS = TILE * STEP // 256
+LOADS, WIDTH = TILE * STEP // 256, 2
+
+
+def _fetch_checks(name: str, source: str, staged: str, origin: tuple[str, str], width: int,
+                  bounds: tuple[int, int], shape: str) -> str:
+    """One thread's loads of a slice into registers: element e at thread + 256 e, split into
+    (r, c) by the slice's width, at origin + (r, c), loaded only inside bounds (else 0)."""
+    return f"""
+        CHECK:      scf.for %[[{name}E:arg[0-9]+]] = %c0 to %c{LOADS} step %c1 {{
+        CHECK-NEXT:   %c256 = arith.constant 256 : index
+        CHECK-NEXT:   %[[{name}E256:[0-9]+]] = arith.muli %[[{name}E]], %c256 : index
+        CHECK-NEXT:   %[[{name}POS:[0-9]+]] = arith.addi %[[THREAD]], %[[{name}E256]] : index
+        CHECK-NEXT:   %[[{name}R:[0-9]+]] = arith.divui %[[{name}POS]], %c{width} : index
+        CHECK-NEXT:   %[[{name}C:[0-9]+]] = arith.remui %[[{name}POS]], %c{width} : index
+        CHECK-NEXT:   %[[{name}ROW:[0-9]+]] = arith.addi {origin[0]}, %[[{name}R]] : index
+        CHECK-NEXT:   %[[{name}COL:[0-9]+]] = arith.addi {origin[1]}, %[[{name}C]] : index
+        CHECK-NEXT:   %[[{name}IN1:[0-9]+]] = arith.cmpi ult, %[[{name}ROW]], %c{bounds[0]} : index
+        CHECK-NEXT:   %[[{name}IN2:[0-9]+]] = arith.cmpi ult, %[[{name}COL]], %c{bounds[1]} : index
+        CHECK-NEXT:   %[[{name}IN:[0-9]+]] = arith.andi %[[{name}IN1]], %[[{name}IN2]] : i1
+        CHECK-NEXT:   %[[{name}V:[0-9]+]] = scf.if %[[{name}IN]] -> (f32) {{
+        CHECK-NEXT:     %[[{name}L:[0-9]+]] = "hextir.load"({source}, %[[{name}ROW]], %[[{name}COL]]) : ({shape}, index, index) -> f32
+        CHECK-NEXT:     scf.yield %[[{name}L]] : f32
+        CHECK-NEXT:   }} else {{
+        CHECK-NEXT:     scf.yield %[[ZERO]] : f32
+        CHECK-NEXT:   }}
+        CHECK-NEXT:   "hextir.store"(%[[{name}V]], %[[{staged}]], %[[{name}E]])
+        CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}"""
+
+
+def _put_checks(name: str, staged: str, tile: str, buffer: str, width: int, transposed: bool) -> str:
+    """What _fetch_checks loaded, stored into tile[buffer] at [r, c] (x: transposed, [c, r])."""
+    at = f"%[[{name}C]], %[[{name}R]]" if transposed else f"%[[{name}R]], %[[{name}C]]"
+    return f"""
+        CHECK:      scf.for %[[{name}E:arg[0-9]+]] = %c0 to %c{LOADS} step %c1 {{
+        CHECK:        %[[{name}R:[0-9]+]] = arith.divui %{{{{.+}}}}, %c{width} : index
+        CHECK-NEXT:   %[[{name}C:[0-9]+]] = arith.remui %{{{{.+}}}}, %c{width} : index
+        CHECK-NEXT:   %[[{name}V:[0-9]+]] = "hextir.load"(%[[{staged}]], %[[{name}E]])
+        CHECK-NEXT:   "hextir.store"(%[[{name}V]], %[[{tile}]], {buffer}, {at})
+        CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}"""
 
 
 def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
     """FileCheck lines for the cuda linear kernel of x[17, 5] @ w[5, 7] (M, K, N = 17, 5, 7, so
-    each bound is told apart by its constant): x is staged as [TILE, STEP] from (row0 + r,
-    k0 + c) guarded by row < M and k < K; w as [STEP, TILE] from (k0 + r, col0 + c) guarded by
-    k < K and col < N; the store of out[row, col] is guarded by row < M and col < N, both,
+    each bound is told apart by its constant): slices of x [TILE, STEP] from (row0 + r, k0 + c)
+    guarded by row < M and k < K, of w [STEP, TILE] from (k0 + r, col0 + c) guarded by k < K
+    and col < N, through registers into two shared buffers (x transposed); the FMAs read
+    WIDTH-wide vectors; the store of out[row, col] is guarded by row < M and col < N, both,
     with `epilogue` between the sum's load and the store."""
+    def fetches(k0: str) -> str:
+        return (_fetch_checks("X", "%arg0", "XSTAGED", ("%[[ROW0]]", k0), STEP, (17, 5), "memref<17x5xf32>")
+                + _fetch_checks("W", "%arg1", "WSTAGED", (k0, "%[[COL0]]"), TILE, (5, 7), "memref<5x7xf32>"))
+
+    def puts(buffer: str) -> str:
+        return (_put_checks("PX", "XSTAGED", "XTILE", buffer, STEP, transposed=True)
+                + _put_checks("PW", "WSTAGED", "WTILE", buffer, TILE, transposed=False))
     return f"""
         CHECK:      scf.for %[[BY:arg[0-9]+]] = %c0 to %c1 step %c1 {{
         CHECK-NEXT:   scf.for %[[BX:arg[0-9]+]] = %c0 to %c1 step %c1 {{
-        CHECK-NEXT:     %[[XTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<{TILE}x{STEP}xf32, #gpu.address_space<workgroup>>
-        CHECK-NEXT:     %[[WTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>
+        CHECK-NEXT:     %[[XTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<2x{STEP}x{TILE + WIDTH}xf32, #gpu.address_space<workgroup>>
+        CHECK-NEXT:     %[[WTILE:[0-9]+]] = "hextir.alloc_local"() {{space = "shared"}} : () -> memref<2x{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>
         CHECK:          scf.for %[[TY:arg[0-9]+]] = %c0 to %c16 step %c1 {{
         CHECK-NEXT:       scf.for %[[TX:arg[0-9]+]] = %c0 to %c16 step %c1 {{
         CHECK-NEXT:         %[[SUMS:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{PER}x{PER}xf32>
         CHECK-NEXT:         %[[ZERO:cst[_0-9]*]] = arith.constant 0.000000e+00 : f32
-        CHECK:              %[[T1:[0-9]+]] = arith.muli %[[TY]], %c16 : index
+        CHECK-COUNT-{PER * PER}: "hextir.store"(%[[ZERO]], %[[SUMS]]
+        CHECK-NEXT:         %[[XSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
+        CHECK-NEXT:         %[[WSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
+        CHECK-NEXT:         %[[T1:[0-9]+]] = arith.muli %[[TY]], %c16 : index
         CHECK-NEXT:         %[[THREAD:[0-9]+]] = arith.addi %[[T1]], %[[TX]] : index
         CHECK:              %[[ROW0:[0-9]+]] = arith.muli %[[BY]], %c{TILE} : index
         CHECK-NEXT:         %[[COL0:[0-9]+]] = arith.muli %[[BX]], %c{TILE} : index
-        CHECK-NEXT:         scf.for %[[KS:arg[0-9]+]] = %c0 to %c1 step %c1 {{
-        CHECK-NEXT:           %[[K0:[0-9]+]] = arith.muli %[[KS]], %c{STEP} : index
 
-        x: [TILE, STEP] of x at (row0, k0), rows < M = 17 and columns < K = 5
-        CHECK-NEXT:           scf.for %[[XE:arg[0-9]+]] = %c0 to %c{LOADS} step %c1 {{
-        CHECK-NEXT:             %c256 = arith.constant 256 : index
-        CHECK-NEXT:             %[[XE256:[0-9]+]] = arith.muli %[[XE]], %c256 : index
-        CHECK-NEXT:             %[[XPOS:[0-9]+]] = arith.addi %[[THREAD]], %[[XE256]] : index
-        CHECK-NEXT:             %[[XR:[0-9]+]] = arith.divui %[[XPOS]], %c{STEP} : index
-        CHECK-NEXT:             %[[XC:[0-9]+]] = arith.remui %[[XPOS]], %c{STEP} : index
-        CHECK-NEXT:             %[[XROW:[0-9]+]] = arith.addi %[[ROW0]], %[[XR]] : index
-        CHECK-NEXT:             %[[XCOL:[0-9]+]] = arith.addi %[[K0]], %[[XC]] : index
-        CHECK-NEXT:             %[[XIN1:[0-9]+]] = arith.cmpi ult, %[[XROW]], %c17 : index
-        CHECK-NEXT:             %[[XIN2:[0-9]+]] = arith.cmpi ult, %[[XCOL]], %c5 : index
-        CHECK-NEXT:             %[[XIN:[0-9]+]] = arith.andi %[[XIN1]], %[[XIN2]] : i1
-        CHECK-NEXT:             %[[XV:[0-9]+]] = scf.if %[[XIN]] -> (f32) {{
-        CHECK-NEXT:               %[[XL:[0-9]+]] = "hextir.load"(%arg0, %[[XROW]], %[[XCOL]]) : (memref<17x5xf32>, index, index) -> f32
-        CHECK-NEXT:               scf.yield %[[XL]] : f32
-        CHECK-NEXT:             }} else {{
-        CHECK-NEXT:               scf.yield %[[ZERO]] : f32
-        CHECK-NEXT:             }}
-        CHECK-NEXT:             "hextir.store"(%[[XV]], %[[XTILE]], %[[XR]], %[[XC]])
-        CHECK-NEXT:           }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}
+        slice 0 into buffer 0, then a barrier
+        {fetches("%c0")}
+        {puts("%c0")}
+        CHECK-NEXT: "hextir.barrier"() : () -> ()
 
-        w: [STEP, TILE] of w at (k0, col0), rows < K = 5 and columns < N = 7
-        CHECK-NEXT:           scf.for %[[WE:arg[0-9]+]] = %c0 to %c{LOADS} step %c1 {{
-        CHECK-NEXT:             %c256 = arith.constant 256 : index
-        CHECK-NEXT:             %[[WE256:[0-9]+]] = arith.muli %[[WE]], %c256 : index
-        CHECK-NEXT:             %[[WPOS:[0-9]+]] = arith.addi %[[THREAD]], %[[WE256]] : index
-        CHECK-NEXT:             %[[WR:[0-9]+]] = arith.divui %[[WPOS]], %c{TILE} : index
-        CHECK-NEXT:             %[[WC:[0-9]+]] = arith.remui %[[WPOS]], %c{TILE} : index
-        CHECK-NEXT:             %[[WROW:[0-9]+]] = arith.addi %[[K0]], %[[WR]] : index
-        CHECK-NEXT:             %[[WCOL:[0-9]+]] = arith.addi %[[COL0]], %[[WC]] : index
-        CHECK-NEXT:             %[[WIN1:[0-9]+]] = arith.cmpi ult, %[[WROW]], %c5 : index
-        CHECK-NEXT:             %[[WIN2:[0-9]+]] = arith.cmpi ult, %[[WCOL]], %c7 : index
-        CHECK-NEXT:             %[[WIN:[0-9]+]] = arith.andi %[[WIN1]], %[[WIN2]] : i1
-        CHECK-NEXT:             %[[WV:[0-9]+]] = scf.if %[[WIN]] -> (f32) {{
-        CHECK-NEXT:               %[[WL:[0-9]+]] = "hextir.load"(%arg1, %[[WROW]], %[[WCOL]]) : (memref<5x7xf32>, index, index) -> f32
-        CHECK-NEXT:               scf.yield %[[WL]] : f32
-        CHECK-NEXT:             }} else {{
-        CHECK-NEXT:               scf.yield %[[ZERO]] : f32
-        CHECK-NEXT:             }}
-        CHECK-NEXT:             "hextir.store"(%[[WV]], %[[WTILE]], %[[WR]], %[[WC]])
-        CHECK-NEXT:           }} {{hextir.schedule = #hextir.loop<"unrolled", "">}}
-        CHECK-NEXT:           "hextir.barrier"() : () -> ()
+        each slice: the next one's loads, the FMAs on this one's buffer (KS % 2), the next one
+        stored into the other buffer (1 - KS % 2), a barrier
+        CHECK-NEXT: scf.for %[[KS:arg[0-9]+]] = %c0 to %c1 step %c1 {{
+        CHECK-NEXT:   %[[NEXT:[0-9]+]] = arith.addi %[[KS]], %c1 : index
+        CHECK-NEXT:   %[[K0:[0-9]+]] = arith.muli %[[NEXT]], %c{STEP} : index
+        {fetches("%[[K0]]")}
+        CHECK-NEXT:   %[[BUF:[0-9]+]] = arith.remui %[[KS]], %c2 : index
+        CHECK-NEXT:   %[[TYW:[0-9]+]] = arith.muli %[[TY]], %c{WIDTH} : index
+        CHECK-NEXT:   %[[XAT:[0-9]+]] = arith.addi %[[TYW]], %c0 : index
+        CHECK-NEXT:   %[[A:[0-9]+]] = vector.load %[[XTILE]][%[[BUF]], %c0, %[[XAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE + WIDTH}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[A0:[0-9]+]] = vector.extract %[[A]][0] : f32 from vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[A1:[0-9]+]] = vector.extract %[[A]][1] : f32 from vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[TXW:[0-9]+]] = arith.muli %[[TX]], %c{WIDTH} : index
+        CHECK-NEXT:   %[[WAT:[0-9]+]] = arith.addi %[[TXW]], %c0 : index
+        CHECK-NEXT:   %[[B:[0-9]+]] = vector.load %[[WTILE]][%[[BUF]], %c0, %[[WAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[B0:[0-9]+]] = vector.extract %[[B]][0] : f32 from vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[B1:[0-9]+]] = vector.extract %[[B]][1] : f32 from vector<{WIDTH}xf32>
+        CHECK-NEXT:   %[[P:[0-9]+]] = arith.mulf %[[A0]], %[[B0]] fastmath<contract> : f32
+        CHECK-NEXT:   %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0)
+        CHECK-NEXT:   %[[NEW:[0-9]+]] = arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
+        CHECK-NEXT:   "hextir.store"(%[[NEW]], %[[SUMS]], %c0, %c0)
+        CHECK-COUNT-{STEP * PER * PER - 1}: arith.mulf
+        CHECK:        %[[OTHER:[0-9]+]] = arith.subi %c1, %[[BUF]] : index
+        {puts("%[[OTHER]]")}
+        CHECK-NEXT:   "hextir.barrier"() : () -> ()
+        CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"serial", "">}}
 
-        the sums: x tile [ty + 16 i, kk] times w tile [kk, tx + 16 j]
-        CHECK-NEXT:           scf.for %[[KK:arg[0-9]+]] = %c0 to %c{STEP} step %c1 {{
-        CHECK-NEXT:             scf.for %[[FI:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
-        CHECK-NEXT:               %[[FI16:[0-9]+]] = arith.muli %[[FI]], %c16 : index
-        CHECK-NEXT:               %[[FROW:[0-9]+]] = arith.addi %[[TY]], %[[FI16]] : index
-        CHECK-NEXT:               %[[A:[0-9]+]] = "hextir.load"(%[[XTILE]], %[[FROW]], %[[KK]])
-        CHECK-NEXT:               scf.for %[[FJ:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
-        CHECK-NEXT:                 %[[FJ16:[0-9]+]] = arith.muli %[[FJ]], %c16 : index
-        CHECK-NEXT:                 %[[FCOL:[0-9]+]] = arith.addi %[[TX]], %[[FJ16]] : index
-        CHECK-NEXT:                 %[[B:[0-9]+]] = "hextir.load"(%[[WTILE]], %[[KK]], %[[FCOL]])
-        CHECK-NEXT:                 %[[P:[0-9]+]] = arith.mulf %[[A]], %[[B]] fastmath<contract> : f32
-        CHECK-NEXT:                 %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %[[FI]], %[[FJ]])
-        CHECK-NEXT:                 %[[NEW:[0-9]+]] = arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
-        CHECK-NEXT:                 "hextir.store"(%[[NEW]], %[[SUMS]], %[[FI]], %[[FJ]])
-        CHECK:                "hextir.barrier"() : () -> ()
-        CHECK-NEXT:         }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-
-        the store: out[row0 + ty + 16 i, col0 + tx + 16 j] where row < M = 17 and col < N = 7
-        CHECK-NEXT:         scf.for %[[I:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
-        CHECK-NEXT:           scf.for %[[J:arg[0-9]+]] = %c0 to %c{PER} step %c1 {{
-        CHECK-NEXT:             %[[I16:[0-9]+]] = arith.muli %[[I]], %c16 : index
-        CHECK-NEXT:             %[[RIN:[0-9]+]] = arith.addi %[[TY]], %[[I16]] : index
-        CHECK-NEXT:             %[[ROW:[0-9]+]] = arith.addi %[[ROW0]], %[[RIN]] : index
-        CHECK-NEXT:             %[[J16:[0-9]+]] = arith.muli %[[J]], %c16 : index
-        CHECK-NEXT:             %[[CIN:[0-9]+]] = arith.addi %[[TX]], %[[J16]] : index
-        CHECK-NEXT:             %[[COL:[0-9]+]] = arith.addi %[[COL0]], %[[CIN]] : index
-        CHECK-NEXT:             %[[IN1:[0-9]+]] = arith.cmpi ult, %[[ROW]], %c17 : index
-        CHECK-NEXT:             %[[IN2:[0-9]+]] = arith.cmpi ult, %[[COL]], %c7 : index
-        CHECK-NEXT:             %[[IN:[0-9]+]] = arith.andi %[[IN1]], %[[IN2]] : i1
-        CHECK-NEXT:             scf.if %[[IN]] {{
-        CHECK-NEXT:               %[[SUM:[0-9]+]] = "hextir.load"(%[[SUMS]], %[[I]], %[[J]]) : (memref<{PER}x{PER}xf32>, index, index) -> f32
+        the store: out[row0 + 2 ty + i, col0 + 2 tx + j] where row < M = 17 and col < N = 7
+        CHECK-NEXT: %[[I0:[0-9]+]] = arith.muli %[[TY]], %c{WIDTH} : index
+        CHECK-NEXT: %[[RIN:[0-9]+]] = arith.addi %[[I0]], %c0 : index
+        CHECK-NEXT: %[[ROW:[0-9]+]] = arith.addi %[[ROW0]], %[[RIN]] : index
+        CHECK-NEXT: %[[J0:[0-9]+]] = arith.muli %[[TX]], %c{WIDTH} : index
+        CHECK-NEXT: %[[CIN:[0-9]+]] = arith.addi %[[J0]], %c0 : index
+        CHECK-NEXT: %[[COL:[0-9]+]] = arith.addi %[[COL0]], %[[CIN]] : index
+        CHECK-NEXT: %[[IN1:[0-9]+]] = arith.cmpi ult, %[[ROW]], %c17 : index
+        CHECK-NEXT: %[[IN2:[0-9]+]] = arith.cmpi ult, %[[COL]], %c7 : index
+        CHECK-NEXT: %[[IN:[0-9]+]] = arith.andi %[[IN1]], %[[IN2]] : i1
+        CHECK-NEXT: scf.if %[[IN]] {{
+        CHECK-NEXT:   %[[SUM:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0) : (memref<{PER}x{PER}xf32>, index, index) -> f32
         {epilogue}
-        CHECK-NEXT:               "hextir.store"(%[[{ret}]], %{out}, %[[ROW]], %[[COL]]) : (f32, memref<17x7xf32>, index, index) -> ()
-        CHECK-NEXT:             }}
+        CHECK-NEXT:   "hextir.store"(%[[{ret}]], %{out}, %[[ROW]], %[[COL]]) : (f32, memref<17x7xf32>, index, index) -> ()
+        CHECK-NEXT: }}
+        CHECK-COUNT-{PER * PER - 1}: scf.if
         CHECK:        }} {{hextir.schedule = #hextir.loop<"parallel", "threadIdx.x">}}
         CHECK-NEXT:   }} {{hextir.schedule = #hextir.loop<"parallel", "threadIdx.y">}}
         CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}}
@@ -220,9 +238,9 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
 
 def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
     epilogue = """
-        CHECK-NEXT:               %[[BIAS:[0-9]+]] = "hextir.load"(%arg2, %[[COL]]) : (memref<7xf32>, index) -> f32
-        CHECK-NEXT:               %[[BIASED:[0-9]+]] = arith.addf %[[SUM]], %[[BIAS]] : f32
-        CHECK-NEXT:               %[[RELU:[0-9]+]] = arith.maximumf %[[BIASED]], %[[ZERO]] : f32"""
+        CHECK-NEXT:   %[[BIAS:[0-9]+]] = "hextir.load"(%arg2, %[[COL]]) : (memref<7xf32>, index) -> f32
+        CHECK-NEXT:   %[[BIASED:[0-9]+]] = arith.addf %[[SUM]], %[[BIAS]] : f32
+        CHECK-NEXT:   %[[RELU:[0-9]+]] = arith.maximumf %[[BIASED]], %[[ZERO]] : f32"""
     filecheck(lower(FUSED_BIAS_RELU, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
@@ -255,7 +273,7 @@ def test_gpu_stage_outlines_the_cuda_kernels_into_one_gpu_module():
         CHECK: gpu.module @hexir_cuda {{
         CHECK: gpu.func @[[LINEAR]](%{{{{[a-z0-9]+}}}}: memref<17x5xf32>, %{{{{[a-z0-9]+}}}}: memref<5x7xf32>,
         CHECK-SAME: %{{{{[a-z0-9]+}}}}: memref<17x7xf32>)
-        CHECK-SAME: workgroup(%{{{{[a-z0-9]+}}}} : memref<{TILE}x{STEP}xf32, #gpu.address_space<workgroup>>, %{{{{[a-z0-9]+}}}} : memref<{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>)
+        CHECK-SAME: workgroup(%{{{{[a-z0-9]+}}}} : memref<2x{STEP}x{TILE + WIDTH}xf32, #gpu.address_space<workgroup>> {{llvm.align = 16 : i64}}, %{{{{[a-z0-9]+}}}} : memref<2x{STEP}x{TILE}xf32, #gpu.address_space<workgroup>> {{llvm.align = 16 : i64}})
         CHECK-SAME: kernel
         CHECK-SAME: {linear_launch}
         CHECK-SAME: known_block_size = array<i32: {threads}, {threads}, 1>
@@ -531,6 +549,26 @@ def test_the_ptx_is_text_for_the_lowest_arch_with_every_entry(build):
     # each entry's thread limit is the block the manifest launches it with
     limits = [tuple(map(int, found)) for found in re.findall(r"^\.maxntid (\d+), (\d+), (\d+)$", text, re.MULTILINE)]
     assert limits == [tuple(kernel["launch"]["block"]) for kernel in read(path)[0]["kernels"]]
+
+
+def test_the_simt_linear_reads_shared_memory_128_bits_at_a_time_from_aligned_buffers(build):
+    """64x64 tiles (1024 x 1024 x 1024 f32), 4 sums per thread axis: each k step's rows and
+    columns are one ld.shared.v4 each, from buffers declared 16-byte aligned; nothing on the stack."""
+    ptx = images_of(build("linear", "float32", 1024, 1024, 1024))["compute_90"].decode()
+    assert re.findall(r"^\s*\.shared \.align (\d+)", ptx, re.MULTILINE) == ["16", "16"]
+    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == 2 * 16  # x and w, 16 k per slice
+    assert not re.search(r"ld\.shared\.b32|\.local|ld\.local", ptx)
+    assert len(re.findall(r"fma\.rn\.f32", ptx)) == 16 * 4 * 4
+
+
+@pytest.mark.parametrize(("target", "shape"), [("cuda:sm_90", "m16n8k4"), ("cuda:sm_80,cuda:sm_90", "m8n8k4")])
+def test_the_float64_linear_issues_the_widest_dmma_every_target_has(build, target, shape):
+    """m16n8k4 (sm_90 only, twice m8n8k4's rate on an H200) unless an older target is asked for."""
+    path = build("linear", "float64", 256, 64, 256, target=target)
+    ptx = next(image for arch, image in images_of(path).items() if arch.startswith("compute_")).decode()
+    shapes = set(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64\.f64\.f64\.f64", ptx))
+    assert shapes == {shape}
+    assert not re.search(r"\.local", ptx)  # the sums stay in registers
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
