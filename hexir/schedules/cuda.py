@@ -41,13 +41,12 @@ from hexir.schedules import Request, extent
 
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks each must give the GPU (132 SMs on an H100/H200) to be chosen: the first
-#: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.70 of
-#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.57) but leave SMs idle on small outputs
-#: (bench/results/2026-11-30-h200-tilings.md, 2026-11-30-h200-tilings-2.md).
-TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 0))  # 512^3: 32x32 0.84, 64x64 0.64
-SMALL_TILING, LARGE_TILING = TILINGS[1][0], TILINGS[0][0]
-#: With a row count known only at run time, large tiles from this many columns on.
-LARGE_TILES_FROM_COLUMNS = 2048
+#: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.95 of
+#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66) but leave SMs idle on small outputs (512^3:
+#: 32x32 1.27, 64x64 1.02, 128x128 0.47); 16x16 tiles keep a product of a few dozen rows from
+#: running on a few dozen blocks (bench/results/2026-11-30-h200-pipelines.md).
+TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 256), ((16, 16, 1), 0))
+LARGE_TILING = TILINGS[0][0]
 #: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row). At
 #: 4096 x 4096 on the H200 it beats the tiled kernel 4.5x at 1 row, 2.5x at 4, 1.7x at 8, and
 #: loses at 16 (bench/results/2026-11-30-h200-tilings-2.md).

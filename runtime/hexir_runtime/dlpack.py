@@ -19,6 +19,7 @@ of DLPack >= 0.6 speaks them.
 from __future__ import annotations
 
 import ctypes
+import struct
 import math
 from collections.abc import Callable
 from typing import Any
@@ -104,19 +105,24 @@ def tensor_of(obj: Any, stream: int | None = None) -> np.ndarray | DeviceTensor:
     return unpack(capsule)
 
 
+#: DLTensor's fields up to its byte offset: data, device (type, id), ndim, dtype (code, bits,
+#: lanes), shape, strides, byte_offset: read in one struct.unpack (field by field through
+#: ctypes costs several microseconds a call)
+_DLTENSOR = struct.Struct("<QiiiBBHQQQ")
+_DTYPES = {(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}
+
+
 def unpack(capsule: Any) -> DeviceTensor:
     """The DLTensor of a (legacy) DLPack capsule, which is marked consumed."""
     address = _api.PyCapsule_GetPointer(capsule, b"dltensor")
-    managed = ctypes.cast(address, ctypes.POINTER(DLManagedTensor))
     _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its destructor must not free it
-    tensor = managed.contents.dl_tensor
-    ndim = tensor.ndim
-    shape = tuple(tensor.shape[i] for i in range(ndim))
-    strides = tuple(tensor.strides[i] for i in range(ndim)) if tensor.strides else None
-    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
-    dtype = np.dtype(f"float{bits}") if code == FLOAT and bits in (16, 32, 64) and lanes == 1 else None
-    result = DeviceTensor((tensor.data or 0) + tensor.byte_offset, shape, dtype or np.dtype("V1"),
-                          (tensor.device.device_type, tensor.device.device_id), strides, managed)
+    data, device_type, device_id, ndim, code, bits, lanes, shape_at, strides_at, offset = \
+        _DLTENSOR.unpack(ctypes.string_at(address, _DLTENSOR.size))
+    shape = struct.unpack(f"<{ndim}q", ctypes.string_at(shape_at, 8 * ndim)) if ndim else ()
+    strides = struct.unpack(f"<{ndim}q", ctypes.string_at(strides_at, 8 * ndim)) if ndim and strides_at else None
+    dtype = _DTYPES.get((code, bits)) if lanes == 1 else None
+    result = DeviceTensor(data + offset, shape, dtype or np.dtype("V1"), (device_type, device_id), strides,
+                          ctypes.cast(address, ctypes.POINTER(DLManagedTensor)))
     if dtype is None:
         result.dtype_text = f"code {code} bits {bits} lanes {lanes}"
     return result

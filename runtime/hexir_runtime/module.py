@@ -226,7 +226,7 @@ def _arguments(entry: str, arrays: tuple[Any, ...], executor: Executor) -> Seque
                                  f"got {type(array).__name__}")
             array = result[index] = dlpack.tensor_of(array, executor.stream)
             if isinstance(array, dlpack.DeviceTensor):
-                _check_device_tensor(entry, name, expected, array, index, executor)
+                _check_device_tensor(entry, name, expected, dtype, array, index, executor)
                 continue
         if array.dtype.name != expected.dtype or not array.dtype.isnative or not _fits(expected, array.shape):
             dtype = array.dtype.name if array.dtype.isnative else array.dtype.str
@@ -240,21 +240,23 @@ def _fits(expected: TensorType, shape: tuple[int, ...]) -> bool:
         isinstance(dim, str) or dim == size for dim, size in zip(expected.shape, shape, strict=True))
 
 
-def _check_device_tensor(entry: str, name: str, expected: TensorType, tensor: dlpack.DeviceTensor, index: int,
-                         executor: Executor) -> None:
+def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.dtype, tensor: dlpack.DeviceTensor,
+                         index: int, executor: Executor) -> None:
     """InputError unless a CUDA tensor is one the entry can read in place: on the module's GPU,
     of the expected dtype and shape, C-contiguous."""
     gpu = executor.gpus[0].device if executor.gpus else None
     where = f"{entry}(): argument {name!r}"
-    got = dlpack.describe(tensor)
     if index not in executor.device_inputs or gpu is None:
-        raise InputError(f"{where} is read on the host: expects a host (numpy or CPU DLPack) {expected}, got {got}")
+        raise InputError(f"{where} is read on the host: expects a host (numpy or CPU DLPack) {expected}, "
+                         f"got {dlpack.describe(tensor)}")
     if tensor.device != (dlpack.CUDA, gpu.ordinal):
-        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal} (the module's GPU), got {got}")
-    if tensor.dtype.name != expected.dtype or not _fits(expected, tensor.shape):
-        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal}, got {got}")
+        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal} (the module's GPU), "
+                         f"got {dlpack.describe(tensor)}")
+    if tensor.dtype != dtype or not _fits(expected, tensor.shape):
+        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal}, got {dlpack.describe(tensor)}")
     if not tensor.contiguous:
-        raise InputError(f"{where} expects a C-contiguous tensor, got {got} with strides {tensor.strides} "
+        raise InputError(f"{where} expects a C-contiguous tensor, got {dlpack.describe(tensor)} "
+                         f"with strides {tensor.strides} "
                          "(in elements; .contiguous() makes one)")
 
 
