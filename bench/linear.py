@@ -149,6 +149,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         w = rng.standard_normal((k, n)).astype(dtype)
         inputs = [x, w, rng.standard_normal(n).astype(dtype)] if row.get("fused") else [x, w]
         runner = _kernel_runner(modules / f"{row['name']}.hxb", device, inputs, m, threads)
+        if device == "cpu":  # OpenBLAS's threads spin for a while after each call (~0.1 s): the last
+            time.sleep(0.3)  # row's numpy would otherwise take cores from this row's hexir
         hexir_time = _median_seconds(runner, repeats)
         if device == "cuda":
             tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()

@@ -192,8 +192,10 @@ def overhead(path: Path, repeats: int, profile: bool = False) -> None:
         driver.cuEventSynchronize(end)
         kernel.append(driver.cuEventElapsedTime(start, end)[1] * 1e3)
     kernel_us = statistics.median(kernel)
+    export = median_us(lambda: x_gpu.__dlpack__(stream=1), repeats)  # what torch spends lending x
     print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
-          f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events), runtime overhead {wall - kernel_us:.1f} µs")
+          f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events), runtime overhead {wall - kernel_us:.1f} µs, "
+          f"of which torch's x.__dlpack__(stream=1) {export:.1f} µs")
     if profile:  # where the host's time goes in those calls
         import cProfile
         import pstats

@@ -21,7 +21,8 @@ from hexir.schedules import cuda as gpu_schedule
 TILINGS = [(32, 16, 2), (64, 16, 4), (64, 8, 4), (128, 16, 8), (128, 8, 8)]
 #: (M, K, N, symbolic): the sizes where the choice between tilings is close.
 SIZES = [(512, 512, 512, False), (1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 1024, 33, False),
-         (256, 1024, 1024, True), (4096, 1024, 1024, True), (64, 1024, 1024, True), (1024, 4096, 4096, True)]
+         (256, 1024, 1024, True), (4096, 1024, 1024, True), (64, 1024, 1024, True), (1024, 4096, 4096, True),
+         (1024, 2048, 2048, False), (64, 784, 512, False)]
 
 
 def linear(x, w):
@@ -52,9 +53,9 @@ def main(out: Path) -> None:
         gpu_schedule.dmma_tiling = chosen_dmma
     rows_max = gpu_schedule.ROWS_MAX
     try:
-        for limit in (16, 0):  # the row-streaming kernel, then the tiled one, for few rows
+        for limit in (32, 0):  # the row-streaming kernel, then the tiled one, for few rows
             gpu_schedule.ROWS_MAX = limit
-            for m in (1, 4, 8, 16):
+            for m in (1, 4, 8, 16, 32):
                 for dtype in ("float32", "float64"):
                     name = f"linear_{m}x4096x4096_{dtype}_cuda_{'rows' if limit else 'tiled'}"
                     hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, 4096), dtype),

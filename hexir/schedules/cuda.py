@@ -42,16 +42,21 @@ from hexir.schedules import Request, extent
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks each must give the GPU (132 SMs on an H100/H200) to be chosen: the first
 #: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.95 of
-#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66) but leave SMs idle on small outputs (512^3:
-#: 32x32 1.27, 64x64 1.02, 128x128 0.47); 16x16 tiles keep a product of a few dozen rows from
-#: running on a few dozen blocks (bench/results/2026-11-30-h200-pipelines.md).
-TILINGS = (((128, 16, 8), 256), ((64, 16, 4), 256), ((32, 16, 2), 256), ((16, 16, 1), 0))
+#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66; at 1024x2048x2048, 128 blocks of 128x128 0.94,
+#: 512 of 64x64 0.69) but leave SMs idle on small outputs (512^3: 32x32 1.27, 64x64 1.02,
+#: 128x128 0.47; 1024^3: 64x64 0.99, 128x128 0.66); 16x16 tiles keep a product of a few dozen
+#: rows from running on a few dozen blocks (bench/results/2026-11-30-h200-pipelines.md).
+TILINGS = (((128, 16, 8), 128), ((64, 16, 4), 256), ((32, 16, 2), 256), ((16, 16, 1), 0))
 LARGE_TILING = TILINGS[0][0]
 #: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row). At
-#: 4096 x 4096 on the H200 it beats the tiled kernel 4.5x at 1 row, 2.5x at 4, 1.7x at 8, and
-#: loses at 16 (bench/results/2026-11-30-h200-tilings-2.md).
-ROWS_MAX = 8
+#: 4096 x 4096 on the H200 (f32/f64, of cuBLAS) it gives 1.03/1.19 at 1 row, 1.44/0.99 at 8,
+#: 1.52/0.40 at 16 where the tiled kernel gives 0.63/0.32, and loses at 32 (0.36/0.21 against
+#: 0.26/0.26) (bench/results/2026-11-30-h200-pipelines.md).
+ROWS_MAX = 16
 ROWS_SHARED_BYTES = 32768
+#: Bytes of x per shared buffer (two) in the rows kernel, and its k's per warp per step (their
+#: loads of w in flight together).
+ROWS_X_BYTES = 4096
 ROWS_UNROLL = 4
 ELEMENTWISE_BLOCK = 256
 
@@ -150,7 +155,7 @@ def _split(position: ir.Value, width: int) -> tuple[ir.Value, ir.Value]:
 
 
 def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Callable[[ir.Value], None],
-              compute: Callable[[ir.Value], None]) -> None:
+              compute: Callable[[ir.Value, ir.Value], None]) -> None:
     """Walk K in slices of `step` through two shared buffers: while the block computes on slice s
     (buffer s % 2), its loads of slice s + 1 are in flight into registers, stored into the other
     buffer after the arithmetic; one barrier per slice. (Slice s + 1 past the end loads nothing:
@@ -161,7 +166,7 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
     with ht.loop(0, -(-depth // step), "serial") as k_slice:
         fetch(_times(_plus(k_slice, ht.index(1)), step))
         buffer = arith.RemUIOp(k_slice, ht.index(2)).result
-        compute(buffer)
+        compute(buffer, _times(k_slice, step))
         put(arith.SubIOp(ht.index(1), buffer).result)
         ht.barrier()
 
@@ -199,33 +204,51 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     """M <= ROWS_MAX rows: w is read once, coalesced. A block's 32 lanes take 32 columns, its warps
     split K (warp y takes k = y, y + warps, ...), each thread keeping the M sums of its column
-    in registers; the warps' partial sums are added through shared memory at the end."""
+    in registers; x comes through shared memory, a chunk of its columns at a time (pipelined as
+    the tiled kernels' slices are), each k's M values read as 128-bit vectors; the warps'
+    partial sums are added through shared memory at the end."""
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    # as many warps as the partial sums allow (warps x M x 32 elements <= 32 KiB), up to 32: more
-    # loads in flight for the few blocks (one per 32 columns) a product of few rows has
-    warps = max(1, min(32, ROWS_SHARED_BYTES // (m * 32 * (4 if request.dtype == "float32" else 8))))
+    size = _width_bytes(element)
+    width = 16 // size                                  # elements per 128-bit shared load
+    padded = max(width, 1 << (m - 1).bit_length())      # x's rows in shared memory: a power of 2
+    # as many warps as the partial sums allow (warps x M x 32 elements <= 32 KiB), a power of 2
+    # up to 32: more loads in flight for the few blocks (one per 32 columns) a product of few rows has
+    warps = 1 << min(5, (ROWS_SHARED_BYTES // (m * 32 * size)).bit_length() - 1)
+    threads = 32 * warps
+    chunk = max(ROWS_X_BYTES // (padded * size), threads // padded)  # k's of x per shared buffer
+    assert chunk % (warps * ROWS_UNROLL) == 0 and chunk * padded % threads == 0
     ht.set_variant("rows")
-    columns, depth = ht.index(n), ht.index(k_extent)
+    columns, depth, rows = ht.index(n), ht.index(k_extent), ht.index(m)
     with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
+        x_tile = ht.alloc_local([2, chunk, padded], element, "shared")   # x[:, k0 + c] at [c, :]
         partial = ht.alloc_local([warps, m, 32], element, "shared")
         with ht.loop(0, warps, "parallel", "threadIdx.y") as warp, ht.loop(0, 32, "parallel", "threadIdx.x") as lane:
             column = _plus(_times(block, 32), lane)
+            thread = _plus(_times(warp, 32), lane)
             sums = _zeros([m], element)
-            # ROWS_UNROLL k's per step, their loads of w (and x) issued before any arithmetic: more
-            # memory accesses in flight per warp
-            with ht.loop(0, -(-k_extent // (warps * ROWS_UNROLL)), "serial") as step:
-                ks = [_plus(_times(_plus(_times(step, ROWS_UNROLL), ht.index(u)), warps), warp) for u in range(ROWS_UNROLL)]
-                b = [_guarded_load(w, k, column, depth, columns) for k in ks]
-                a = [[_guarded_load(x, ht.index(r), k, ht.index(m), depth) for r in range(m)] for k in ks]
-                for u, r in itertools.product(range(ROWS_UNROLL), range(m)):
-                    product = arith.MulFOp(a[u][r], b[u], fastmath=_contract()).result
-                    at = [ht.index(r)]
-                    ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
-            with ht.loop(0, m, "unrolled") as r:
-                ht.store(ht.load(sums, [r]), partial, [warp, r, lane])
+            staged = ht.alloc_local([chunk * padded // threads], element)
+
+            def compute(buffer: ir.Value, k0: ir.Value) -> None:
+                # ROWS_UNROLL k's per step, their loads of w issued before any arithmetic
+                with ht.loop(0, chunk // (warps * ROWS_UNROLL), "serial") as step:
+                    cs = [_plus(_times(_plus(_times(step, ROWS_UNROLL), ht.index(u)), warps), warp)
+                          for u in range(ROWS_UNROLL)]
+                    b = [_guarded_load(w, _plus(k0, c), column, depth, columns) for c in cs]
+                    for u, c in enumerate(cs):
+                        a = _vector_run(x_tile, buffer, c, ht.index(0), 1, width, padded)
+                        for r in range(m):
+                            product = arith.MulFOp(a[r], b[u], fastmath=_contract()).result
+                            at = [ht.index(r)]
+                            ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
+            _pipeline(k_extent, chunk,
+                      lambda k0: _fetch(x, staged, thread, threads, chunk, (ht.index(0), k0), (rows, depth)),
+                      lambda buffer: _put(staged, x_tile, buffer, thread, threads, chunk, transpose=True),
+                      compute)
+            for r in range(m):
+                ht.store(ht.load(sums, [ht.index(r)]), partial, [warp, ht.index(r), lane])
             ht.barrier()
             with ht.loop(0, -(-m // warps), "unrolled") as part:  # thread (warp, lane) adds up row warp (+ warps)
                 row = _plus(_times(part, warps), warp)
@@ -235,7 +258,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                     for other in range(1, warps):
                         value = arith.AddFOp(value, ht.load(partial, [ht.index(other), row, lane])).result
                     return value
-                _store(total, out, (row, column), (ht.index(m), columns), bias, request)
+                _store(total, out, (row, column), (rows, columns), bias, request)
     return ht.Launch((sizes.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 
@@ -275,7 +298,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 _put(x_staged, x_tile, buffer, thread, threads * threads, step, transpose=True)
                 _put(w_staged, w_tile, buffer, thread, threads * threads, tile)
 
-            def compute(buffer: ir.Value) -> None:
+            def compute(buffer: ir.Value, k0: ir.Value) -> None:
                 for kk in map(ht.index, range(step)):  # unrolled here: constant shared offsets
                     a = _vector_run(x_tile, buffer, kk, ty, threads, width, per)
                     b = _vector_run(w_tile, buffer, kk, tx, threads, width, per)
@@ -366,7 +389,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 _put(x_staged, x_tile, buffer, thread, threads, step)
                 _put(w_staged, w_tile, buffer, thread, threads, tile_n)
 
-            def compute(buffer: ir.Value) -> None:
+            def compute(buffer: ir.Value, k0: ir.Value) -> None:
                 for kq in range(step // 4):  # unrolled here: constant shared offsets
                     # fragments: A (rows group [+ 8], column in_group), B (row in_group, column group)
                     kk = _plus(ht.index(4 * kq), in_group)

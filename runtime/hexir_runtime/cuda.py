@@ -75,6 +75,8 @@ class DeviceBuffer:
 #: The most blocks a grid has along x, y, z; the dynamic shared memory a block gets without opting in.
 MAX_GRID = (2**31 - 1, 65535, 65535)
 DEFAULT_SHARED_BYTES = 48 * 1024
+#: Device outputs given back that a module keeps, per size, for later calls' outputs.
+SPARE_OUTPUTS = 4
 
 #: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
 OLDEST_TARGET = 75
@@ -247,6 +249,7 @@ class CudaProgram:
         self.stream: Any = None
         self.event: Any = None  # what a consumer's stream waits for (DLPack outputs)
         self.staged = False  # an asynchronous copy may still read a staging buffer
+        self.spare: dict[int, list[int]] = {}  # device outputs given back, by size, for later calls
 
     def close(self) -> None:
         """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
@@ -258,6 +261,9 @@ class CudaProgram:
         if stream is not None:
             check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
             check(self.driver.cuStreamDestroy(stream), "cuStreamDestroy")
+        spare, self.spare = self.spare, {}
+        for pointer in (pointer for kept in spare.values() for pointer in kept):
+            check(self.driver.cuMemFree(pointer), "cuMemFree")
         if event is not None:
             check(self.driver.cuEventDestroy(event), "cuEventDestroy")
         for module in modules:
@@ -297,15 +303,24 @@ class CudaProgram:
         self.staged = False
 
     def output(self, shape: tuple[int, ...], dtype: Any) -> DLPackArray:
-        """Fresh device memory for one output of one call, owned by the returned array (freed
-        when it and every tensor taken from it are gone)."""
+        """Device memory for one output of one call, owned by the returned array until it and
+        every tensor taken from it are gone; then kept for a later call's output of the same
+        size (up to SPARE_OUTPUTS of each), else freed."""
         nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
-        pointer = int(check(self.driver.cuMemAllocAsync(nbytes, self.stream), "cuMemAllocAsync"))
-        device, event, driver = self.device, self.event, self.driver
+        spare = self.spare.get(nbytes)
+        pointer = spare.pop() if spare else int(check(self.driver.cuMemAllocAsync(nbytes, self.stream),
+                                                      "cuMemAllocAsync"))
+        device, event, driver, spares = self.device, self.event, self.driver, self.spare
 
         def free(pointer: int) -> None:
+            # a later call writes it on our stream, which (blocking) waits for the legacy stream's
+            # work queued before: torch's default stream's last reads of it, as cuMemFreeAsync on
+            # the legacy stream would
+            kept = spares.setdefault(nbytes, [])
+            if self.stream is not None and len(kept) < SPARE_OUTPUTS:
+                kept.append(pointer)
+                return
             device.make_current()  # the last reference may go on any thread
-            # on the legacy stream, after the work of our (blocking) stream and of torch's default one
             check(driver.cuMemFreeAsync(pointer, 0), "cuMemFreeAsync")
 
         def ready(stream: int | None) -> None:

@@ -73,22 +73,22 @@ def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
 
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",)) -> dict:
     """The launch of a cuda linear with an [m, n] output, as the schedule documents its kernels
-    (hexir/schedules/cuda.py): up to 8 static rows stream w, 32 columns per block of 32 lanes x
-    as many warps as 32 KiB of partial sums (warps x M x 32 elements) allow, 1 to 32; float64 on
+    (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32 lanes x
+    as many warps as 32 KiB of partial sums (warps x M x 32 elements) allow, a power of 2 up to 32; float64 on
     sm_80 and newer runs on the tensor cores, 128x64 tiles per block of 2 x 2 warps when that
     makes 264 blocks (two waves of 132 SMs), else 64x64; the rest in 16x16-thread blocks of
-    128x128 tiles when that still makes 256 blocks (two per SM of a 132-SM GPU), else 64x64 or
-    32x32 ones on the same terms, else 16x16."""
+    128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU), else
+    64x64 or 32x32 ones when they make 256, else 16x16."""
     def ceil(a: int, b: int) -> int:
         return -(-a // b)
     itemsize = 4 if dtype == "float32" else 8
-    if m <= 8:
-        warps = max(1, min(32, 32768 // (max(m, 1) * 32 * itemsize)))
+    if m <= 16:
+        warps = 1 << min(5, (32768 // (max(m, 1) * 32 * itemsize)).bit_length() - 1)
         return {"grid": [ceil(n, 32), 1, 1], "block": [32, warps, 1], "shared_bytes": 0}
     if dtype == "float64" and all(int(arch[3:]) >= 80 for arch in archs):
         rows = 128 if ceil(m, 128) * ceil(n, 64) >= 264 else 64
         return {"grid": [ceil(n, 64), ceil(m, rows), 1], "block": [128, 1, 1], "shared_bytes": 0}
-    tile = next((t for t in (128, 64, 32) if ceil(m, t) * ceil(n, t) >= 256), 16)
+    tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 256)) if ceil(m, t) * ceil(n, t) >= fewest), 16)
     return {"grid": [ceil(n, tile), ceil(m, tile), 1], "block": [16, 16, 1], "shared_bytes": 0}
 
 

@@ -369,8 +369,8 @@ ELEMENTWISE_BLOCK = 256
 def test_the_tilings_are_chosen_by_the_blocks_they_make():
     assert gpu_schedule.ELEMENTWISE_BLOCK == ELEMENTWISE_BLOCK
     assert gpu_schedule.linear_tiling(2048, 2049) == (128, 16, 8)  # 16 x 17 = 272 blocks of 128x128
-    assert gpu_schedule.linear_tiling(2048, 2048) == (128, 16, 8)  # exactly 256
-    assert gpu_schedule.linear_tiling(2048, 1920) == (64, 16, 4)  # 16 x 15 = 240: too few; 32 x 30 of 64x64
+    assert gpu_schedule.linear_tiling(1024, 2048) == (128, 16, 8)  # exactly 128
+    assert gpu_schedule.linear_tiling(1024, 1920) == (64, 16, 4)  # 8 x 15 = 120: too few; 16 x 30 of 64x64
     assert gpu_schedule.linear_tiling(1024, 1024) == (64, 16, 4)  # 16 x 16 = 256 of 64x64
     assert gpu_schedule.linear_tiling(1000, 1000) == (64, 16, 4)  # 16 x 16 (the last ones partial)
     assert gpu_schedule.linear_tiling(960, 1000) == (32, 16, 2)  # 15 x 16 = 240 of 64x64: too few
@@ -384,7 +384,7 @@ def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
     (kernel,) = read(build("linear", "float32", m, k, n))[0]["kernels"]
     assert kernel["launch"] == cuda_linear_launch(m, n)
     grid, block = kernel["launch"]["grid"], kernel["launch"]["block"]
-    if m > 8:  # a tile per block: the blocks cover the output, and no block is wholly outside it
+    if m > gpu_schedule.ROWS_MAX:  # a tile per block: the blocks cover the output, none wholly outside it
         tile_n, tile_m = -(-n // grid[0]), -(-m // grid[1])
         assert grid[0] * tile_n >= n and grid[1] * tile_m >= m
     else:  # 32 columns per block, every row

@@ -42,7 +42,7 @@ import pytest
 from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
-from hexir_runtime.cuda import CudaDevice, pick_image
+from hexir_runtime.cuda import SPARE_OUTPUTS, CudaDevice, pick_image
 from hexir_runtime.device import HostMemory
 
 # ---- the fake driver ----------------------------------------------------------------------
@@ -1236,8 +1236,30 @@ def test_a_cuda_tensor_is_read_in_place_and_outputs_stay_on_the_gpu(module_file,
     gc.collect()
     assert pointer in fake.allocations  # the consumer's tensor still uses it
     consumed.release()
-    assert pointer not in fake.allocations and fake.on_stream[-1] == ("cuMemFreeAsync", 0)
+    assert pointer in fake.allocations  # kept for the next call's output of that size, not freed
+    assert "cuMemFreeAsync" not in [call for call, _ in fake.on_stream]
+    again, calls = calls_of_one_call(fake, module, tensor, outputs="device")
+    assert again.pointer == pointer and "cuMemAllocAsync" not in calls
+    np.testing.assert_allclose(device_bytes(fake, again), x @ W64, rtol=1e-12)
     np.testing.assert_allclose(module.main(tensor), x @ W64, rtol=1e-12)  # numpy out
+    del again
+    gc.collect()
+    module.close()
+    assert pointer not in fake.allocations  # the module's kept outputs go with it
+
+
+def test_a_module_keeps_a_few_given_back_outputs_per_size_and_frees_the_rest(module_file, fake):
+    module = load(module_file("wide"), "cuda")
+    tensor = CudaTensor(fake, x_of((37, 11), "float64", seed=5))
+    outputs = [module.main(tensor, outputs="device") for _ in range(SPARE_OUTPUTS + 2)]
+    pointers = {y.pointer for y in outputs}
+    assert len(pointers) == SPARE_OUTPUTS + 2  # each alive at once: each its own memory
+    del outputs
+    gc.collect()
+    assert sum(pointer in fake.allocations for pointer in pointers) == SPARE_OUTPUTS
+    assert [call for call, _ in fake.on_stream].count("cuMemFreeAsync") == 2
+    reused = [module.main(tensor, outputs="device") for _ in range(SPARE_OUTPUTS)]
+    assert {y.pointer for y in reused} <= pointers
 
 
 def test_each_device_output_is_a_fresh_buffer_and_host_inputs_wait_for_the_last_call(module_file, fake):
