@@ -53,7 +53,6 @@ LARGE_TILING = TILINGS[0][0]
 #: 1.52/0.40 at 16 where the tiled kernel gives 0.63/0.32, and loses at 32 (0.36/0.21 against
 #: 0.26/0.26) (bench/results/2026-11-30-h200-pipelines.md).
 ROWS_MAX = 16
-ROWS_SHARED_BYTES = 32768
 #: Bytes of x per shared buffer (two) in the rows kernel, and its k's per warp per step (their
 #: loads of w in flight together).
 ROWS_X_BYTES = 4096
@@ -206,7 +205,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     split K (warp y takes k = y, y + warps, ...), each thread keeping the M sums of its column
     in registers; x comes through shared memory, a chunk of its columns at a time (pipelined as
     the tiled kernels' slices are), each k's M values read as 128-bit vectors; the warps'
-    partial sums are added through shared memory at the end."""
+    partial sums are added through shared memory at the end, a row at a time."""
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
@@ -214,17 +213,18 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     size = _width_bytes(element)
     width = 16 // size                                  # elements per 128-bit shared load
     padded = max(width, 1 << (m - 1).bit_length())      # x's rows in shared memory: a power of 2
-    # as many warps as the partial sums allow (warps x M x 32 elements <= 32 KiB), a power of 2
-    # up to 32: more loads in flight for the few blocks (one per 32 columns) a product of few rows has
-    warps = 1 << min(5, (ROWS_SHARED_BYTES // (m * 32 * size)).bit_length() - 1)
+    # 32 warps (16 from 33 bytes of sums per thread on, 9 rows of f32, 5 of f64: the registers
+    # of 1024 threads would not hold them): many loads in flight for the few blocks (one per 32
+    # columns) a product of few rows has
+    warps = 32 if m * size <= 32 else 16
     threads = 32 * warps
-    chunk = max(ROWS_X_BYTES // (padded * size), threads // padded)  # k's of x per shared buffer
+    chunk = max(ROWS_X_BYTES // (padded * size), threads // padded, warps * ROWS_UNROLL)  # k's per buffer
     assert chunk % (warps * ROWS_UNROLL) == 0 and chunk * padded % threads == 0
     ht.set_variant("rows")
     columns, depth, rows = ht.index(n), ht.index(k_extent), ht.index(m)
     with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
         x_tile = ht.alloc_local([2, chunk, padded], element, "shared")   # x[:, k0 + c] at [c, :]
-        partial = ht.alloc_local([warps, m, 32], element, "shared")
+        partial = ht.alloc_local([warps, 32], element, "shared")  # one row's partial sums at a time
         with ht.loop(0, warps, "parallel", "threadIdx.y") as warp, ht.loop(0, 32, "parallel", "threadIdx.x") as lane:
             column = _plus(_times(block, 32), lane)
             thread = _plus(_times(warp, 32), lane)
@@ -247,18 +247,19 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                       lambda k0: _fetch(x, staged, thread, threads, chunk, (ht.index(0), k0), (rows, depth)),
                       lambda buffer: _put(staged, x_tile, buffer, thread, threads, chunk, transpose=True),
                       compute)
-            for r in range(m):
-                ht.store(ht.load(sums, [ht.index(r)]), partial, [warp, ht.index(r), lane])
-            ht.barrier()
-            with ht.loop(0, -(-m // warps), "unrolled") as part:  # thread (warp, lane) adds up row warp (+ warps)
-                row = _plus(_times(part, warps), warp)
-
-                def total(row=row, lane=lane) -> ir.Value:
-                    value = ht.load(partial, [ht.index(0), row, lane])
-                    for other in range(1, warps):
-                        value = arith.AddFOp(value, ht.load(partial, [ht.index(other), row, lane])).result
-                    return value
-                _store(total, out, (row, column), (rows, columns), bias, request)
+            for r in range(m):  # row by row, the warps' partial sums added by warp r % warps
+                ht.store(ht.load(sums, [ht.index(r)]), partial, [warp, lane])
+                ht.barrier()
+                mine = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warp, ht.index(r % warps)).result)
+                with ir.InsertionPoint(mine.then_block):
+                    def total(lane=lane) -> ir.Value:
+                        value = ht.load(partial, [ht.index(0), lane])
+                        for other in range(1, warps):
+                            value = arith.AddFOp(value, ht.load(partial, [ht.index(other), lane])).result
+                        return value
+                    _store(total, out, (ht.index(r), column), (rows, columns), bias, request)
+                    scf.YieldOp([])
+                ht.barrier()
     return ht.Launch((sizes.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 

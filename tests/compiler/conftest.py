@@ -74,7 +74,7 @@ def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",)) -> dict:
     """The launch of a cuda linear with an [m, n] output, as the schedule documents its kernels
     (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32 lanes x
-    as many warps as 32 KiB of partial sums (warps x M x 32 elements) allow, a power of 2 up to 32; float64 on
+    32 warps (16 where a thread's M sums take more than 32 bytes); float64 on
     sm_80 and newer runs on the tensor cores, 128x64 tiles per block of 2 x 2 warps when that
     makes 264 blocks (two waves of 132 SMs), else 64x64; the rest in 16x16-thread blocks of
     128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU), else
@@ -83,7 +83,7 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
         return -(-a // b)
     itemsize = 4 if dtype == "float32" else 8
     if m <= 16:
-        warps = 1 << min(5, (32768 // (max(m, 1) * 32 * itemsize)).bit_length() - 1)
+        warps = 32 if max(m, 1) * itemsize <= 32 else 16
         return {"grid": [ceil(n, 32), 1, 1], "block": [32, warps, 1], "shared_bytes": 0}
     if dtype == "float64" and all(int(arch[3:]) >= 80 for arch in archs):
         rows = 128 if ceil(m, 128) * ceil(n, 64) >= 264 else 64
