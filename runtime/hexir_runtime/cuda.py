@@ -274,8 +274,9 @@ class CudaProgram:
         self.device.make_current()
 
     def copy_in(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
-        """Queue a copy of (page-locked, C-contiguous) host `array` into `buffer`; the array must
-        not change until the stream has done it (`staged` says whether it may not have)."""
+        """Queue a copy of C-contiguous host `array` into `buffer`. A page-locked array must not
+        change until the stream has done it (`staged` says whether it may not have); a pageable
+        one the driver has read into its own staging memory when this returns."""
         if buffer.nbytes:
             check(self.driver.cuMemcpyHtoDAsync(buffer.pointer, array.ctypes.data, buffer.nbytes, self.stream),
                   "cuMemcpyHtoDAsync")

@@ -43,6 +43,11 @@ Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its han
 # takes ~0.7 us to give an array's address, and copying 16 KiB into a buffer whose address the
 # plan already holds costs about as much.
 IN_PLACE_BYTES = 16 << 10
+# A host input bound for the GPU at least this big is copied to it straight from the caller's
+# (pageable) array, which the driver stages in pieces while it copies, rather than first copied
+# whole into our page-locked buffer by one host thread and only then sent; an output as big
+# comes back straight into the array returned.
+DIRECT_BYTES = 1 << 20
 MAX_PLANS = 64  # call shapes kept; past that the cache starts again (a module called with ever new sizes)
 
 
@@ -204,8 +209,9 @@ class Executor:
             if array.nbytes >= IN_PLACE_BYTES and array.flags.c_contiguous and array.flags.aligned:
                 handles[index] = array
         for index in self.device_inputs:
-            if isinstance(arrays[index], DeviceTensor):
-                handles[index] = arrays[index]
+            array = arrays[index]
+            if isinstance(array, DeviceTensor) or (array.nbytes >= DIRECT_BYTES and array.flags.c_contiguous):
+                handles[index] = array
         if device:
             for position in self.device_outputs:
                 _, view, runner = plan.outputs[position]
@@ -236,9 +242,13 @@ class Executor:
         inputs = len(self.entry.inputs)
         bound = {buffer: index for index, buffer in {**self.host_inputs, **self.device_inputs}.items()}
         skipped = set()  # transfers that device outputs make unnecessary
-        if device:
-            for position, (host, gpu) in self.device_outputs.items():
+        # a big output the GPU computes comes back straight into the array returned (DIRECT_BYTES)
+        sent_back = {position: gpu for position, (host, gpu) in self.device_outputs.items()
+                     if not device and views[gpu].nbytes >= DIRECT_BYTES}
+        for position, (host, gpu) in self.device_outputs.items():
+            if device:
                 bound[gpu] = inputs + position
+            if device or position in sent_back:
                 skipped.add(host)
         steps: list[Step] = []
         for command in self.entry.program:
@@ -252,7 +262,7 @@ class Executor:
                 go = _launcher(self.programs[command.kernel], command.kernel, buffers, sizes)
                 if go is not None:
                     patches = [(position, bound[arg]) for position, arg in enumerate(command.args) if arg in bound]
-                    steps.append(_call(go, patches))
+                    steps.append(_call(go, patches, set(self.device_inputs)))
             elif op == "transfer" and command.dst not in skipped:
                 source = next((index for index, gpu in self.device_inputs.items() if gpu == command.dst), None)
                 steps.append(_transfer(views[command.src], views[command.dst], runners[command.src],
@@ -264,6 +274,8 @@ class Executor:
             if device and position in self.device_outputs:
                 gpu = self.device_outputs[position][1]
                 outputs.append((inputs + position, views[gpu], runners[gpu]))
+            elif position in sent_back:
+                outputs.append((-1, views[sent_back[position]], runners[sent_back[position]]))
             else:
                 outputs.append((-1, views[src], runners[src]))
         stages = any(command.op == "input" and command.dst in self.pinned for command in self.entry.program)
@@ -322,12 +334,17 @@ def _input(index: int, view: Any, runner: Any) -> Step:
     return step
 
 
-def _call(go: Callable[..., None], patches: list[tuple[int, int]]) -> Step:
+def _call(go: Callable[..., None], patches: list[tuple[int, int]], device_inputs: set[int]) -> Step:
+    """Launch `go`, its arguments at `patches` (position, handle) given by the call where it gives
+    them: a caller's array or CUDA tensor, our device output. (A device input's handle may be a
+    big host array instead, which its transfer sends: never a kernel's argument.)"""
     if not patches:
         return lambda arrays, handles: go(())
+    sent = {h for _, h in patches if h in device_inputs}
 
     def step(arrays: Sequence[Any], handles: list[Any]) -> None:
-        go([(position, handles[h]) for position, h in patches if handles[h] is not None])
+        go([(position, handles[h]) for position, h in patches
+            if handles[h] is not None and not (h in sent and type(handles[h]) is np.ndarray)])
     return step
 
 
@@ -345,7 +362,14 @@ def _transfer(source: Any, destination: Any, src: Any, dst: Any, input_index: in
             dst.copy_in(destination, src.copy_out(source))
     if input_index is None:
         return lambda arrays, handles: copy()
-    return lambda arrays, handles: None if handles[input_index] is not None else copy()
+
+    def step(arrays: Sequence[Any], handles: list[Any]) -> None:
+        given = handles[input_index]
+        if given is None:
+            copy()
+        elif isinstance(given, np.ndarray):  # a big host input: straight from the caller's array
+            dst.copy_in(destination, given)
+    return step
 
 
 def _print(view: Any, runner: Any) -> Step:

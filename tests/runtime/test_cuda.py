@@ -37,6 +37,7 @@ from typing import Any
 import hexir_runtime
 import hexir_runtime.cuda
 import hexir_runtime.module
+from hexir_runtime.executor import DIRECT_BYTES
 import numpy as np
 import pytest
 from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
@@ -509,6 +510,8 @@ def _export_all(hexir: Any, directory: Path, mlp: Any, apart: Any, wide: Any, re
                                         target="cuda:sm_80,cuda:sm_90"),
         "wide": hexir.export(wide, directory / "wide.hxb", spec((37, 11), "float64"), placement=both),
         "relu": hexir.export(relu, directory / "relu.hxb", spec((2, 3, 67), "float32"), placement=both),
+        "rows_relu": hexir.export(relu, directory / "rows_relu.hxb", spec(("batch", 1024), "float32"),
+                                  placement=both),
         "constants_only": hexir.export(constants_only, directory / "constants.hxb", placement=both),
     }
     return modules
@@ -1246,6 +1249,21 @@ def test_a_cuda_tensor_is_read_in_place_and_outputs_stay_on_the_gpu(module_file,
     gc.collect()
     module.close()
     assert pointer not in fake.allocations  # the module's kept outputs go with it
+
+
+def test_big_host_inputs_and_outputs_are_copied_straight_from_and_to_the_callers_arrays(module_file, fake):
+    """From DIRECT_BYTES on, the driver reads the caller's (pageable) array itself, in pieces as it
+    copies, and writes the returned array; below, both go through our page-locked buffers (one
+    host copy each, and the DMA)."""
+    module = load(module_file("rows_relu"), "cuda")  # relu of float32[batch, 1024]
+    rows = -(-DIRECT_BYTES // 4096)
+    big, small = x_of((rows, 1024), seed=1), x_of((2, 1024), seed=2)
+    for x in (big, small, big):
+        copies = fake.pageable_copies
+        np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
+        assert fake.pageable_copies - copies == (2 if x is big else 0)  # in, and the output back
+    (launch, *_), last = fake.launches, fake.launches[-1]
+    assert launch["pointers"][0] == last["pointers"][0]  # the kernel reads our buffer, not the array
 
 
 def test_a_module_keeps_a_few_given_back_outputs_per_size_and_frees_the_rest(module_file, fake):
