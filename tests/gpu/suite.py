@@ -68,6 +68,8 @@ def build(out: Path, examples: int) -> None:
         for dtype in ("float32", "float64"):
             for split in (SPLITS if chain == "linear_relu" else SPLITS[:1]):
                 add(chain, dtype, 1, 1, 1, split)
+                add(chain, dtype, 4, 300, 97, split)  # the rows kernel with 32 warps
+                add(chain, dtype, 13, 1031, 33, split)  # and with 16 (f64: 8 k's per warp per step)
                 add(chain, dtype, 33, 257, 97, split)
                 add(chain, dtype, None, 257, 97, split, symbolic=True)
                 add(chain, dtype, None, 3, 1031, split, symbolic=True)
