@@ -75,8 +75,8 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
     """The launch of a cuda linear with an [m, n] output, as the schedule documents its kernels
     (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32 lanes x
     32 warps (16 where a thread's M sums take more than 32 bytes); float64 on
-    sm_80 and newer runs on the tensor cores, 128x64 tiles per block of 2 x 2 warps when that
-    makes 264 blocks (two waves of 132 SMs), else 64x64; the rest in 16x16-thread blocks of
+    sm_80 and newer runs on the tensor cores, blocks of 2 x 2 warps computing 128x64 tiles when
+    that makes 264 blocks, else 64x64 when 256, else 64x32 when 128, else 32x32; the rest in 16x16-thread blocks of
     128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU), else
     64x64 or 32x32 ones when they make 256, else 16x16."""
     def ceil(a: int, b: int) -> int:
@@ -86,8 +86,9 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
         warps = 32 if max(m, 1) * itemsize <= 32 else 16
         return {"grid": [ceil(n, 32), 1, 1], "block": [32, warps, 1], "shared_bytes": 0}
     if dtype == "float64" and all(int(arch[3:]) >= 80 for arch in archs):
-        rows = 128 if ceil(m, 128) * ceil(n, 64) >= 264 else 64
-        return {"grid": [ceil(n, 64), ceil(m, rows), 1], "block": [128, 1, 1], "shared_bytes": 0}
+        rows, columns = next((r, c) for r, c, fewest in ((128, 64, 264), (64, 64, 256), (64, 32, 128), (32, 32, 0))
+                             if ceil(m, r) * ceil(n, c) >= fewest)
+        return {"grid": [ceil(n, columns), ceil(m, rows), 1], "block": [128, 1, 1], "shared_bytes": 0}
     tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 256)) if ceil(m, t) * ceil(n, t) >= fewest), 16)
     return {"grid": [ceil(n, tile), ceil(m, tile), 1], "block": [16, 16, 1], "shared_bytes": 0}
 

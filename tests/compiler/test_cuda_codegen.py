@@ -529,10 +529,10 @@ def test_static_shared_memory_fits_the_default_limit(two_archs):
     (kernel, _) = read(two_archs)[0]["kernels"]
     sections = elf_sections(images_of(two_archs)["sm_90"])
     static = sections.get(f".nv.shared.{kernel['name']}", 0)
-    # float64 on sm_80 and sm_90: the tensor-core kernel, 64x64 tiles staged 16 deep
+    # float64 on sm_80 and sm_90: the tensor-core kernel (32x32 tiles for this small output), two slices 16 deep
     assert kernel["args"][-1]["shape"] == [33, 65]
     assert kernel["launch"] == cuda_linear_launch(33, 65, "float64", ("sm_80", "sm_90"))
-    assert static >= 2 * 64 * 16 * 8  # the x and w tiles, float64, staged through shared memory
+    assert static >= 2 * 2 * 32 * 16 * 8  # the x and w tiles, float64, two of each, through shared memory
     assert static + kernel["launch"]["shared_bytes"] <= 48 * 1024
 
 
