@@ -18,7 +18,7 @@ os.environ["HEXIR_CACHE_DIR"] = ""  # the variants differ only in a patched tabl
 import hexir
 from hexir.schedules import cuda as gpu_schedule
 
-TILINGS = [(32, 16, 2), (64, 16, 4), (64, 8, 4), (128, 16, 8), (128, 8, 8)]
+TILINGS = [(16, 16, 1), (32, 16, 2), (64, 16, 4), (64, 8, 4), (128, 16, 8), (128, 8, 8)]
 #: (M, K, N, symbolic): the sizes where the choice between tilings is close.
 SIZES = [(512, 512, 512, False), (1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 1024, 33, False),
          (256, 1024, 1024, True), (4096, 1024, 1024, True), (64, 1024, 1024, True), (1024, 4096, 4096, True),
@@ -31,9 +31,13 @@ def linear(x, w):
 
 #: The FP64 tensor-core kernel's tilings (block rows, block columns, k slice, warps along rows, along columns).
 DMMA_TILINGS = [(64, 64, 16, 2, 2), (64, 64, 8, 2, 2), (128, 64, 8, 2, 2), (64, 128, 8, 2, 2),
-                (128, 128, 8, 4, 2), (128, 128, 8, 2, 4)]
+                (128, 128, 8, 4, 2), (128, 128, 8, 2, 4), (64, 32, 16, 2, 2), (32, 64, 16, 2, 2), (32, 32, 16, 2, 2)]
 DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
-              (4096, 1024, 1024, True)]
+              (4096, 1024, 1024, True), (64, 1024, 1024, False), (256, 1024, 1024, False), (512, 512, 512, False),
+              (4096, 1024, 33, False)]
+#: The rows kernel's loads of w in flight per block (ROWS_IN_FLIGHT), by rows and dtype (float64
+#: at 16 rows and 256 would need 64 KiB of shared memory: not built).
+IN_FLIGHT = [(128, 1), (128, 8), (128, 16), (256, 1), (256, 8), (256, 16)]
 
 
 def main(out: Path) -> None:
@@ -56,7 +60,8 @@ def main(out: Path) -> None:
         for limit in (32, 0):  # the row-streaming kernel, then the tiled one, for few rows
             gpu_schedule.ROWS_MAX = limit
             for m in (1, 4, 8, 16, 32):
-                for dtype in ("float32", "float64"):
+                # (32 rows of float64 on the rows kernel would need 64 KiB of shared memory: not built)
+                for dtype in ("float32", "float64") if (m, limit) != (32, 32) else ("float32",):
                     name = f"linear_{m}x4096x4096_{dtype}_cuda_{'rows' if limit else 'tiled'}"
                     hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, 4096), dtype),
                                  hexir.TensorSpec((4096, 4096), dtype), placement={"hexir.linear": "cuda"})
@@ -64,6 +69,18 @@ def main(out: Path) -> None:
                                  "variant": "rows" if limit else "tiled"})
     finally:
         gpu_schedule.ROWS_MAX = rows_max
+    in_flight = gpu_schedule.ROWS_IN_FLIGHT
+    try:
+        for flight, m in IN_FLIGHT:
+            gpu_schedule.ROWS_IN_FLIGHT = flight
+            for dtype in ("float32", "float64") if (flight, m) != (256, 16) else ("float32",):
+                name = f"linear_{m}x4096x4096_{dtype}_cuda_rows{flight}"
+                hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, 4096), dtype),
+                             hexir.TensorSpec((4096, 4096), dtype), placement={"hexir.linear": "cuda"})
+                rows.append({"name": name, "m": m, "k": 4096, "n": 4096, "dtype": dtype, "device": "cuda",
+                             "variant": f"rows, {flight} in flight"})
+    finally:
+        gpu_schedule.ROWS_IN_FLIGHT = in_flight
     chosen = gpu_schedule.linear_tiling
     try:
         for tiling in TILINGS:
