@@ -35,7 +35,7 @@ DMMA_TILINGS = [(64, 64, 16, 2, 2), (64, 64, 8, 2, 2), (128, 64, 8, 2, 2), (64, 
 DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
               (4096, 1024, 1024, True), (64, 1024, 1024, False), (256, 1024, 1024, False), (512, 512, 512, False),
               (4096, 1024, 33, False)]
-#: The rows kernel's loads of w in flight per block (ROWS_IN_FLIGHT), by rows and dtype (float64
+#: The rows kernel's loads of w in flight per block (ROWS_IN_FLIGHT and _WIDE_ both), by rows and dtype (float64
 #: at 16 rows and 256 would need 64 KiB of shared memory: not built).
 IN_FLIGHT = [(128, 1), (128, 8), (128, 16), (256, 1), (256, 8), (256, 16)]
 
@@ -69,10 +69,10 @@ def main(out: Path) -> None:
                                  "variant": "rows" if limit else "tiled"})
     finally:
         gpu_schedule.ROWS_MAX = rows_max
-    in_flight = gpu_schedule.ROWS_IN_FLIGHT
+    in_flight = gpu_schedule.ROWS_IN_FLIGHT, gpu_schedule.ROWS_WIDE_IN_FLIGHT
     try:
         for flight, m in IN_FLIGHT:
-            gpu_schedule.ROWS_IN_FLIGHT = flight
+            gpu_schedule.ROWS_IN_FLIGHT = gpu_schedule.ROWS_WIDE_IN_FLIGHT = flight
             for dtype in ("float32", "float64") if (flight, m) != (256, 16) else ("float32",):
                 name = f"linear_{m}x4096x4096_{dtype}_cuda_rows{flight}"
                 hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, 4096), dtype),
@@ -80,7 +80,7 @@ def main(out: Path) -> None:
                 rows.append({"name": name, "m": m, "k": 4096, "n": 4096, "dtype": dtype, "device": "cuda",
                              "variant": f"rows, {flight} in flight"})
     finally:
-        gpu_schedule.ROWS_IN_FLIGHT = in_flight
+        gpu_schedule.ROWS_IN_FLIGHT, gpu_schedule.ROWS_WIDE_IN_FLIGHT = in_flight
     chosen = gpu_schedule.linear_tiling
     try:
         for tiling in TILINGS:

@@ -54,11 +54,12 @@ LARGE_TILING = TILINGS[0][0]
 #: 0.26/0.26) (bench/results/2026-11-30-h200-pipelines.md).
 ROWS_MAX = 16
 #: Bytes of x per shared buffer (two) in the rows kernel, and its k's per block per step (their
-#: loads of w in flight together, split among the warps: 4 each of 32, 8 each of 16; 16 rows on
-#: the H200, 4 -> 8: f32 1.18 -> 1.62 of cuBLAS, f64 0.38 -> 0.57; 8 rows with 32 warps, 8 each:
-#: 1.27 -> 1.08, 0.88 -> 0.84).
-ROWS_X_BYTES = 4096
-ROWS_IN_FLIGHT = 128
+#: loads of w in flight together, split among the warps): 128 (4 each of 32 warps), or 256 for
+#: 16 warps where x's two buffers still fit ROWS_X_LIMIT. On the H200 (of cuBLAS): 16 rows, 4 ->
+#: 8 per warp, f32 1.18 -> 1.62, f64 0.38 -> 0.57; 8 rows f32 (32 warps) 1.30 with 128, 1.08 with
+#: 256; 8 rows f64 (16 warps) 0.72 with 128, 1.13 with 256 (bench/results/2026-11-30-h200-pipelines.md).
+ROWS_X_BYTES, ROWS_X_LIMIT = 4096, 32768
+ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
 ELEMENTWISE_BLOCK = 256
 
 
@@ -222,9 +223,11 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     # of 1024 threads would not hold them): many loads in flight for the few blocks (one per 32
     # columns) a product of few rows has
     warps = 32 if m * size <= 32 else 16
-    threads, unroll = 32 * warps, ROWS_IN_FLIGHT // warps
-    chunk = max(ROWS_X_BYTES // (padded * size), threads // padded, ROWS_IN_FLIGHT)  # k's per buffer
-    assert chunk % ROWS_IN_FLIGHT == 0 and chunk * padded % threads == 0
+    in_flight = ROWS_WIDE_IN_FLIGHT if warps == 16 and 2 * ROWS_WIDE_IN_FLIGHT * padded * size <= ROWS_X_LIMIT \
+        else ROWS_IN_FLIGHT
+    threads, unroll = 32 * warps, in_flight // warps
+    chunk = max(ROWS_X_BYTES // (padded * size), threads // padded, in_flight)  # k's per buffer
+    assert chunk % in_flight == 0 and chunk * padded % threads == 0
     ht.set_variant("rows")
     columns, depth, rows = ht.index(n), ht.index(k_extent), ht.index(m)
     with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
@@ -238,7 +241,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
 
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
                 # `unroll` k's per warp per step, their loads of w issued before any arithmetic
-                with ht.loop(0, chunk // ROWS_IN_FLIGHT, "serial") as step:
+                with ht.loop(0, chunk // in_flight, "serial") as step:
                     cs = [_plus(_times(_plus(_times(step, unroll), ht.index(u)), warps), warp)
                           for u in range(unroll)]
                     b = [_guarded_load(w, _plus(k0, c), column, depth, columns) for c in cs]
