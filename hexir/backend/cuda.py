@@ -71,8 +71,9 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
         try:
             manager.run(copy.operation)
-        except ir.MLIRError as error:
-            raise CompileError(f"cuda code generation failed for {', '.join(archs)} ({format_}):\n{error}") from None
+        except ir.MLIRError as error:  # the diagnostics, not their notes (which print the whole module)
+            reasons = "\n".join(d.message for d in error.error_diagnostics) or str(error)
+            raise CompileError(f"cuda code generation failed for {', '.join(archs)} ({format_}):\n{reasons}") from None
         binary = next(op for op in copy.body.operations if op.operation.name == "gpu.binary")
         objects = {}
         for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"]), strict=True):

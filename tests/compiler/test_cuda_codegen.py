@@ -713,3 +713,14 @@ def test_a_linear_with_no_rows_runs(build):
     path = build("linear", "float32", 0, 4, 3)
     x, w = np.ones((0, 4), np.float32), np.ones((4, 3), np.float32)
     assert hexir_runtime.load(path, device="cpu").main(x, w).shape == (0, 3)
+
+
+def test_a_ptxas_failure_is_a_short_compile_error_naming_the_kernel(monkeypatch):
+    """A schedule past the hardware's limits (here a DMMA tile whose shared buffers exceed the
+    48 KiB a launch gets) fails in ptxas: the error carries ptxas's log, not the whole module."""
+    monkeypatch.setattr(gpu_schedule, "DMMA_TILINGS", (((128, 128, 16, 2, 4), 0),))
+    f = hexir.jit(lambda x, w: hexir.linear(x, w), placement="hexir.linear=cuda", target="cpu:host,cuda:sm_90",
+                  cache=False)
+    with pytest.raises(hexir.CompileError, match=r"(?s)ptxas.*'linear_0' uses too much shared data") as error:
+        f.compile(hexir.TensorSpec((256, 256), "float64"), hexir.TensorSpec((256, 256), "float64"))
+    assert len(str(error.value)) < 1000 and "llvm.func" not in str(error.value)
