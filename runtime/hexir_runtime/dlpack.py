@@ -19,12 +19,14 @@ of DLPack >= 0.6 speaks them.
 from __future__ import annotations
 
 import ctypes
-import struct
 import math
+import struct
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .errors import InputError
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3  # DLDeviceType
 FLOAT = 2  # DLDataTypeCode kDLFloat
@@ -112,12 +114,20 @@ _DLTENSOR = struct.Struct("<QiiiBBHQQQ")
 _DTYPES = {(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}
 
 
+#: More dimensions than a producer's tensor can sensibly have: its DLTensor is refused as corrupt.
+MAX_NDIM = 64
+
+
 def unpack(capsule: Any) -> DeviceTensor:
-    """The DLTensor of a (legacy) DLPack capsule, which is marked consumed."""
+    """The DLTensor of a (legacy) DLPack capsule, which is marked consumed; InputError (the
+    capsule left to its producer) if its dimension count is impossible."""
     address = _api.PyCapsule_GetPointer(capsule, b"dltensor")
-    _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its destructor must not free it
     data, device_type, device_id, ndim, code, bits, lanes, shape_at, strides_at, offset = \
         _DLTENSOR.unpack(ctypes.string_at(address, _DLTENSOR.size))
+    if not 0 <= ndim <= MAX_NDIM or (ndim and not shape_at):
+        raise InputError(f"a DLPack tensor with ndim {ndim} and shape at {shape_at:#x}: not a tensor this "
+                         "runtime can read (a bug in its producer)")
+    _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its destructor must not free it
     shape = struct.unpack(f"<{ndim}q", ctypes.string_at(shape_at, 8 * ndim)) if ndim else ()
     strides = struct.unpack(f"<{ndim}q", ctypes.string_at(strides_at, 8 * ndim)) if ndim and strides_at else None
     dtype = _DTYPES.get((code, bits)) if lanes == 1 else None

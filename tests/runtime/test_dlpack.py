@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hexir_runtime import InputError
-from hexir_runtime.dlpack import CPU, DLPackArray, describe, tensor_of, unpack
+from hexir_runtime.dlpack import CPU, MAX_NDIM, DLPackArray, describe, tensor_of, unpack
 
 
 def test_unpack_reads_numpys_capsules():
@@ -76,6 +76,21 @@ def test_our_capsules_read_back_and_ready_gets_the_consumers_stream():
     assert streams == [7]
     assert array.__dlpack_device__() == (2, 0) and array.nbytes == 240 and array.ndim == 2
     assert "float64[5, 6]" in repr(array)
+
+
+@pytest.mark.parametrize("ndim", [-1, MAX_NDIM + 1, 2**31 - 1])
+def test_a_capsule_with_an_impossible_ndim_is_an_input_error_and_stays_its_producers(ndim):
+    """A corrupt DLTensor (a producer's bug) is refused before anything is read through its
+    shape pointer; the capsule is not marked consumed, so its producer still frees it."""
+    freed: list[int] = []
+    array = DLPackArray(4096, (5, 6), np.float64, (2, 0), free=freed.append)
+    capsule = array.__dlpack__()
+    array._exports[-1].dl_tensor.ndim = ndim
+    with pytest.raises(InputError, match=rf"a DLPack tensor with ndim {ndim} and shape at"):
+        unpack(capsule)
+    del capsule, array
+    gc.collect()
+    assert freed == [4096]  # the capsule's destructor ran the deleter, which let the array go
 
 
 def test_copies_and_other_devices_are_refused():
