@@ -15,6 +15,7 @@ import math
 import platform
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -405,3 +406,24 @@ def fresh_notices(monkeypatch):
     import hexir_runtime.module
 
     monkeypatch.setattr(hexir_runtime.module, "_notices", set())
+
+
+@pytest.fixture
+def concurrently() -> Callable[..., list[tuple[int, BaseException]]]:
+    """`concurrently(work, threads=8)`: work(seed) on `threads` threads at once, seeds 0, 1, ...;
+    the (seed, error) of each thread that raised."""
+    def run(work: Callable[[int], None], threads: int = 8) -> list[tuple[int, BaseException]]:
+        failures: list[tuple[int, BaseException]] = []
+
+        def guarded(seed: int) -> None:
+            try:
+                work(seed)
+            except Exception as error:  # noqa: BLE001 - returned, with the thread's seed
+                failures.append((seed, error))
+        started = [threading.Thread(target=guarded, args=(seed,)) for seed in range(threads)]
+        for thread in started:
+            thread.start()
+        for thread in started:
+            thread.join()
+        return failures
+    return run

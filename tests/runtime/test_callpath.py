@@ -3,7 +3,6 @@ host arguments, outputs="device" on a cpu module, and 8 threads calling one modu
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -149,25 +148,16 @@ def test_outputs_must_be_host_or_device(batched):
         batched.main(np.ones((1, 8), np.float32), outputs="gpu")
 
 
-def test_concurrent_calls_from_8_threads_with_changing_sizes(batched, modules):
-    failures: list[Any] = []
+def test_concurrent_calls_from_8_threads_with_changing_sizes(batched, modules, concurrently):
     rng = np.random.default_rng(3)
     inputs = [rng.standard_normal((1 + i % 700, 8)).astype(np.float32) for i in range(64)]
     wanted = [expected(modules, x) for x in inputs]
 
     def work(seed: int) -> None:
-        try:
-            for i in range(200):
-                k = (seed * 7 + i) % len(inputs)
-                out = np.empty_like(wanted[k]) if i % 3 == 0 else None
-                y = batched.main(inputs[k], out=out)
-                np.testing.assert_allclose(y, wanted[k], rtol=1e-5, atol=1e-5)
-        except Exception as error:  # noqa: BLE001 - reported below, with the thread's seed
-            failures.append((seed, error))
+        for i in range(200):
+            k = (seed * 7 + i) % len(inputs)
+            out = np.empty_like(wanted[k]) if i % 3 == 0 else None
+            y = batched.main(inputs[k], out=out)
+            np.testing.assert_allclose(y, wanted[k], rtol=1e-5, atol=1e-5)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    assert concurrently(work) == []

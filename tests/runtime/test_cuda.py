@@ -37,7 +37,6 @@ from typing import Any
 import hexir_runtime
 import hexir_runtime.cuda
 import hexir_runtime.module
-from hexir_runtime.executor import DIRECT_BYTES
 import numpy as np
 import pytest
 from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
@@ -45,6 +44,7 @@ from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.cuda import SPARE_OUTPUTS, CudaDevice, pick_image
 from hexir_runtime.device import HostMemory
+from hexir_runtime.executor import DIRECT_BYTES
 
 # ---- the fake driver ----------------------------------------------------------------------
 
@@ -1314,24 +1314,15 @@ def test_a_wrong_cuda_tensor_is_an_input_error_naming_it(module_file, fake, make
     assert fake.launches == []
 
 
-def test_concurrent_calls_from_8_threads_on_the_fake_gpu(symbolic_relu, fake, request):
+def test_concurrent_calls_from_8_threads_on_the_fake_gpu(symbolic_relu, fake, request, concurrently):
     module = load(symbolic_relu, "cuda")
     request.addfinalizer(module.close)
-    failures: list[Any] = []
 
     def work(seed: int) -> None:
-        try:
-            for i in range(20):
-                x = x_of((1 + (seed + i) % 6, 3), seed=seed * 100 + i)
-                y = module.main(x) if i % 2 else module.main(CudaTensor(fake, x))
-                np.testing.assert_array_equal(y, np.maximum(x, 0))
-        except Exception as error:  # noqa: BLE001 - reported below, with the thread's seed
-            failures.append((seed, error))
+        for i in range(20):
+            x = x_of((1 + (seed + i) % 6, 3), seed=seed * 100 + i)
+            y = module.main(x) if i % 2 else module.main(CudaTensor(fake, x))
+            np.testing.assert_array_equal(y, np.maximum(x, 0))
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    assert concurrently(work) == []
     assert len(fake.launches) == 160
