@@ -17,8 +17,10 @@ SHAPES = [(8, 8, 4), (16, 8, 4), (16, 8, 8), (16, 8, 16)]
 
 def source(m: int, n: int, k: int, chains: int) -> str:
     na, nb, nc = m * k // 32, k * n // 32, m * n // 32
-    regs = lambda base, count, start: ", ".join(f"%{start + i}" for i in range(count))
-    operands = f"{{{regs(0, nc, 0)}}}, {{{regs(0, na, nc)}}}, {{{regs(0, nb, nc + na)}}}, {{{regs(0, nc, 0)}}}"
+
+    def regs(count: int, start: int) -> str:
+        return ", ".join(f"%{start + i}" for i in range(count))
+    operands = f"{{{regs(nc, 0)}}}, {{{regs(na, nc)}}}, {{{regs(nb, nc + na)}}}, {{{regs(nc, 0)}}}"
     asm = (f'asm volatile("mma.sync.aligned.m{m}n{n}k{k}.row.col.f64.f64.f64.f64 {operands};" : '
            + ", ".join(f'"+d"(c[CH][{i}])' for i in range(nc)) + " : "
            + ", ".join([f'"d"(a[{i}])' for i in range(na)] + [f'"d"(b[{i}])' for i in range(nb)]) + ");")
@@ -50,7 +52,8 @@ extern "C" __global__ void spin(double* out, int iterations) {{
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "SMs", cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"])
+    properties = cp.cuda.runtime.getDeviceProperties(0)
+    print(properties["name"].decode(), "SMs", properties["multiProcessorCount"])
     for m, n, k in SHAPES:
         module = cp.RawModule(code=source(m, n, k, 8), options=("-arch=sm_90",))
         a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))

@@ -52,7 +52,7 @@ def main(out: Path) -> None:
                 hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), "float64"),
                              hexir.TensorSpec((k, n), "float64"), placement={"hexir.linear": "cuda"})
                 rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": "float64", "device": "cuda",
-                             "symbolic": symbolic, "variant": f"d{tiling[0]}x{tiling[1]}s{tiling[2]}w{tiling[3]}x{tiling[4]}"})
+                             "symbolic": symbolic, "variant": "d{}x{}s{}w{}x{}".format(*tiling)})
     finally:
         gpu_schedule.dmma_tiling = chosen_dmma
     rows_max = gpu_schedule.ROWS_MAX

@@ -417,7 +417,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 # C: rows group [+ 8], columns 2 in_group + (0, 1)
                 row = _plus(row0, _plus(warp_row, _plus(ht.index(mma_m * i + 8 * (h // 2)), group)))
                 column = _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
-                _store(lambda at=list(map(ht.index, (i, j, h))): ht.load(sums, at), out, (row, column),
+                _store(lambda at=(i, j, h): ht.load(sums, list(map(ht.index, at))), out, (row, column),
                        (rows, columns), bias, request)
     return ht.Launch(grid, (threads, 1, 1))
 
@@ -427,7 +427,9 @@ def _mma_f64(m: int, a: list[ir.Value], b: ir.Value, c: list[ir.Value]) -> ir.Va
     NVVM's mma op knows only m8n8k4 for f64), as a struct of the thread's C values."""
     operands = [*a, b, *c]  # after the outputs $0.., in the order the text names them
     count = len(c)
-    places = lambda first, n: ", ".join(f"${i}" for i in range(first, first + n))
+
+    def places(first: int, n: int) -> str:
+        return ", ".join(f"${i}" for i in range(first, first + n))
     text = (f"mma.sync.aligned.m{m}n8k4.row.col.f64.f64.f64.f64 {{{places(0, count)}}}, "
             f"{{{places(count, len(a))}}}, {{${count + len(a)}}}, {{{places(count + len(a) + 1, count)}}};")
     result = ir.Type.parse("!llvm.struct<(" + ", ".join(["f64"] * count) + ")>")
