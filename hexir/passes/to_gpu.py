@@ -6,7 +6,10 @@ Output: the module marked `gpu.container_module`, holding `gpu.module @hexir_cud
 replaced by `gpu.block_id` / `gpu.thread_id` (the schedule's launch record, `hextir.launch`,
 already says how many of each the launch has: the loop's trip count, whether constant or an
 expression of a size argument); shared `hextir.alloc_local` buffers become workgroup
-attributions and `hextir.barrier` a `gpu.barrier`. The kernel takes exactly the arguments of
+attributions (static shared memory, 16-byte aligned) or, past the 48 KiB a block gets without
+opting in, views of its dynamic shared memory (`gpu.dynamic_shared_memory` + `memref.view`, the
+bytes written into the launch record, which the runtime opts the kernel into at load); and
+`hextir.barrier` a `gpu.barrier`. The kernel takes exactly the arguments of
 the kernel function, no more (so the runtime launches it with those pointers and sizes):
 nothing is captured from outside, unlike `gpu-kernel-outlining`.
 
@@ -28,13 +31,23 @@ nothing is captured from outside, unlike `gpu-kernel-outlining`.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import gpu
+from mlir.dialects import arith, gpu, memref
 
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.passes.common import walk
 
 _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
+#: The shared memory a block gets without opting in (the rest is dynamic, asked for at launch).
+STATIC_SHARED_BYTES = 48 * 1024
+
+
+def _bytes(type_: ir.Type) -> int:
+    shaped = ir.MemRefType(type_)
+    count = 1
+    for extent in shaped.shape:
+        count *= extent
+    return count * ir.FloatType(shaped.element_type).width // 8
 
 
 def cuda_kernels_to_gpu(module: ir.Module) -> None:
@@ -63,19 +76,34 @@ def _outline(kernel: ir.Operation) -> None:
         if attribute in kernel.attributes:
             function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the
-    # kernel's own, counted by `workgroup_attributions`.
-    block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in shared))
+    # kernel's own, counted by `workgroup_attributions` (static shared memory, at most
+    # STATIC_SHARED_BYTES); more than that become views of the block's dynamic shared memory,
+    # whose size the launch record then asks for.
+    offsets = [0]
+    for op in shared:  # 16-byte aligned, for the 128-bit loads the schedules read them with
+        offsets.append(offsets[-1] + -(-_bytes(op.result.type) // 16) * 16)
+    dynamic = offsets[-1] > STATIC_SHARED_BYTES
+    attributions = [] if dynamic else shared
+    block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in attributions))
     function.operation.attributes["workgroup_attributions"] = ir.IntegerAttr.get(
-        ir.IntegerType.get_signless(64), len(shared))
-    if shared:  # 16-byte aligned, for the 128-bit loads the schedules read them with
+        ir.IntegerType.get_signless(64), len(attributions))
+    if attributions:
         function.operation.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get(
-            [ir.Attribute.parse("{llvm.align = 16 : i64}")] * len(shared))
+            [ir.Attribute.parse("{llvm.align = 16 : i64}")] * len(attributions))
     with ir.InsertionPoint(block):
+        if dynamic:
+            base = gpu.DynamicSharedMemoryOp(ir.MemRefType.get(
+                [ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8),
+                memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))).result
+            views = [memref.ViewOp(op.result.type, base, arith.ConstantOp(ir.IndexType.get(), at).result, []).result
+                     for op, at in zip(shared, offsets[:-1], strict=True)]
+            record = ht.record_of(function.operation)
+            ht.set_record(function.operation, ht.Launch(record.grid, record.block, offsets[-1]))
         terminator = gpu.ReturnOp([])
     for old, new in zip(old_block.arguments, block.arguments[:len(arg_types)], strict=True):
         old.replace_all_uses_with(new)
-    for op, attribution in zip(shared, list(block.arguments)[len(arg_types):], strict=True):
-        op.result.replace_all_uses_with(attribution)
+    for op, buffer in zip(shared, views if dynamic else list(block.arguments)[len(arg_types):], strict=True):
+        op.result.replace_all_uses_with(buffer)
         op.erase()
     for op in walk(kernel, "hextir.barrier"):
         with ir.InsertionPoint(op), op.location:

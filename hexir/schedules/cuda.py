@@ -175,11 +175,12 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
 #: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen. On the
-#: H200 (of cuBLAS): 128x64 0.74/0.71 at 2048^3/4096^3 where 64x64 gives 0.74/0.68; at 1024^3
+#: H200 (of cuBLAS): 128x64 with 16-deep slices (58 KiB of shared memory: dynamic, see to_gpu)
+#: 0.79/0.77 at 2048^3/4096^3, 8-deep 0.70/0.70, 128x128 0.71/0.70, 64x64 0.74/0.68; at 1024^3
 #: 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35 (64x64: 1.03), 256x1024x1024 0.88
 #: (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87 (64x32 0.80, 64x64 0.65)
 #: (bench/results/2026-11-30-h200-pipelines.md).
-DMMA_TILINGS = (((128, 64, 8, 2, 2), 264), ((64, 64, 16, 2, 2), 256), ((64, 32, 16, 2, 2), 128),
+DMMA_TILINGS = (((128, 64, 16, 2, 2), 264), ((64, 64, 16, 2, 2), 256), ((64, 32, 16, 2, 2), 128),
                 ((32, 32, 16, 2, 2), 0))
 
 
