@@ -303,6 +303,12 @@ class CudaProgram:
         check(self.driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         self.staged = False
 
+    def wait_for(self, stream: int) -> None:
+        """Order the module's stream after the work queued so far on `stream` (a caller's)."""
+        self.device.make_current()
+        check(self.driver.cuEventRecord(self.event, stream), "cuEventRecord")
+        check(self.driver.cuStreamWaitEvent(self.stream, self.event, 0), "cuStreamWaitEvent")
+
     def output(self, shape: tuple[int, ...], dtype: Any) -> DLPackArray:
         """Device memory for one output of one call, owned by the returned array until it and
         every tensor taken from it are gone; then kept for a later call's output of the same

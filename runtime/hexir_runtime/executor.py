@@ -118,6 +118,8 @@ class Executor:
         # (DLPack's 1), which our streams wait for by themselves (they are blocking streams), and
         # where torch works by default, so that it needs no event either.
         self.stream = 1 if self.gpus else None
+        # How a caller's CUDA tensor written on another stream is waited for (the first GPU's stream).
+        self.wait = self.gpus[0].wait_for if self.gpus else None
         self.views: list[Any] = [None] * len(entry.buffers)  # each buffer, with the last plan's shape
         # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements, owner].
         self.allocations: dict[int, list[Any]] = {}

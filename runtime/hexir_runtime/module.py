@@ -224,7 +224,13 @@ def _arguments(entry: str, arrays: tuple[Any, ...], executor: Executor) -> Seque
             if isinstance(array, np.generic) or not hasattr(array, "__dlpack__"):
                 raise InputError(f"{entry}(): argument {name!r} expects a numpy array {expected}, "
                                  f"got {type(array).__name__}")
-            array = result[index] = dlpack.tensor_of(array, executor.stream)
+            try:
+                array = result[index] = dlpack.tensor_of(array, executor.stream, executor.wait)
+            except InputError as error:
+                raise InputError(f"{entry}(): argument {name!r}: {error}") from None
+            except Exception as error:  # noqa: BLE001 - the producer refused to lend it
+                raise InputError(f"{entry}(): argument {name!r}: the {type(array).__name__} cannot be read "
+                                 f"({type(error).__name__}: {error})") from None
             if isinstance(array, dlpack.DeviceTensor):
                 _check_device_tensor(entry, name, expected, dtype, array, index, executor)
                 continue

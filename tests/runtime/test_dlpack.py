@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hexir_runtime import InputError
-from hexir_runtime.dlpack import CPU, MAX_NDIM, DLPackArray, describe, tensor_of, unpack
+from hexir_runtime.dlpack import CPU, CUDA, MAX_NDIM, DLPackArray, describe, tensor_of, unpack
 
 
 def test_unpack_reads_numpys_capsules():
@@ -116,6 +116,47 @@ def test_tensor_of_gives_host_tensors_as_numpy_arrays():
     assert isinstance(taken, np.ndarray) and np.shares_memory(taken, array)
 
 
+class Interfaced:
+    """A CUDA tensor as torch and cupy lend it: `__dlpack_device__` and `__cuda_array_interface__`."""
+
+    def __init__(self, interface, device=(CUDA, 0)):
+        self.__cuda_array_interface__, self.device = interface, device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None, **keys):
+        raise AssertionError("read through __cuda_array_interface__, never DLPack")
+
+
+def test_tensor_of_reads_the_cuda_array_interface_and_waits_for_the_producers_stream():
+    waited: list[int] = []
+    face = {"shape": (3, 5), "typestr": "<f4", "data": (1 << 32, False), "version": 2, "strides": None}
+    tensor = tensor_of(Interfaced(face, (CUDA, 1)), 1, waited.append)
+    assert (tensor.pointer, tensor.shape, tensor.dtype, tensor.device) == (1 << 32, (3, 5), np.float32, (CUDA, 1))
+    assert tensor.contiguous and tensor.nbytes == 60 and waited == []  # no stream: nothing to wait for
+    tensor_of(Interfaced({**face, "version": 3, "stream": 1}), 1, waited.append)
+    assert waited == []  # the legacy default stream: ours is ordered after it by itself
+    tensor_of(Interfaced({**face, "version": 3, "stream": 0x7F00}), 1, waited.append)
+    assert waited == [0x7F00]
+    view = tensor_of(Interfaced({**face, "strides": (4, 12)}), 1, waited.append)
+    assert view.strides == (1, 3) and not view.contiguous  # bytes -> elements
+    odd = tensor_of(Interfaced({**face, "strides": (22, 4)}), 1, waited.append)
+    assert not odd.contiguous  # 5.5 elements apart: never C order
+    assert describe(tensor_of(Interfaced({**face, "typestr": "<i4"}), 1, waited.append)) == "int32[3, 5] on cuda:0"
+    assert describe(tensor_of(Interfaced({**face, "typestr": ">f4"}), 1, waited.append)) == ">f4[3, 5] on cuda:0"
+
+
+@pytest.mark.parametrize("broken", [
+    {"shape": (3, -1)}, {"shape": None}, {"data": None}, {"data": ("0x10", False)}, {"typestr": "not a type"},
+    {"strides": (4,)}, {"mask": object()}, {"shape": (1,) * (MAX_NDIM + 1)},
+])
+def test_a_cuda_array_interface_that_is_not_one_is_an_input_error(broken):
+    face = {"shape": (3, 5), "typestr": "<f4", "data": (4096, False), "version": 2, **broken}
+    with pytest.raises(InputError, match="Interfaced"):
+        tensor_of(Interfaced(face), 1, lambda stream: None)
+
+
 # ---- on a real GPU, with torch (and cupy if installed): skipped elsewhere ---------------------------
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -155,6 +196,24 @@ def test_torch_cuda_tensors_in_and_out_without_copies(gpu_modules):
         module.main(torch.randn(784, 64, device="cuda").T)
     with pytest.raises(InputError, match=r"expects float32\[64, 784\] on cuda:0, got float64"):
         module.main(torch.randn(64, 784, device="cuda", dtype=torch.float64))
+    with pytest.raises(InputError, match=r"argument 'x': the Tensor cannot be read \(RuntimeError: .*grad"):
+        module.main(torch.randn(64, 784, device="cuda", requires_grad=True))
+
+
+def test_a_tensor_written_on_another_stream_is_waited_for(gpu_modules):
+    """cupy names its current stream in __cuda_array_interface__: our stream waits for it."""
+    cupy = pytest.importorskip("cupy")
+    from hexir_runtime import load
+
+    module = load(gpu_modules / "mlp_64x784x512x10_float32_cuda.hxb", "cuda")
+    with cupy.cuda.Stream(non_blocking=True):
+        for trial in range(20):  # a long kernel on the side stream, then the input written after it
+            x = cupy.zeros((64, 784), cupy.float32)
+            cupy.matmul(cupy.ones((2048, 2048), cupy.float32), cupy.ones((2048, 2048), cupy.float32))
+            x += trial
+            y = cupy.from_dlpack(module.main(x, outputs="device"))
+            np.testing.assert_allclose(cupy.asnumpy(y), module.main(np.full((64, 784), trial, np.float32)),
+                                       rtol=1e-5)
 
 
 def test_cupy_takes_device_outputs_too(gpu_modules):
