@@ -11,8 +11,10 @@ decision is written in the IR, not implied by which pass ran:
     } {hextir.schedule = #hextir.loop<"parallel", "">}
 
 Schedules: kind `serial` | `parallel` | `unrolled`, and bind "" (no binding: on the cpu a
-`parallel` outermost loop is split across host threads) or `blockIdx.{x,y,z}` /
-`threadIdx.{x,y,z}` (the loop *is* that GPU index). `hextir.alloc_local` makes a
+`parallel` outermost loop is split across host threads), `chunk` (a cpu `parallel` loop whose
+body runs once per thread's chunk of it: its induction variable is the chunk's first iteration,
+`hextir.chunk_end` its end; a 1-row product then streams one thread's whole column range) or
+`blockIdx.{x,y,z}` / `threadIdx.{x,y,z}` (the loop *is* that GPU index). `hextir.alloc_local` makes a
 kernel-local buffer (`space` "private" or "shared" by a GPU block), `hextir.barrier`
 synchronizes a GPU block.
 
@@ -35,7 +37,7 @@ from hexir import sizes
 from hexir.dialects.irdl_text import one_of
 
 LOOP_KINDS = ("serial", "parallel", "unrolled")
-BINDINGS = ("", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+BINDINGS = ("", "chunk", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
 IRDL = f"""
@@ -64,6 +66,10 @@ irdl.dialect @hextir {{
     irdl.operands(value: %value, buffer: %buffer, indices: variadic %index)
   }}
   irdl.operation @barrier {{
+  }}
+  irdl.operation @chunk_end {{
+    %end = irdl.is index
+    irdl.results(end: %end)
   }}
   irdl.operation @alloc_local {{
     %buffer = irdl.base "!builtin.memref"
@@ -167,6 +173,11 @@ def alloc_local(shape: Sequence[int], element: ir.Type, space: str = "private") 
                              results=[ir.MemRefType.get(list(shape), element, memory_space=memory_space)],
                              attributes={"space": ir.StringAttr.get(space)})
     return op.result
+
+
+def chunk_end() -> ir.Value:
+    """In a cpu `parallel` loop bound to `chunk`: the end of the chunk the body runs for."""
+    return ir.Operation.create("hextir.chunk_end", results=[ir.IndexType.get()]).result
 
 
 def barrier() -> None:

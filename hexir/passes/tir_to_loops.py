@@ -9,7 +9,8 @@ to the kernels' signatures that make the .hxb calling convention (bare pointers,
   (`memref.reinterpret_cast`), since a bare pointer carries no sizes;
 - a cpu kernel's outermost `parallel` loop becomes the kernel's work range: two trailing
   `index` arguments `first`, `last` replace its bounds, so the runtime can hand `[first, last)`
-  slices of it to host threads.
+  slices of it to host threads. A loop bound to `chunk` steps by `last - first` (its body runs
+  once) and its `hextir.chunk_end` is `last`.
 
 Schedules of cuda kernels stay, with their shared buffers and barriers: `to_gpu` turns those
 into GPU indices, workgroup memory and `gpu.barrier`.
@@ -25,7 +26,7 @@ into GPU indices, workgroup memory and `gpu.barrier`.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import memref
+from mlir.dialects import arith, memref
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
@@ -82,7 +83,7 @@ def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
 def _add_work_range(kernel: ir.Operation) -> None:
     block = kernel.regions[0].blocks[0]
     outer = [op for op in block.operations
-             if op.name == "scf.for" and ht.schedule_of(op) == ("parallel", "")]
+             if op.name == "scf.for" and ht.schedule_of(op) in (("parallel", ""), ("parallel", "chunk"))]
     if len(outer) != 1:
         raise CompileError(f"cpu kernel {ht.name_of(kernel)} needs exactly one outermost parallel loop, "
                            f"found {len(outer)}")
@@ -92,6 +93,15 @@ def _add_work_range(kernel: ir.Operation) -> None:
     last = block.add_argument(index, kernel.location)
     loop.operands[0] = first
     loop.operands[1] = last
+    ends = walk(kernel, "hextir.chunk_end")
+    if ht.schedule_of(loop)[1] == "chunk":  # the body once, for the whole [first, last)
+        with ir.InsertionPoint(loop), loop.location:
+            loop.operands[2] = arith.MaxUIOp(arith.SubIOp(last, first).result, ht.index(1)).result
+        for op in ends:
+            op.result.replace_all_uses_with(last)
+            op.erase()
+    elif ends:
+        raise CompileError(f"cpu kernel {ht.name_of(kernel)} uses hextir.chunk_end outside a chunk loop")
     _set_signature(kernel)
     for op in walk(kernel, "scf.for"):
         if ht.SCHEDULE in op.attributes:

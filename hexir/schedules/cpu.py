@@ -19,6 +19,16 @@ broadcast x[i, k] and the row w[k, j:j+NR]), loading nothing else in its k loop.
 The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR fills about
 12 vector registers with sums (16 registers on every level, 32 on AVX-512).
 
+Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel loop is bound to
+`chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time:
+
+    for [first, last) of the column tiles, once    (hextir.chunk_end = last)
+      for kb in [0, ceil(K/KS)) serial
+        for each NR panel of the span (several a call when the rows are few)
+          for each MR rows: sums = bias or 0 or out; += x[rows, kb] @ w[kb, panel]; out = sums
+
+(tile by tile, a 1-row product read each w row 1 KiB at a time, every piece on its own page).
+
 elementwise (relu, ...): the outermost axis parallel, the others serial.
 """
 
@@ -42,6 +52,8 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
+#: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time.
+STREAM_ROWS, KS = 16, 16
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
@@ -88,6 +100,8 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n)
     nc = min(nc, -(-n // nr) * nr)
+    if isinstance(m, int) and m <= STREAM_ROWS:
+        return _stream((x, w, out, bias, request), m, k_extent, n, mr, nr, nc)
     column_tiles = -(-n // nc)
     tiles = sizes.mul(sizes.ceildiv(m, mc), column_tiles)
     rows = ht.size_value(m, symbols)
@@ -116,6 +130,46 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                 _tile(operands, packed, c0, nc, row_span, k_extent, mr, nr)
                 scf.YieldOp([])
     return ht.Work(tiles)
+
+
+def _stream(operands, m: int, k_extent: int, n: int, mr: int, nr: int, nc: int) -> ht.Work:
+    """A product of few rows: each thread's chunk of the column tiles is one span of columns,
+    which it walks KS rows of w at a time, panel by panel (KS contiguous streams of w, each
+    read once), the sums of a panel in registers for the KS rows and in `out` between blocks."""
+    groups = [(r0, mr) for r0 in range(0, m - m % mr, mr)] + ([(m - m % mr, m % mr)] if m % mr else [])
+    per_call = max(1, mr // m) if m else 1  # panels per micro-kernel call: about MR x NR sums
+    k_blocks = -(-k_extent // KS)
+    with ht.loop(0, -(-n // nc), "parallel", "chunk") as first:
+        c0 = arith.MulIOp(first, _i(nc)).result
+        c1 = _min(arith.MulIOp(ht.chunk_end(), _i(nc)).result, _i(n))
+        panels = arith.DivUIOp(arith.SubIOp(c1, c0).result, _i(nr)).result if n >= nr else None
+        with ht.loop(0, k_blocks, "serial") as kb:
+            block = _KBlock(kb, k_blocks, k_extent, KS)
+
+            def columns(p: ir.Value, width: int, count: int = 1) -> list:
+                j0 = arith.AddIOp(c0, arith.MulIOp(p, _i(nr)).result).result
+                return [(arith.AddIOp(j0, _i(i * nr)).result if i else j0, None, width) for i in range(count)]
+
+            if panels is None:  # only the narrow panel below
+                pass
+            elif per_call > 1:  # one group of rows: several panels a call
+                whole = arith.MulIOp(arith.DivUIOp(panels, _i(per_call)).result, _i(per_call)).result
+                with ht.loop(0, arith.DivUIOp(panels, _i(per_call)).result, "serial") as p:
+                    _micro(operands, None, block, _i(0), columns(arith.MulIOp(p, _i(per_call)).result, nr,
+                                                                 per_call), m)
+                with ht.loop(whole, panels, "serial") as p:
+                    _micro(operands, None, block, _i(0), columns(p, nr), m)
+            else:  # each panel's KS x NR slice of w stays in L1 for every group of rows
+                with ht.loop(0, panels, "serial") as p:
+                    for r0, rows in groups:
+                        _micro(operands, None, block, _i(r0), columns(p, nr), rows)
+            if n % nr:  # the narrow last panel, in the chunk that ends at n
+                tail = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, c1, _i(n)).result)
+                with ir.InsertionPoint(tail.then_block):
+                    for r0, rows in groups:
+                        _micro(operands, None, block, _i(r0), [(_i(n - n % nr), None, n % nr)], rows)
+                    scf.YieldOp([])
+    return ht.Work(-(-n // nc))
 
 
 def _packs(m: sizes.Expr, mc: int) -> bool:
@@ -176,9 +230,10 @@ def _pack(w: ir.Value, packed: ir.Value, block, c0: ir.Value, pieces: list[tuple
 class _KBlock:
     """The k block being computed: its range, and whether it is the first or the last."""
 
-    def __init__(self, kb: ir.Value, count: int, k_extent: int):
-        self.k0 = arith.MulIOp(kb, _i(KC)).result
-        self.k1 = _min(arith.AddIOp(self.k0, _i(KC)).result, _i(k_extent))
+    def __init__(self, kb: ir.Value, count: int, k_extent: int, size: int = 0):
+        size = size or KC
+        self.k0 = arith.MulIOp(kb, _i(size)).result
+        self.k1 = _min(arith.AddIOp(self.k0, _i(size)).result, _i(k_extent))
         self.first = arith.CmpIOp(arith.CmpIPredicate.eq, kb, _i(0)).result if count > 1 else None
         self.last = arith.CmpIOp(arith.CmpIPredicate.eq, kb, _i(count - 1)).result if count > 1 else None
 

@@ -32,10 +32,10 @@ func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {
 STAGE_SHOWS = {
     "mlir": (['"hexir.linear"', 'device = "auto"'], ["hexir.call"]),
     "mlir-hetero": (['"hexir.linear"', 'device = "cpu"'], ['"auto"', "hexir.call"]),
-    "mlir-tir": (["hextir.kernel", '#hextir.loop<"parallel", "">', '"hexir.call"',
+    "mlir-tir": (["hextir.kernel", '#hextir.loop<"parallel", "chunk">', '"hextir.chunk_end"', '"hexir.call"',
                   'hextir.work = {extent = "1", grain = 1 : i64}'], ['"hexir.linear"']),
     "mlir-linalg": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'],
-                    ["hextir.load", "hextir.schedule"]),
+                    ["hextir.load", "hextir.schedule", "hextir.chunk_end"]),
     "mlir-gpu": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'], ["hextir.load"]),
     "llvm": (["define void @linear_", "(ptr noalias", "i64"], ["hexir"]),
 }

@@ -112,22 +112,31 @@ def test_linear_schedule_is_parallel_over_output_tiles():
 
 def test_linear_with_bias_starts_each_row_from_the_bias():
     """The sums of a row start as the bias row (bias[j0:j0+width], not zeros), through the k
-    loop as loop-carried vectors, and are stored to out[i, j0:...]."""
+    loop as loop-carried vectors, and are stored to out[i, j0:...]. Three rows stream w: one
+    chunk loop, its end from hextir.chunk_end, the 7 columns a narrow panel of the last chunk."""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
         CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64}}}}
-        CHECK:       vector.store %{{{{.+}}}}, %arg3
-        CHECK:       scf.for %[[I:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 {{
-        CHECK-NEXT:    %[[J:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %c0 : index
-        CHECK-NEXT:    %[[B:[0-9]+]] = vector.load %arg2[%[[J]]] : memref<7xf64>, vector<7xf64>
-        CHECK-NEXT:    %[[S:[0-9]+]] = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[B]]) -> (vector<7xf64>) {{
-        CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[K]], %[[J]]] : memref<5x7xf64>, vector<7xf64>
-        CHECK-NEXT:      %[[XV:[0-9]+]] = "hextir.load"(%arg0, %[[I]], %[[K]]) : (memref<3x5xf64>, index, index) -> f64
-        CHECK-NEXT:      %[[XB:[0-9]+]] = vector.broadcast %[[XV]] : f64 to vector<7xf64>
-        CHECK-NEXT:      %[[F:[0-9]+]] = vector.fma %[[XB]], %[[WV]], %[[ACC]] : vector<7xf64>
-        CHECK-NEXT:      scf.yield %[[F]] : vector<7xf64>
+        CHECK:       %[[END:[0-9]+]] = "hextir.chunk_end"() : () -> index
+        CHECK:       %[[C1:[0-9]+]] = arith.minui %{{{{[0-9]+}}}}, %c7 : index
+        CHECK:       %[[LAST:[0-9]+]] = arith.cmpi eq, %[[C1]], %c7 : index
+        CHECK-NEXT:  scf.if %[[LAST]] {{
+        CHECK-NEXT:    %[[I1:[0-9]+]] = arith.addi %c0, %c1 : index
+        CHECK:         %[[B:[0-9]+]] = vector.load %arg2[%c0] : memref<7xf64>, vector<7xf64>
+        CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[A0:arg[0-9]+]] = %[[B]], %[[A1:arg[0-9]+]] = %[[B]], %{{{{arg[0-9]+}}}} = %[[B]]) -> (vector<7xf64>, vector<7xf64>, vector<7xf64>) {{
+        CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[K]], %c0] : memref<5x7xf64>, vector<7xf64>
+        CHECK-NEXT:      %[[X0:[0-9]+]] = "hextir.load"(%arg0, %c0, %[[K]]) : (memref<3x5xf64>, index, index) -> f64
+        CHECK-NEXT:      %[[X1:[0-9]+]] = "hextir.load"(%arg0, %[[I1]], %[[K]]) : (memref<3x5xf64>, index, index) -> f64
+        CHECK-NEXT:      %{{{{[0-9]+}}}} = "hextir.load"(%arg0, %{{{{[0-9]+}}}}, %[[K]])
+        CHECK-NEXT:      %[[XB:[0-9]+]] = vector.broadcast %[[X0]] : f64 to vector<7xf64>
+        CHECK-NEXT:      %[[F0:[0-9]+]] = vector.fma %[[XB]], %[[WV]], %[[A0]] : vector<7xf64>
+        CHECK-NEXT:      %[[XB1:[0-9]+]] = vector.broadcast %[[X1]] : f64 to vector<7xf64>
+        CHECK-NEXT:      %[[F1:[0-9]+]] = vector.fma %[[XB1]], %[[WV]], %[[A1]] : vector<7xf64>
+        CHECK:           scf.yield %[[F0]], %[[F1]], %{{{{[0-9]+}}}} : vector<7xf64>, vector<7xf64>, vector<7xf64>
         CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
-        CHECK-NEXT:    vector.store %[[S]], %arg3[%[[I]], %[[J]]] : memref<3x7xf64>, vector<7xf64>
+        CHECK-NEXT:    vector.store %[[S]]#0, %arg3[%c0, %c0] : memref<3x7xf64>, vector<7xf64>
+        CHECK-NEXT:    vector.store %[[S]]#1, %arg3[%[[I1]], %c0] : memref<3x7xf64>, vector<7xf64>
+        CHECK:       }} {{hextir.schedule = #hextir.loop<"parallel", "chunk">}}
         CHECK:       func.func public @[[RELU:relu_[0-9]+]](%arg0: memref<3x7xf64>, %arg1: memref<3x7xf64>)
         CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "relu">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "3", grain = 1 : i64}}}}
         CHECK-LABEL: func.func @main
@@ -188,14 +197,31 @@ def test_kernels_are_numbered_in_program_order():
 # ---- tir-to-loops ----------------------------------------------------------------------
 
 def test_loops_use_memref_and_take_a_work_range():
-    filecheck(lower(LINEAR, "mlir-linalg"), f"""
-        CHECK:       func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
-        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(2, 4, "float32")}", grain = 1 : i64}}}}
+    """A tiled linear's parallel loop runs [first, last) of its tiles, one at a time."""
+    filecheck(lower(LINEAR_OF_M.format(m=20), "mlir-linalg"), f"""
+        CHECK:       func.func public @linear_0(%arg0: memref<20x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<20x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
+        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(20, 4, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
         CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c48 : index
-        CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<2x8xf32>
+        CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<20x8xf32>
         CHECK:         vector.fma
-        CHECK:         vector.store %{{{{.+}}}}, %arg2[%{{{{.+}}}}, %{{{{.+}}}}] : memref<2x4xf32>, vector<4xf32>
+        CHECK:         vector.store %{{{{.+}}}}, %arg2[%{{{{.+}}}}, %{{{{.+}}}}] : memref<20x4xf32>, vector<4xf32>
+        CHECK-LABEL: func.func @main
+    """)
+
+
+def test_a_chunk_loop_runs_its_body_once_for_the_whole_range():
+    """Few rows stream w: the parallel loop steps by last - first (at least 1), and the body's
+    chunk end is `last`."""
+    filecheck(lower(LINEAR, "mlir-linalg"), f"""
+        CHECK:       func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
+        CHECK-SAME:      hextir.work = {{extent = "{cpu_linear_tiles(2, 4, "float32")}", grain = 1 : i64}}
+        CHECK:       %[[N:.+]] = arith.subi %[[LAST]], %[[FIRST]] : index
+        CHECK:       %[[STEP:.+]] = arith.maxui %[[N]], %c1{{{{.*}}}} : index
+        CHECK-NEXT:  scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %[[STEP]] {{
+        CHECK:         arith.muli %[[LAST]], %c
+        CHECK:         vector.fma
+        CHECK-NOT:   hextir.chunk_end
         CHECK-LABEL: func.func @main
     """)
 
@@ -209,7 +235,7 @@ def test_loops_leave_no_hextir_ops_or_schedules_in_cpu_kernels():
     """)
 
 
-@pytest.mark.parametrize("m", [1, 3, CPU_TILE_ROWS - 1, CPU_TILE_ROWS, CPU_TILE_ROWS + 1, 2 * CPU_TILE_ROWS, 137])
+@pytest.mark.parametrize("m", [17, CPU_TILE_ROWS - 1, CPU_TILE_ROWS, CPU_TILE_ROWS + 1, 2 * CPU_TILE_ROWS, 137])
 def test_linear_work_items_are_the_output_tiles(m):
     filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-linalg"), f"""
         CHECK:      func.func public @linear_0(%arg0: memref<{m}x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<{m}x4xf32>, %arg3: index, %arg4: index)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import hexir
 from hexir.driver import Options, compile_module
+from hexir.schedules import cpu as cpu_schedule
 from hexir.target import parse_target
 
 from .conftest import cpu_linear_tiles, manifest
@@ -75,4 +76,37 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     tolerance = {"float32": 1e-5, "float64": 1e-12}[dtype]
     actual = hexir_runtime.load(data, device=CpuDevice(threads=3, split_bytes=0)).main(x)
     assert actual.dtype == np.dtype(dtype) and actual.shape == (m, n)
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance * np.sqrt(k))
+
+
+def _edges(*sizes: int) -> list[int]:
+    return sorted({size + d for size in sizes for d in (-1, 0, 1) if size + d >= 1})
+
+
+# Every size where a cpu linear's loops change shape: its micro-kernel's rows (MR 4 or 6) and
+# columns (NR 4 to 32), the streamed products' row limit and k block, the tiles' rows (48, 96)
+# and k block (256), a tile's columns (1 KiB: 128 or 256), and primes in between.
+M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 48, 96) + [29, 53]
+K_EDGES = _edges(1, cpu_schedule.KS, 2 * cpu_schedule.KS, cpu_schedule.KC) + [37, 131]
+N_EDGES = _edges(1, 4, 8, 16, 32, 128, 256, 512) + [61, 389]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(m=st.sampled_from(M_EDGES), k=st.sampled_from(K_EDGES), n=st.sampled_from(N_EDGES),
+       dtype=st.sampled_from(["float32", "float64"]), bias=st.booleans(), threads=st.integers(1, 5))
+@example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3)   # one row: chunks of several tiles
+@example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2)  # the most streamed rows, KS + 1
+@example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4)  # the fewest tiled rows
+def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads):
+    """The cpu linear (streamed or tiled, packed or not) on shapes at and around every tile
+    size, each launch split in chunks over `threads` threads, against numpy."""
+    rng = np.random.default_rng(m * 1_000_000 + k * 1000 + n)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+    data = compile_module(hexir.jit(lambda x: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype)),
+                          Options(target=parse_target("cpu:host")))
+    x = rng.standard_normal((m, k)).astype(dtype)
+    expected = np.maximum(x.astype(np.float64) @ w + (0 if b is None else b), 0)
+    actual = hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)).main(x)
+    tolerance = {"float32": 1e-5, "float64": 1e-12}[dtype]
     np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance * np.sqrt(k))
