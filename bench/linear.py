@@ -152,6 +152,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         if device == "cpu":  # OpenBLAS's threads spin for a while after each call (~0.1 s): the last
             time.sleep(0.3)  # row's numpy would otherwise take cores from this row's hexir
         hexir_time = _median_seconds(runner, repeats)
+        if device == "cpu":  # and hexir's pool spins ~0.5 ms after its last chunk
+            time.sleep(0.1)
         if device == "cuda":
             tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
             tout = torch.empty((m, n), dtype=tx.dtype, device="cuda")

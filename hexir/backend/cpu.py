@@ -12,8 +12,11 @@ the manifest against before it calls anything.
 
 from __future__ import annotations
 
+import atexit
 import platform
+import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +63,27 @@ def llvm_ir(llvm_module: ir.Module) -> str:
     return str(llvm_dialect.translate_module_to_llvmir(llvm_module.operation))
 
 
+_pool: list[str] = []  # the object file, once compiled
+_pool_lock = threading.Lock()
+
+
+def pool_object() -> str:
+    """pool.c (the runtime's native thread pool, linked into every library of generated kernels)
+    compiled once per process, for every x86-64 level alike."""
+    with _pool_lock:
+        if not _pool:
+            directory = tempfile.mkdtemp(prefix="hexir-pool-")
+            atexit.register(shutil.rmtree, directory, True)
+            _pool.append(str(Path(directory) / "pool.o"))
+            try:
+                run_tool([c_compiler(), "-c", "-O2", "-fPIC", str(Path(__file__).with_name("pool.c")), "-o", _pool[0]],
+                         "compiling the cpu thread pool")
+            except BaseException:
+                _pool.clear()
+                raise
+        return _pool[0]
+
+
 def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
                     extra_objects: Sequence[str] = (), table: bytes | None = None) -> CpuLibrary:
     """Optimise and compile the cpu kernels (a module of the LLVM dialect, or its LLVM IR text),
@@ -84,5 +108,7 @@ def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
             run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",
                       str(work / "kernels.bc"), "-o", str(work / "kernels.o")], "llc (LLVM code generator)")
             objects.insert(0, str(work / "kernels.o"))
+        if llvm_module is not None:
+            objects.append(pool_object())
         run_tool([c_compiler(), "-shared", "-o", str(work / "kernels.so"), *objects], "linking the cpu kernels")
         return CpuLibrary((work / "kernels.so").read_bytes(), cpu, CPU_LEVELS[cpu])

@@ -4,11 +4,12 @@ Calling convention (docs/hxb-format.md): `void symbol(T *arg0, ..., T *argN, int
 int64_t first, int64_t last)` computes iterations [first, last) of the kernel's outermost parallel
 loop, whose trip count is its `work.extent` evaluated for the call (the sizes are the call's
 values of the kernel's `sizes` symbols). Big launches are split over one thread pool that
-every CpuDevice of the process shares; ctypes releases the GIL during a foreign call, so the
-chunks really run in parallel. A custom kernel is called once, as `void symbol(T0 *arg0, ...,
-TN *argN, int64_t scalar0, ...)`, from the module's library or from a shared object of its own
-(its `library` blob). Which code runs a kernel (its own or its cpu_fallback) is the manifest's
-`Kernel.cpu_code`.
+every CpuDevice of the process shares: the native one the compiler links into its libraries
+(`NativePool`: no Python between a launch's chunks), else, for libraries without one, Python
+threads (ctypes releases the GIL during a foreign call, so the chunks really run in parallel).
+A custom kernel is called once, as `void symbol(T0 *arg0, ..., TN *argN, int64_t scalar0, ...)`,
+from the module's library or from a shared object of its own (its `library` blob). Which code
+runs a kernel (its own or its cpu_fallback) is the manifest's `Kernel.cpu_code`.
 
 Trust: a module's CPU code comes in builds for several CPU levels (`cpu.libraries`, best first);
 the first whose features this host has is loaded, so no instruction it lacks can run. Its
@@ -63,8 +64,42 @@ def worker_pool() -> ThreadPoolExecutor:
 
 
 def _forget_pool_in_child() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()  # a forked child has none of its parent's threads
+    global _pool, _pool_lock, _native
+    _pool, _pool_lock, _native = None, threading.Lock(), None  # a forked child has none of its parent's threads
+
+
+class NativePool:
+    """The native thread pool of a cpu library (hexir/backend/pool.c, which the compiler links
+    into every library of generated kernels): os.cpu_count() - 1 workers parked in its
+    `hexir_pool_work`, a launch's chunks handed to them and to the calling thread by
+    `hexir_pool_run`, with no Python in between (a chunk through `worker_pool` costs ~20-50 µs).
+    The first library loaded that has one serves every module of the process."""
+
+    def __init__(self, library: Library) -> None:
+        functions = {name: library.function(f"hexir_pool_{name}") for name in ("run", "work", "max_args")}
+        if None in functions.values():
+            raise DeviceError(f"{library.what} has no complete thread pool")
+        self.run, work, limit = functions["run"], functions["work"], functions["max_args"]
+        self.run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        self.run.restype = work.restype = None
+        work.argtypes = limit.argtypes = []
+        limit.restype = ctypes.c_int
+        self.max_args = limit()
+        self.busy = threading.Lock()  # one launch at a time; a caller finding it taken runs its own
+        for index in range((os.cpu_count() or 1) - 1):  # parked in native code: no GIL held, ever
+            threading.Thread(target=work, name=f"hexir-cpu-{index}", daemon=True).start()
+
+
+_native: NativePool | None = None
+
+
+def native_pool(library: Library | None) -> NativePool | None:
+    """The process's native pool, started from `library` if it is the first to have one."""
+    global _native
+    with _pool_lock:
+        if _native is None and library is not None and library.function("hexir_pool_run") is not None:
+            _native = NativePool(library)
+        return _native
 
 
 if hasattr(os, "register_at_fork"):
@@ -243,9 +278,9 @@ def _open_from_private_file(blob: memoryview, digest: str, what: str) -> Library
 
 class CpuDevice(HostMemory):
     """Host buffers; kernels from the module's shared object, split into at most `threads`
-    chunks (run by the process's `worker_pool`) of at least the work record's `grain`
-    iterations each, when a launch's arguments total at least `split_bytes` bytes (256 KiB: a
-    256x256 float32 product already gains from two threads, a chunk costs the pool ~20 µs). With
+    chunks (run by the process's `NativePool`, or `worker_pool`) of at least the work record's
+    `grain` iterations each, when a launch's arguments total at least `split_bytes` bytes (256
+    KiB: a 256x256 float32 product already gains from two threads). With
     `fallbacks`, it also runs CUDA kernels, as their `cpu_fallback` code."""
 
     name = "cpu"
@@ -303,7 +338,7 @@ class CpuDevice(HostMemory):
             function.argtypes = [ctypes.c_void_p] * len(kernel.args) + [ctypes.c_int64] * integers
             function.restype = None
             functions[index] = (function, code.work, kernel.integers)
-        return CpuProgram(functions, self)
+        return CpuProgram(functions, self, main)
 
 
 def address(array: np.ndarray) -> int:
@@ -319,9 +354,11 @@ class CpuProgram:
     """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
     custom kernel) and the size expressions they take after their pointers."""
 
-    def __init__(self, kernels: dict[int, tuple[Any, Work | None, tuple[Expr, ...]]], device: CpuDevice) -> None:
+    def __init__(self, kernels: dict[int, tuple[Any, Work | None, tuple[Expr, ...]]], device: CpuDevice,
+                 library: Library | None = None) -> None:
         self.kernels = kernels
         self.device = device
+        self.library = library  # the generated kernels' library, whose thread pool splits launches
 
     def launcher(self, kernel: int, buffers: Sequence[np.ndarray],
                  sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
@@ -345,6 +382,9 @@ class CpuProgram:
             if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
                 chunks = max(1, min(self.device.threads, extent // work.grain))
             ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
+        native = native_pool(self.library) if len(ranges) > 1 else None
+        if native is not None and len(base) <= native.max_args:
+            return self._native_launcher(native, function, base, extent, ranges)
 
         def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
             arguments = base
@@ -358,6 +398,32 @@ class CpuProgram:
             pool = worker_pool()
             for future in [pool.submit(function, *arguments, *bounds) for bounds in ranges]:
                 future.result()
+        return go
+
+    @staticmethod
+    def _native_launcher(native: NativePool, function: Any, base: list[int], extent: int,
+                         ranges: list[tuple[int, ...]]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None]:
+        """`launcher`'s function for a split launch on the native pool: the arguments and the
+        chunks' bounds in C arrays built here, a call's overrides written into them and undone."""
+        words = (ctypes.c_int64 * len(base))(*base)
+        bounds = (ctypes.c_int64 * (len(ranges) + 1))(*(first for first, _ in ranges), extent)
+        entry, count, chunks = ctypes.cast(function, ctypes.c_void_p).value, len(base), len(ranges)
+
+        def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
+            if not native.busy.acquire(blocking=False):  # another thread's launch holds the pool:
+                arguments = list(base)                     # the whole range here, in one piece
+                for position, array in overrides:
+                    arguments[position] = address(array)
+                function(*arguments, 0, extent)
+                return
+            try:
+                for position, array in overrides:
+                    words[position] = address(array)
+                native.run(entry, words, count, bounds, chunks)
+            finally:
+                for position, _ in overrides:
+                    words[position] = base[position]
+                native.busy.release()
         return go
 
     def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:

@@ -7,11 +7,15 @@ second oracle; a multi-threaded cpu device checks the kernels' [first, last) wor
 from __future__ import annotations
 
 import math
+import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import hexir_runtime
 import numpy as np
 import pytest
+from hexir_runtime import cpu as cpu_runtime
 from hexir_runtime.cpu import CpuDevice
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -74,6 +78,25 @@ def test_threads_split_the_rows_correctly(tmp_path):
     # are, and these are a few KiB), here unevenly over 4 threads
     module = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
     np.testing.assert_allclose(module.main(x), expected(x), **TOLERANCE["float64"])
+
+
+def test_the_native_pool_splits_launches_and_serves_callers_on_many_threads(tmp_path):
+    """A compiled library brings a thread pool (hexir/backend/pool.c): a split launch runs its
+    chunks there, with the result of one thread; callers on 8 threads at once (one holds the pool,
+    the others run their launch in one piece) all get theirs."""
+    mlp, expected = two_layers("float64", k=64, hidden=300, n=40, seed=6)
+    x = np.random.default_rng(7).standard_normal((200, 64))
+    path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
+    whole = hexir_runtime.load(path, device=CpuDevice(threads=1)).main(x)
+    modules = [hexir_runtime.load(path, device=CpuDevice(threads=threads, split_bytes=0)) for threads in range(2, 10)]
+    np.testing.assert_array_equal(modules[0].main(x), whole)
+    assert cpu_runtime._native is not None and cpu_runtime._pool is None  # the native pool, not Python's
+    assert len([t for t in threading.enumerate() if t.name.startswith("hexir-cpu-")]) == (os.cpu_count() or 1) - 1
+    with ThreadPoolExecutor(8) as callers:
+        for results in callers.map(lambda module: [module.main(x) for _ in range(30)], modules):
+            for result in results:
+                np.testing.assert_array_equal(result, whole)
+    np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
 
 
 def test_print_uses_the_c_format(capfd):

@@ -59,8 +59,10 @@ def test_devices_agree_on_float64(modules, c_library):
 
 @pytest.fixture
 def fresh_pool(monkeypatch):
-    """The process has no worker pool yet; the one the test starts is shut down after it."""
+    """The process has no worker pool yet (neither the Python one nor a library's native one:
+    these tests' hand-written libraries have none); the one the test starts is shut down after it."""
     monkeypatch.setattr(cpu_device, "_pool", None)
+    monkeypatch.setattr(cpu_device, "_native", None)
     yield
     if cpu_device._pool is not None:
         cpu_device._pool.shutdown()
