@@ -135,13 +135,30 @@ def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.
 
 
 def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, width: int,
-           origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> None:
+           origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value], whole: bool = False) -> None:
     """Load this thread's part of a [rows, width] block of `source` at `origin` into registers
     (`staged`, one element per `threads` of the block, consecutive threads at consecutive
-    addresses so the loads coalesce; outside `bounds` an element is 0 and no load happens)."""
-    with ht.loop(0, ir.MemRefType(staged.type).shape[0], "unrolled") as e:
-        r, c = _split(_plus(thread, _times(e, threads)), width)
-        ht.store(_guarded_load(source, _plus(origin[0], r), _plus(origin[1], c), *bounds), staged, [e])
+    addresses so the loads coalesce; outside `bounds` an element is 0 and no load happens).
+    `whole`: a block that lies inside `bounds` (the same test for the whole thread block) loads
+    without a test per element."""
+    count = ir.MemRefType(staged.type).shape[0]
+
+    def load(guarded: bool) -> None:
+        with ht.loop(0, count, "unrolled") as e:
+            r, c = _split(_plus(thread, _times(e, threads)), width)
+            at = _plus(origin[0], r), _plus(origin[1], c)
+            ht.store(_guarded_load(source, *at, *bounds) if guarded else ht.load(source, list(at)), staged, [e])
+    if not whole:
+        load(True)
+        return
+    last = _plus(origin[0], ht.index(count * threads // width)), _plus(origin[1], ht.index(width))
+    inside = scf.IfOp(arith.AndIOp(arith.CmpIOp(arith.CmpIPredicate.ule, last[0], bounds[0]).result,
+                                   arith.CmpIOp(arith.CmpIPredicate.ule, last[1], bounds[1]).result).result,
+                      has_else=True)
+    for block, guarded in ((inside.then_block, False), (inside.else_block, True)):
+        with ir.InsertionPoint(block):
+            load(guarded)
+            scf.YieldOp([])
 
 
 def _put(staged: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
@@ -190,6 +207,8 @@ def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
         if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
     return DMMA_TILINGS[-1][0]
+#: Whether the DMMA kernel's blocks inside the matrices load their slices without per-element tests.
+DMMA_WHOLE = True
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
@@ -392,8 +411,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             w_staged = ht.alloc_local([tile_n * step // threads], element)
 
             def fetch(k0: ir.Value) -> None:
-                _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth))
-                _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns))
+                _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), DMMA_WHOLE)
+                _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), DMMA_WHOLE)
 
             def put(buffer: ir.Value) -> None:
                 _put(x_staged, x_tile, buffer, thread, threads, step)
