@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +79,8 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 DEFAULT_SHARED_BYTES = 48 * 1024
 #: Device outputs given back that a module keeps, per size, for later calls' outputs.
 SPARE_OUTPUTS = 4
+#: A result copied to the host at least this big comes back in page-locked memory (`copy_out`).
+PINNED_RESULT_BYTES = 1 << 20
 
 #: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
 OLDEST_TARGET = 75
@@ -250,6 +254,9 @@ class CudaProgram:
         self.event: Any = None  # what a consumer's stream waits for (DLPack outputs)
         self.staged = False  # an asynchronous copy may still read a staging buffer
         self.spare: dict[int, list[int]] = {}  # device outputs given back, by size, for later calls
+        self.spare_host: dict[int, list[int]] = {}  # the same for page-locked host results
+        self.lent: dict[int, int] = {}  # page-locked host results the callers hold, by size
+        self.lock = threading.Lock()  # (results are given back on whichever thread drops them)
 
     def close(self) -> None:
         """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
@@ -264,6 +271,10 @@ class CudaProgram:
         spare, self.spare = self.spare, {}
         for pointer in (pointer for kept in spare.values() for pointer in kept):
             check(self.driver.cuMemFree(pointer), "cuMemFree")
+        with self.lock:
+            spare, self.spare_host = self.spare_host, {}
+        for pointer in (pointer for kept in spare.values() for pointer in kept):
+            check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
         if event is not None:
             check(self.driver.cuEventDestroy(event), "cuEventDestroy")
         for module in modules:
@@ -293,10 +304,39 @@ class CudaProgram:
         self.synchronize()
 
     def copy_out(self, buffer: DeviceBuffer) -> np.ndarray:
-        """A fresh host array with the buffer's contents, once the queued work is done."""
-        host = np.empty(buffer.shape, buffer.dtype)
+        """A fresh host array with the buffer's contents, once the queued work is done. From
+        PINNED_RESULT_BYTES on it is page-locked memory (the copy runs at the link's full rate:
+        pageable memory goes through the driver's staging buffer), kept for a later call's
+        result of the same size when the caller drops the array (up to SPARE_OUTPUTS of each
+        size lent at once; past that, pageable)."""
+        nbytes = buffer.nbytes
+        with self.lock:
+            kept = self.spare_host.setdefault(nbytes, [])
+            pinned = nbytes >= PINNED_RESULT_BYTES and (bool(kept) or self.lent.get(nbytes, 0) < SPARE_OUTPUTS)
+            if pinned:
+                self.lent[nbytes] = self.lent.get(nbytes, 0) + 1
+                pointer = kept.pop() if kept else None
+        if not pinned:
+            host = np.empty(buffer.shape, buffer.dtype)
+        else:
+            if pointer is None:
+                pointer = int(check(self.driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
+            memory = (ctypes.c_char * nbytes).from_address(pointer)
+            weakref.finalize(memory, self._given_back, nbytes, pointer).atexit = False
+            host = np.frombuffer(memory, buffer.dtype, math.prod(buffer.shape)).reshape(buffer.shape)
         self.copy_out_into(buffer, host)
         return host
+
+    def _given_back(self, nbytes: int, pointer: int) -> None:
+        """A page-locked result's array is gone (on any thread): keep its memory, or free it."""
+        with self.lock:
+            self.lent[nbytes] -= 1
+            kept = self.spare_host.get(nbytes)
+            if self.stream is not None and kept is not None and len(kept) < SPARE_OUTPUTS:
+                kept.append(pointer)
+                return
+        self.device.make_current()
+        check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
 
     def synchronize(self) -> None:
         """Wait for the module's queued work (a failed kernel's error surfaces here)."""

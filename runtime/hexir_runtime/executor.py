@@ -46,7 +46,7 @@ IN_PLACE_BYTES = 16 << 10
 # A host input bound for the GPU at least this big is copied to it straight from the caller's
 # (pageable) array, which the driver stages in pieces while it copies, rather than first copied
 # whole into our page-locked buffer by one host thread and only then sent; an output as big
-# comes back straight into the array returned.
+# comes back straight into the array returned (page-locked: CudaProgram.copy_out).
 DIRECT_BYTES = 1 << 20
 MAX_PLANS = 64  # call shapes kept; past that the cache starts again (a module called with ever new sizes)
 

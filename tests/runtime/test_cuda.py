@@ -42,7 +42,7 @@ import pytest
 from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
-from hexir_runtime.cuda import SPARE_OUTPUTS, CudaDevice, pick_image
+from hexir_runtime.cuda import PINNED_RESULT_BYTES, SPARE_OUTPUTS, CudaDevice, pick_image
 from hexir_runtime.device import HostMemory
 from hexir_runtime.executor import DIRECT_BYTES
 
@@ -1253,17 +1253,48 @@ def test_a_cuda_tensor_is_read_in_place_and_outputs_stay_on_the_gpu(module_file,
 
 def test_big_host_inputs_and_outputs_are_copied_straight_from_and_to_the_callers_arrays(module_file, fake):
     """From DIRECT_BYTES on, the driver reads the caller's (pageable) array itself, in pieces as it
-    copies, and writes the returned array; below, both go through our page-locked buffers (one
-    host copy each, and the DMA)."""
+    copies, and the output comes back straight into the array returned (page-locked, see below);
+    below, both go through our page-locked buffers (one host copy each, and the DMA)."""
     module = load(module_file("rows_relu"), "cuda")  # relu of float32[batch, 1024]
     rows = -(-DIRECT_BYTES // 4096)
     big, small = x_of((rows, 1024), seed=1), x_of((2, 1024), seed=2)
     for x in (big, small, big):
         copies = fake.pageable_copies
         np.testing.assert_array_equal(module.main(x), np.maximum(x, 0))
-        assert fake.pageable_copies - copies == (2 if x is big else 0)  # in, and the output back
+        assert fake.pageable_copies - copies == (1 if x is big else 0)  # the input in
     (launch, *_), last = fake.launches, fake.launches[-1]
     assert launch["pointers"][0] == last["pointers"][0]  # the kernel reads our buffer, not the array
+
+
+def test_big_results_come_back_in_page_locked_memory_kept_for_later_calls(module_file, fake):
+    """A result of PINNED_RESULT_BYTES or more is page-locked memory, which goes back to the
+    module when the caller drops the array (up to SPARE_OUTPUTS per size lent at once; more
+    results held at once are pageable); what the module keeps goes when it closes, what a
+    caller still holds when the caller drops it."""
+    module = load(module_file("rows_relu"), "cuda")
+    x = x_of((-(-PINNED_RESULT_BYTES // 4096), 1024), seed=3)
+    first = module.main(x)
+    np.testing.assert_array_equal(first, np.maximum(x, 0))
+    assert fake.is_pinned(first.ctypes.data, first.nbytes)
+    address, allocated = first.ctypes.data, fake.calls.count("cuMemHostAlloc")
+    del first
+    gc.collect()
+    again = module.main(x)
+    assert again.ctypes.data == address and fake.calls.count("cuMemHostAlloc") == allocated  # reused
+    held = [again] + [module.main(x) for _ in range(SPARE_OUTPUTS)]
+    assert [fake.is_pinned(y.ctypes.data, y.nbytes) for y in held] == [True] * SPARE_OUTPUTS + [False]
+    for y in held:
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+    view = held[1][1:]  # a view keeps its memory lent
+    del held
+    gc.collect()
+    freed = fake.calls.count("cuMemFreeHost")
+    module.close()
+    assert fake.calls.count("cuMemFreeHost") - freed == SPARE_OUTPUTS - 1 + 1  # the kept ones, x's staging buffer
+    np.testing.assert_array_equal(view, np.maximum(x, 0)[1:])
+    del view
+    gc.collect()
+    assert fake.calls.count("cuMemFreeHost") - freed == SPARE_OUTPUTS + 1
 
 
 def test_a_module_keeps_a_few_given_back_outputs_per_size_and_frees_the_rest(module_file, fake):
