@@ -207,8 +207,11 @@ def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
         if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
     return DMMA_TILINGS[-1][0]
-#: Whether the DMMA kernel's blocks inside the matrices load their slices without per-element tests.
-DMMA_WHOLE = True
+#: Whether the DMMA kernel's blocks inside the matrices load their slices without a test per
+#: element, and the SIMT tiles whose blocks do: on the H200 (run 20 of bench/results/
+#: 2026-11-30-h200-pipelines.md, hexir's times) 32x32 tiles gain 12-16% (512^3, 256x1024x1024,
+#: 4096x1024x33), 128x128 lose 8% (4096^3), 64x64 and 16x16 move by 3% or less.
+DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
@@ -320,8 +323,9 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             row0, column0 = _times(block_row, tile), _times(block_column, tile)
 
             def fetch(k0: ir.Value) -> None:
-                _fetch(x, x_staged, thread, threads * threads, step, (row0, k0), (rows, depth))
-                _fetch(w, w_staged, thread, threads * threads, tile, (k0, column0), (depth, columns))
+                whole = tile in SIMT_WHOLE_TILES
+                _fetch(x, x_staged, thread, threads * threads, step, (row0, k0), (rows, depth), whole)
+                _fetch(w, w_staged, thread, threads * threads, tile, (k0, column0), (depth, columns), whole)
 
             def put(buffer: ir.Value) -> None:
                 _put(x_staged, x_tile, buffer, thread, threads * threads, step, transpose=True)

@@ -742,3 +742,25 @@ def test_shared_buffers_past_48_kib_are_dynamic_shared_memory_the_launch_asks_fo
     assert re.search(r"\.shared \.align 16 \.b8 __dynamic_shmem__0", ptx) and "__wg_" not in ptx
     small = images_of(build("linear", "float64", 256, 64, 256))["compute_90"].decode()
     assert "__dynamic_shmem__" not in small and "__wg_" in small  # 64x64 or smaller: static, as before
+
+
+def test_dmma_blocks_inside_the_matrices_load_their_slices_without_a_test_per_element():
+    """One test per block and slice (its last row and k inside x, its last k and column inside
+    w) picks loads without the per-element guard; the blocks at the edges keep it."""
+    program = """
+    func.func @main(%x: tensor<2048x64xf64>, %w: tensor<64x2048xf64>) -> tensor<2048x2048xf64> {
+      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<2048x64xf64>, tensor<64x2048xf64>) -> tensor<2048x2048xf64>
+      return %y : tensor<2048x2048xf64>
+    }"""
+    filecheck(lower(program, "mlir-tir", placement=ON_CUDA), """
+        CHECK:      %[[ROWS:.+]] = arith.cmpi ule, %{{.+}}, %c2048 : index
+        CHECK-NEXT: %[[DEPTH:.+]] = arith.cmpi ule, %{{.+}}, %c64 : index
+        CHECK-NEXT: %[[WHOLE:.+]] = arith.andi %[[ROWS]], %[[DEPTH]] : i1
+        CHECK-NEXT: scf.if %[[WHOLE]] {
+        CHECK-NOT:    scf.if
+        CHECK:        "hextir.load"(%arg0, %{{.+}}, %{{.+}}) : (memref<2048x64xf64>, index, index) -> f64
+        CHECK-NOT:    scf.if
+        CHECK:      } else {
+        CHECK:        scf.if %{{.+}} -> (f64) {
+        CHECK-NEXT:     "hextir.load"(%arg0
+    """)
