@@ -211,9 +211,8 @@ class Executor:
             if array.nbytes >= IN_PLACE_BYTES and array.flags.c_contiguous and array.flags.aligned:
                 handles[index] = array
         for index in self.device_inputs:
-            array = arrays[index]
-            if isinstance(array, DeviceTensor) or (array.nbytes >= DIRECT_BYTES and array.flags.c_contiguous):
-                handles[index] = array
+            if isinstance(arrays[index], DeviceTensor):
+                handles[index] = arrays[index]
         if device:
             for position in self.device_outputs:
                 _, view, runner = plan.outputs[position]
@@ -256,7 +255,8 @@ class Executor:
         for command in self.entry.program:
             op = command.op
             if op == "input":
-                steps.append(_input(command.index, views[command.dst], runners[command.dst]))
+                steps.append(_input(command.index, views[command.dst], runners[command.dst],
+                                    command.index in self.device_inputs))
             elif op == "call":
                 buffers = [views[arg] for arg in command.args]
                 if not math.prod(buffers[-1].shape):  # an empty destination: nothing to compute
@@ -264,7 +264,7 @@ class Executor:
                 go = _launcher(self.programs[command.kernel], command.kernel, buffers, sizes)
                 if go is not None:
                     patches = [(position, bound[arg]) for position, arg in enumerate(command.args) if arg in bound]
-                    steps.append(_call(go, patches, set(self.device_inputs)))
+                    steps.append(_call(go, patches))
             elif op == "transfer" and command.dst not in skipped:
                 source = next((index for index, gpu in self.device_inputs.items() if gpu == command.dst), None)
                 steps.append(_transfer(views[command.src], views[command.dst], runners[command.src],
@@ -329,30 +329,34 @@ class _Pinned:
         self.device.free_pinned(buffer)
 
 
-def _input(index: int, view: Any, runner: Any) -> Step:
+def _sent_directly(array: Any) -> bool:
+    """Whether a host input bound for the GPU goes there straight from the caller's array."""
+    return type(array) is np.ndarray and array.nbytes >= DIRECT_BYTES and array.flags.c_contiguous
+
+
+def _input(index: int, view: Any, runner: Any, bound_for_gpu: bool) -> Step:
     def step(arrays: Sequence[Any], handles: list[Any]) -> None:
-        if handles[index] is None:  # not read in place: into its buffer
+        # into its buffer, unless read in place or (bound for the GPU) sent from where it is
+        if handles[index] is None and not (bound_for_gpu and _sent_directly(arrays[index])):
             runner.copy_in(view, arrays[index])
     return step
 
 
-def _call(go: Callable[..., None], patches: list[tuple[int, int]], device_inputs: set[int]) -> Step:
+def _call(go: Callable[..., None], patches: list[tuple[int, int]]) -> Step:
     """Launch `go`, its arguments at `patches` (position, handle) given by the call where it gives
-    them: a caller's array or CUDA tensor, our device output. (A device input's handle may be a
-    big host array instead, which its transfer sends: never a kernel's argument.)"""
+    them: a caller's array or CUDA tensor, our device output."""
     if not patches:
         return lambda arrays, handles: go(())
-    sent = {h for _, h in patches if h in device_inputs}
 
     def step(arrays: Sequence[Any], handles: list[Any]) -> None:
-        go([(position, handles[h]) for position, h in patches
-            if handles[h] is not None and not (h in sent and type(handles[h]) is np.ndarray)])
+        go([(position, handles[h]) for position, h in patches if handles[h] is not None])
     return step
 
 
 def _transfer(source: Any, destination: Any, src: Any, dst: Any, input_index: int | None) -> Step:
     """A copy between two devices' buffers: straight between a host buffer and a device, else
-    through the host; skipped when the call gives the destination's content in place."""
+    through the host. The copy of an input to the GPU is skipped when the call gives a CUDA
+    tensor (used in place), and made from the caller's array itself when that is big."""
     if isinstance(source, np.ndarray):
         def copy() -> None:
             dst.copy_in(destination, source)
@@ -366,11 +370,11 @@ def _transfer(source: Any, destination: Any, src: Any, dst: Any, input_index: in
         return lambda arrays, handles: copy()
 
     def step(arrays: Sequence[Any], handles: list[Any]) -> None:
-        given = handles[input_index]
-        if given is None:
-            copy()
-        elif isinstance(given, np.ndarray):  # a big host input: straight from the caller's array
+        given = arrays[input_index]
+        if _sent_directly(given):
             dst.copy_in(destination, given)
+        elif handles[input_index] is None:
+            copy()
     return step
 
 
