@@ -1,5 +1,5 @@
-"""Experiment: the cpu linear's tile sizes (schedules/cpu.py: KC, NC_BYTES, MC_CHOICES,
-WORK_ITEMS), measured on a many-core host against numpy in the same run.
+"""Experiment: the cpu linear's tile sizes (schedules/cpu.py: NC_BYTES, MC_CHOICES, WORK_ITEMS,
+KS, STREAM_ROWS), measured on a many-core host against numpy in the same run.
 
     PYTHONPATH=runtime:. python bench/cpu_tilings.py DIR                          # here: build
     PYTHONPATH=runtime python bench/linear.py run DIR --device cpu --repeats 5    # there
@@ -21,16 +21,14 @@ from hexir.schedules import cpu as cpu_schedule
 #: name -> the constants it changes from the committed table.
 VARIANTS = {
     "base": {},
+    "mc24": {"MC_CHOICES": (192, 96, 48, 24)},
     "nc512": {"NC_BYTES": 512},
-    "nc2048": {"NC_BYTES": 2048},
-    "kc128": {"KC": 128},
-    "kc384": {"KC": 384},
-    "items16": {"WORK_ITEMS": 16},
+    "mc24nc512": {"MC_CHOICES": (192, 96, 48, 24), "NC_BYTES": 512},
     "items64": {"WORK_ITEMS": 64},
-    "mc384": {"MC_CHOICES": (384, 192, 96, 48)},
 }
-SIZES = [(512, 512, 512, "float32"), (1024, 1024, 1024, "float32"), (2048, 2048, 2048, "float32"),
-         (2048, 2048, 2048, "float64"), (4096, 1024, 1024, "float32")]
+SIZES = [(256, 256, 256, "float32"), (256, 256, 256, "float64"), (512, 512, 512, "float32"),
+         (512, 512, 512, "float64"), (1024, 1024, 1024, "float32"), (2048, 2048, 2048, "float32"),
+         (1, 4096, 4096, "float32"), (4096, 1024, 33, "float32"), (64, 1024, 1024, "float32")]
 
 
 def main(out: Path) -> None:

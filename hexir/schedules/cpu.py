@@ -61,8 +61,11 @@ PACK_FROM_ROWS = 24
 #: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
 #: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more
 #: (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows, 92 with
-#: 192; 1024^3: 94, 87, 95).
-MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 1024, 32
+#: 192; 1024^3: 94, 87, 95). 512-byte columns rather than 1 KiB give small products tiles
+#: enough for 16 cores: on the H200's host (run 23 of bench/results/2026-11-30-h200-pipelines.md,
+#: hexir's times, two passes) 256^3 f32 0.15-0.22 -> 0.09 ms, 512^3 0.49-0.54 -> 0.39-0.40,
+#: 64x1024x1024 0.49-0.56 -> 0.30, 1024^3 and 2048^3 the same or better.
+MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 512, 32
 
 
 def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:

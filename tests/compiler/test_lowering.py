@@ -70,14 +70,14 @@ func.func @main(%arg0: tensor<{m}x300xf32{enc}>, %w: tensor<300x300xf32>) -> ten
 
 
 def test_tiles_cover_every_output_once():
-    """Row counts around the tile's 48 rows (and its micro-kernel's row groups), 300 columns (a
-    full column tile and a narrower one) and K = 300 (two k blocks), split across threads by the
+    """Row counts around the tile's 48 rows (and its micro-kernel's row groups), 300 columns (two
+    full column tiles and a narrower one) and K = 300 (two k blocks), split across threads by the
     work record: the product is numpy's, every element once. One module serves them all: its
     row count is the symbol `batch`."""
     data = lower(WIDE.format(m="?", enc=', "batch"'), "hxb")
     (kernel,) = hxb.decode(data).json["kernels"]
     assert kernel["sizes"] == ["batch"]
-    assert kernel["work"] == {"extent": ["mul", ["ceildiv", "batch", CPU_TILE_ROWS], 2], "grain": 1}
+    assert kernel["work"] == {"extent": ["mul", ["ceildiv", "batch", CPU_TILE_ROWS], 3], "grain": 1}
     rng = np.random.default_rng(7)
     w = rng.standard_normal((300, 300)).astype(np.float32)
     modules = [hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)) for threads in (1, 3)]
@@ -88,19 +88,19 @@ def test_tiles_cover_every_output_once():
 
 
 def test_linear_schedule_is_parallel_over_output_tiles():
-    """out[100, 300] in tiles of 48 rows x 256 float32 columns: 3 x 2 = 6 work items, in column
-    order; item t covers rows [48 (t % 3), min(48 (t % 3) + 48, 100)) and columns from 256 (t / 3)."""
-    assert cpu_linear_tiles(100, 300, "float32") == 6
+    """out[100, 300] in tiles of 48 rows x 128 float32 columns: 3 x 3 = 9 work items, in column
+    order; item t covers rows [48 (t % 3), min(48 (t % 3) + 48, 100)) and columns from 128 (t / 3)."""
+    assert cpu_linear_tiles(100, 300, "float32") == 9
     filecheck(lower(WIDE.format(m=100, enc=""), "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(
-        CHECK-SAME:      hextir.work = {extent = "6", grain = 1 : i64}
-        CHECK:       scf.for %[[T:.+]] = %c0 to %c6 step %c1 {
+        CHECK-SAME:      hextir.work = {extent = "9", grain = 1 : i64}
+        CHECK:       scf.for %[[T:.+]] = %c0 to %c9 step %c1 {
         CHECK-NEXT:    %[[TR:.+]] = arith.remui %[[T]], %c3 : index
         CHECK-NEXT:    %c48 = arith.constant 48 : index
         CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c48 : index
         CHECK-NEXT:    %[[TC:.+]] = arith.divui %[[T]], %c3 : index
-        CHECK-NEXT:    %c256 = arith.constant 256 : index
-        CHECK-NEXT:    %[[C0:.+]] = arith.muli %[[TC]], %c256 : index
+        CHECK-NEXT:    %c128 = arith.constant 128 : index
+        CHECK-NEXT:    %[[C0:.+]] = arith.muli %[[TC]], %c128 : index
         CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c48 : index
         CHECK-NEXT:    %[[R1:.+]] = arith.minui %[[R1A]], %c100 : index
         CHECK:         vector.fma
