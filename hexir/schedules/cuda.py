@@ -75,15 +75,22 @@ def linear_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int]:
 
 
 def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, dict[str, int]]]:
-    """With a symbolic batch, a SIMT kernel per tile of TILINGS: the smaller tiles run the
-    batches too small for the larger ones to give the GPU enough blocks (what the static choice
-    does at compile time, done per call)."""
+    """With a symbolic batch, a kernel per tile of TILINGS (SIMT) or DMMA_TILINGS (FP64 tensor
+    cores): the smaller tiles run the batches too small for the larger ones to give the GPU
+    enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(types[0], 0, request), extent(types[-1], 1, request)
-    if not isinstance(m, str) or _uses_dmma(request):
+    if not isinstance(m, str):
         return []
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
+    if _uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
+        starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in DMMA_TILINGS[:-1]]
+        return [(_dmma_name(DMMA_TILINGS[i][0]), {m: starts[i - 1]}) for i in range(len(DMMA_TILINGS) - 1, 0, -1)]
     starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
     return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
+
+
+def _dmma_name(tiling: tuple[int, ...]) -> str:
+    return f"dmma{tiling[0]}x{tiling[1]}"
 
 
 def _uses_dmma(request: Request) -> bool:
@@ -202,11 +209,14 @@ DMMA_TILINGS = (((128, 64, 16, 2, 2), 264), ((64, 64, 16, 2, 2), 256), ((64, 32,
 
 
 def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
-    """The DMMA tiling of an [m, n] output: the first of DMMA_TILINGS that gives enough blocks."""
+    """The DMMA tiling of an [m, n] output: the first of DMMA_TILINGS that gives enough blocks (a
+    symbolic m: the largest; `linear_variants` adds the smaller ones)."""
     for tiling, fewest in DMMA_TILINGS:
         if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
     return DMMA_TILINGS[-1][0]
+
+
 #: Whether the DMMA kernel's blocks inside the matrices load their slices without a test per
 #: element, and the SIMT tiles whose blocks do: on the H200 (run 20 of bench/results/
 #: 2026-11-30-h200-pipelines.md, hexir's times) 32x32 tiles gain 12-16% (512^3, 256x1024x1024,
@@ -387,7 +397,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile_m, tile_n, step, warps_m, warps_n = dmma_tiling(m, n)
+    tile_m, tile_n, step, warps_m, warps_n = dmma_tiling(m, n) if request.variant is None else \
+        next(t for t, _ in DMMA_TILINGS if _dmma_name(t) == request.variant)
     threads = 32 * warps_m * warps_n
     # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4 on an H200, 66 against
     # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
@@ -396,7 +407,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     grid = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m), 1)
     rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
     halves, sums_per = mma_m // 8, mma_m // 4  # a thread's A values (rows g, g + 8) and C values
-    ht.set_variant("dmma")
+    ht.set_variant(request.variant or "dmma")
     with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of

@@ -177,3 +177,22 @@ def test_a_symbolic_cuda_linear_carries_a_kernel_per_tile_chosen_per_call():
     assert code.launch.grid == (8, ("ceildiv", "batch", 128), 1)
     x = RNG.standard_normal((5, 64)).astype(np.float32)  # and the cpu twin still computes it
     np.testing.assert_allclose(load(data, "cpu").main(x), x @ np.ones((64, 1024), np.float32), rtol=1e-5)
+
+
+def test_a_symbolic_float64_cuda_linear_carries_a_tensor_core_kernel_per_tile():
+    """The FP64 tensor-core kernel's tiles the same way: with 1024 columns 32x32 tiles run batches
+    below 256 rows (where 64x32 first gives 128 blocks), 64x32 below 1024 (64x64: 256 blocks),
+    64x64 below 2176 (128x64: 264 blocks), 128x64 the rest."""
+    from hexir_runtime.format import decode
+
+    def layer(x):
+        return hexir.linear(x, np.ones((64, 1024)))
+    data = hexir.jit(layer, placement="hexir.linear=cuda").compile(hexir.TensorSpec(("batch", 64), "float64"))
+    code = decode(data).manifest.kernels[0].gpu_code
+    assert [(v.symbol.rsplit("__", 1)[1], dict(v.below)) for v in code.variants] == \
+        [("dmma32x32", {"batch": 256}), ("dmma64x32", {"batch": 1024}), ("dmma64x64", {"batch": 2176})]
+    assert [v.launch.grid for v in code.variants] == [(32, ("ceildiv", "batch", 32), 1),
+                                                      (32, ("ceildiv", "batch", 64), 1),
+                                                      (16, ("ceildiv", "batch", 64), 1)]
+    assert code.launch.grid == (16, ("ceildiv", "batch", 128), 1)
+    assert code.pick({"batch": 64})[0].endswith("__dmma32x32") and code.pick({"batch": 4096})[0] == code.symbol
