@@ -27,7 +27,7 @@ Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel l
         for each NR panel of the span (several a call when the rows are few)
           for each MR rows: sums = bias or 0 or out; += x[rows, kb] @ w[kb, panel]; out = sums
 
-(tile by tile, a 1-row product read each w row 1 KiB at a time, every piece on its own page).
+(tile by tile, a 1-row product read each w row a tile's width at a time, every piece on its own page).
 
 elementwise (relu, ...): the outermost axis parallel, the others serial.
 """

@@ -158,6 +158,7 @@ def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, w
     if not whole:
         load(True)
         return
+    assert count * threads % width == 0, "a whole block's rows must be whole rows of the slice"
     last = _plus(origin[0], ht.index(count * threads // width)), _plus(origin[1], ht.index(width))
     inside = scf.IfOp(arith.AndIOp(arith.CmpIOp(arith.CmpIPredicate.ule, last[0], bounds[0]).result,
                                    arith.CmpIOp(arith.CmpIPredicate.ule, last[1], bounds[1]).result).result,

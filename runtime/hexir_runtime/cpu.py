@@ -48,6 +48,8 @@ _libraries: dict[str, Library] = {}
 _libraries_lock = threading.Lock()
 _loads = 0  # how many libraries went through a memfd: each gets its own spelling of the path
 
+#: The most chunks a launch is split into (the native pool counts them in 16 bits).
+MAX_CHUNKS = 1 << 12
 # One pool of worker threads for the whole process, started on first use: each loaded module
 # (each jit signature) must not start threads of its own that nothing stops.
 _pool: ThreadPoolExecutor | None = None
@@ -55,22 +57,25 @@ _pool_lock = threading.Lock()
 
 
 def worker_pool() -> ThreadPoolExecutor:
-    """The process's CPU worker threads (os.cpu_count() of them), started on first use."""
+    """The process's CPU worker threads (one per core it may use), started on first use."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="hexir-cpu")
+            _pool = ThreadPoolExecutor(_cores(), thread_name_prefix="hexir-cpu")
         return _pool
 
 
 def _forget_pool_in_child() -> None:
     global _pool, _pool_lock, _native
-    _pool, _pool_lock, _native = None, threading.Lock(), None  # a forked child has none of its parent's threads
+    # A forked child has none of its parent's threads. Its plans made before the fork keep the
+    # parent's NativePool (its chunks then all run on the calling thread, one launch at a time);
+    # no other is started on the same library's state (False: none in this process).
+    _pool, _pool_lock, _native = None, threading.Lock(), False
 
 
 class NativePool:
     """The native thread pool of a cpu library (hexir/backend/pool.c, which the compiler links
-    into every library of generated kernels): os.cpu_count() - 1 workers parked in its
+    into every library of generated kernels): a worker per core but one parked in its
     `hexir_pool_work`, a launch's chunks handed to them and to the calling thread by
     `hexir_pool_run`, with no Python in between (a chunk through `worker_pool` costs ~20-50 µs).
     The first library loaded that has one serves every module of the process."""
@@ -86,11 +91,11 @@ class NativePool:
         limit.restype = ctypes.c_int
         self.max_args = limit()
         self.busy = threading.Lock()  # one launch at a time; a caller finding it taken runs its own
-        for index in range((os.cpu_count() or 1) - 1):  # parked in native code: no GIL held, ever
+        for index in range(_cores() - 1):  # parked in native code: no GIL held, ever
             threading.Thread(target=work, name=f"hexir-cpu-{index}", daemon=True).start()
 
 
-_native: NativePool | None = None
+_native: NativePool | None | bool = None
 
 
 def native_pool(library: Library | None) -> NativePool | None:
@@ -99,7 +104,15 @@ def native_pool(library: Library | None) -> NativePool | None:
     with _pool_lock:
         if _native is None and library is not None and library.function("hexir_pool_run") is not None:
             _native = NativePool(library)
-        return _native
+        return _native or None
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, which a container's limit sets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 if hasattr(os, "register_at_fork"):
@@ -286,7 +299,7 @@ class CpuDevice(HostMemory):
     name = "cpu"
 
     def __init__(self, threads: int | None = None, split_bytes: int = 1 << 18, fallbacks: bool = True) -> None:
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or _cores()
         self.split_bytes = split_bytes
         self.kinds = ("cpu", "cuda") if fallbacks else ("cpu",)
 
@@ -380,7 +393,7 @@ class CpuProgram:
                 return None
             chunks = 1
             if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
-                chunks = max(1, min(self.device.threads, extent // work.grain))
+                chunks = max(1, min(self.device.threads, extent // work.grain, MAX_CHUNKS))
             ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
         native = native_pool(self.library) if len(ranges) > 1 else None
         if native is not None and len(base) <= native.max_args:

@@ -23,6 +23,7 @@ load time (constants) and tools.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import math
 import threading
@@ -79,8 +80,9 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 DEFAULT_SHARED_BYTES = 48 * 1024
 #: Device outputs given back that a module keeps, per size, for later calls' outputs.
 SPARE_OUTPUTS = 4
-#: A result copied to the host at least this big comes back in page-locked memory (`copy_out`).
-PINNED_RESULT_BYTES = 1 << 20
+#: A result copied to the host at least this big comes back in page-locked memory (`copy_out`),
+#: kept for later results of at most SPARE_SIZES sizes.
+PINNED_RESULT_BYTES, SPARE_SIZES = 1 << 20, 8
 
 #: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
 OLDEST_TARGET = 75
@@ -210,6 +212,7 @@ class CudaDevice:
         program.stream = check(self.driver.cuStreamCreate(0), "cuStreamCreate")  # blocking: ordered after
         # the legacy default stream, where torch works unless told otherwise
         program.event = check(self.driver.cuEventCreate(2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
+        program.wait_event = check(self.driver.cuEventCreate(2), "cuEventCreate")
         try:
             modules: dict[int, Any] = {}  # by blob
             for index, kernel in enumerate(hxb.manifest.kernels):
@@ -252,16 +255,22 @@ class CudaProgram:
         self.modules: list[Any] = []  # the loaded CUmodules, unloaded by close
         self.stream: Any = None
         self.event: Any = None  # what a consumer's stream waits for (DLPack outputs)
+        self.wait_event: Any = None  # what our stream waits for (a caller's tensor on its stream)
         self.staged = False  # an asynchronous copy may still read a staging buffer
         self.spare: dict[int, list[int]] = {}  # device outputs given back, by size, for later calls
-        self.spare_host: dict[int, list[int]] = {}  # the same for page-locked host results
-        self.lent: dict[int, int] = {}  # page-locked host results the callers hold, by size
-        self.lock = threading.Lock()  # (results are given back on whichever thread drops them)
+        # Page-locked host results: kept by size (at most SPARE_SIZES sizes), lent by size, and
+        # those whose arrays are gone (appended by a finalizer, on any thread, even during a
+        # garbage collection on a thread inside `lock`: so without taking it), taken back by copy_out.
+        self.spare_host: dict[int, list[int]] = {}
+        self.lent: dict[int, int] = {}
+        self.returned: collections.deque[tuple[int, int]] = collections.deque()
+        self.lock = threading.Lock()
 
     def close(self) -> None:
         """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
         modules, self.modules = self.modules, []
-        stream, event, self.stream, self.event = self.stream, self.event, None, None
+        stream, events, self.stream = self.stream, (self.event, self.wait_event), None
+        self.event = self.wait_event = None
         self.kernels = {}
         if modules or stream is not None:
             self.device.make_current()
@@ -275,8 +284,10 @@ class CudaProgram:
             spare, self.spare_host = self.spare_host, {}
         for pointer in (pointer for kept in spare.values() for pointer in kept):
             check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
-        if event is not None:
-            check(self.driver.cuEventDestroy(event), "cuEventDestroy")
+        self._free_returned()  # (and those given back later: see _given_back)
+        for event in events:
+            if event is not None:
+                check(self.driver.cuEventDestroy(event), "cuEventDestroy")
         for module in modules:
             check(self.driver.cuModuleUnload(module), "cuModuleUnload")
 
@@ -307,20 +318,27 @@ class CudaProgram:
         """A fresh host array with the buffer's contents, once the queued work is done. From
         PINNED_RESULT_BYTES on it is page-locked memory (the copy runs at the link's full rate:
         pageable memory goes through the driver's staging buffer), kept for a later call's
-        result of the same size when the caller drops the array (up to SPARE_OUTPUTS of each
-        size lent at once; past that, pageable)."""
-        nbytes = buffer.nbytes
-        with self.lock:
-            kept = self.spare_host.setdefault(nbytes, [])
-            pinned = nbytes >= PINNED_RESULT_BYTES and (bool(kept) or self.lent.get(nbytes, 0) < SPARE_OUTPUTS)
-            if pinned:
-                self.lent[nbytes] = self.lent.get(nbytes, 0) + 1
-                pointer = kept.pop() if kept else None
-        if not pinned:
+        result of the same size when the caller drops the array (up to SPARE_OUTPUTS of a size
+        lent at once, of SPARE_SIZES sizes kept; past that, or if none can be had, pageable)."""
+        nbytes, pointer = buffer.nbytes, None
+        if nbytes >= PINNED_RESULT_BYTES:
+            with self.lock:
+                self._take_back()
+                kept = self.spare_host.get(nbytes)
+                if kept or self.lent.get(nbytes, 0) < SPARE_OUTPUTS:
+                    pointer = kept.pop() if kept else 0
+                    self.lent[nbytes] = self.lent.get(nbytes, 0) + 1
+        if pointer == 0:
+            try:
+                self.device.make_current()
+                pointer = int(check(self.driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
+            except DeviceError:  # page-locked memory exhausted: pageable, as below the threshold
+                with self.lock:
+                    self.lent[nbytes] -= 1
+                pointer = None
+        if pointer is None:
             host = np.empty(buffer.shape, buffer.dtype)
         else:
-            if pointer is None:
-                pointer = int(check(self.driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
             memory = (ctypes.c_char * nbytes).from_address(pointer)
             weakref.finalize(memory, self._given_back, nbytes, pointer).atexit = False
             host = np.frombuffer(memory, buffer.dtype, math.prod(buffer.shape)).reshape(buffer.shape)
@@ -328,15 +346,30 @@ class CudaProgram:
         return host
 
     def _given_back(self, nbytes: int, pointer: int) -> None:
-        """A page-locked result's array is gone (on any thread): keep its memory, or free it."""
-        with self.lock:
+        """A page-locked result's array is gone: its memory goes back (see `returned`)."""
+        self.returned.append((nbytes, pointer))
+        if self.stream is None:  # closed: nothing will take it back
+            self._free_returned()
+
+    def _take_back(self) -> None:
+        """Keep the results given back for later calls, or free them (under `lock`)."""
+        while self.returned:
+            nbytes, pointer = self.returned.popleft()
             self.lent[nbytes] -= 1
             kept = self.spare_host.get(nbytes)
-            if self.stream is not None and kept is not None and len(kept) < SPARE_OUTPUTS:
+            if kept is None and len(self.spare_host) < SPARE_SIZES:
+                kept = self.spare_host[nbytes] = []
+            if kept is not None and len(kept) < SPARE_OUTPUTS:
                 kept.append(pointer)
-                return
-        self.device.make_current()
-        check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
+            else:
+                self.device.make_current()
+                check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
+
+    def _free_returned(self) -> None:
+        while self.returned:
+            _, pointer = self.returned.popleft()
+            self.device.make_current()
+            check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
 
     def synchronize(self) -> None:
         """Wait for the module's queued work (a failed kernel's error surfaces here)."""
@@ -346,8 +379,8 @@ class CudaProgram:
     def wait_for(self, stream: int) -> None:
         """Order the module's stream after the work queued so far on `stream` (a caller's)."""
         self.device.make_current()
-        check(self.driver.cuEventRecord(self.event, stream), "cuEventRecord")
-        check(self.driver.cuStreamWaitEvent(self.stream, self.event, 0), "cuStreamWaitEvent")
+        check(self.driver.cuEventRecord(self.wait_event, stream), "cuEventRecord")
+        check(self.driver.cuStreamWaitEvent(self.stream, self.wait_event, 0), "cuStreamWaitEvent")
 
     def output(self, shape: tuple[int, ...], dtype: Any) -> DLPackArray:
         """Device memory for one output of one call, owned by the returned array until it and

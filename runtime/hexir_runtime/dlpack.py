@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ class DeviceTensor:
         self.pointer, self.shape, self.dtype, self.device, self.strides = pointer, shape, dtype, device, strides
         self.nbytes = math.prod(shape) * dtype.itemsize
         self._managed = managed  # the DLManagedTensor, whose deleter we owe the producer
+        self.stream: int | None = None  # a producer's stream our work must follow (the interface's)
 
     @property
     def contiguous(self) -> bool:
@@ -97,28 +99,28 @@ class DeviceTensor:
     __del__ = release
 
 
-def tensor_of(obj: Any, stream: int | None = None,
-              wait: Callable[[int], None] | None = None) -> np.ndarray | DeviceTensor:
+def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> np.ndarray | DeviceTensor:
     """The host array or the device tensor `obj` (an ndarray or an object with `__dlpack__`)
     holds; a device tensor's producer is asked to make it ready on `stream` (None: sync it).
 
-    A CUDA tensor that also has `__cuda_array_interface__` (torch, cupy, numba) is read through
-    that instead: a dict, where torch's `__dlpack__(stream=)` costs ~15 µs of Python a call. By
-    that protocol its producer names the stream it wrote on (`wait(stream)` orders ours after
-    it), or none: then the tensor is ready for any stream ordered after the legacy default one,
-    as ours is (torch's own default)."""
+    With `interface`, a CUDA tensor that also has `__cuda_array_interface__` (torch, cupy,
+    numba) is read through that instead: a dict, where torch's `__dlpack__(stream=)` costs
+    ~15 µs of Python a call. Then nothing waits yet: the DeviceTensor's `stream` is the stream
+    the caller must order its own after (None: none), the one the interface names, or for
+    torch, whose interface names none, torch's current stream on the tensor's device (what its
+    `__dlpack__` would have waited for)."""
     if isinstance(obj, np.ndarray):
         return obj
     device_type, device_id = obj.__dlpack_device__()
     if device_type in (CPU, CUDA_HOST):
         return np.from_dlpack(obj)
-    if device_type == CUDA and wait is not None:
+    if device_type == CUDA and interface:
         try:
-            interface = obj.__cuda_array_interface__
-        except AttributeError:
-            interface = None
-        if interface is not None:
-            return _interfaced(obj, interface, device_id, wait)
+            found = obj.__cuda_array_interface__
+        except Exception:  # noqa: BLE001 - none, or none for this tensor (torch: bfloat16): DLPack says why
+            found = None
+        if found is not None:
+            return _interfaced(obj, found, device_id)
     capsule = obj.__dlpack__(stream=stream) if stream is not None else obj.__dlpack__()
     return unpack(capsule)
 
@@ -126,12 +128,13 @@ def tensor_of(obj: Any, stream: int | None = None,
 _TYPESTRS = {f"<f{size}": np.dtype(f"float{size * 8}") for size in (2, 4, 8)}
 
 
-def _interfaced(obj: Any, interface: Any, device_id: int, wait: Callable[[int], None]) -> DeviceTensor:
+def _interfaced(obj: Any, interface: Any, device_id: int) -> DeviceTensor:
     """The DeviceTensor a `__cuda_array_interface__` (version 2 or 3) describes; InputError if
     the dict is not one (a bug in its producer)."""
     try:
         shape, typestr, (pointer, _) = tuple(interface["shape"]), interface["typestr"], interface["data"]
-        strides, stream = interface.get("strides"), interface.get("stream")
+        strides = interface.get("strides")
+        stream = interface["stream"] if "stream" in interface else _torch_stream(obj, device_id)
         if interface.get("mask") is not None:
             raise InputError(f"a {type(obj).__name__} with a mask: masked CUDA arrays are not supported")
         if not all(type(n) is int and n >= 0 for n in shape) or type(pointer) is not int or len(shape) > MAX_NDIM:
@@ -142,17 +145,27 @@ def _interfaced(obj: Any, interface: Any, device_id: int, wait: Callable[[int], 
                             for s in map(int, strides))
             if len(strides) != len(shape):
                 raise TypeError(f"{len(strides)} strides for {len(shape)} axes")
+        if stream is not None and type(stream) is not int:
+            raise TypeError(f"stream {stream!r}")
     except InputError:
         raise
     except Exception as error:  # noqa: BLE001 - whatever the dict holds
         raise InputError(f"a {type(obj).__name__} whose __cuda_array_interface__ is not one ({error})") from None
-    if stream is not None and stream != 1:  # 1: the legacy default stream, which ours is ordered after
-        wait(int(stream))
     result = DeviceTensor(pointer, shape, dtype, (CUDA, device_id), strides, None)
     result.owner = obj  # held for the call, as a capsule would hold it
-    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8) or not dtype.isnative:
+    result.stream = None if stream in (None, 0, 1) else stream  # 0, 1: the legacy default stream,
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8) or not dtype.isnative:  # which ours follows
         result.dtype_text = dtype.name if dtype.isnative else dtype.str
     return result
+
+
+def _torch_stream(obj: Any, device_id: int) -> int | None:
+    """For a torch tensor (whose interface names no stream): torch's current stream's handle on
+    its device. Another producer that names none promises, by the protocol, a ready tensor."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    return torch.cuda.current_stream(device_id).cuda_stream
 
 
 #: DLTensor's fields up to its byte offset: data, device (type, id), ndim, dtype (code, bits,

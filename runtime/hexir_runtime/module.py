@@ -225,14 +225,18 @@ def _arguments(entry: str, arrays: tuple[Any, ...], executor: Executor) -> Seque
                 raise InputError(f"{entry}(): argument {name!r} expects a numpy array {expected}, "
                                  f"got {type(array).__name__}")
             try:
-                array = result[index] = dlpack.tensor_of(array, executor.stream, executor.wait)
+                array = result[index] = dlpack.tensor_of(array, executor.stream, executor.wait is not None)
             except InputError as error:
                 raise InputError(f"{entry}(): argument {name!r}: {error}") from None
+            except HexirRuntimeError:
+                raise
             except Exception as error:  # noqa: BLE001 - the producer refused to lend it
                 raise InputError(f"{entry}(): argument {name!r}: the {type(array).__name__} cannot be read "
                                  f"({type(error).__name__}: {error})") from None
             if isinstance(array, dlpack.DeviceTensor):
                 _check_device_tensor(entry, name, expected, dtype, array, index, executor)
+                if array.stream is not None:  # written on a stream of its producer's: ours follows it
+                    executor.wait(array.stream)
                 continue
         if array.dtype.name != expected.dtype or not array.dtype.isnative or not _fits(expected, array.shape):
             dtype = array.dtype.name if array.dtype.isnative else array.dtype.str

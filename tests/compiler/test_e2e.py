@@ -91,11 +91,34 @@ def test_the_native_pool_splits_launches_and_serves_callers_on_many_threads(tmp_
     modules = [hexir_runtime.load(path, device=CpuDevice(threads=threads, split_bytes=0)) for threads in range(2, 10)]
     np.testing.assert_array_equal(modules[0].main(x), whole)
     assert cpu_runtime._native is not None and cpu_runtime._pool is None  # the native pool, not Python's
-    assert len([t for t in threading.enumerate() if t.name.startswith("hexir-cpu-")]) == (os.cpu_count() or 1) - 1
+    workers = [t for t in threading.enumerate() if t.name.startswith("hexir-cpu-")]
+    assert len(workers) == len(os.sched_getaffinity(0)) - 1  # a worker per core but the caller's
     with ThreadPoolExecutor(8) as callers:
         for results in callers.map(lambda module: [module.main(x) for _ in range(30)], modules):
             for result in results:
                 np.testing.assert_array_equal(result, whole)
+    np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
+
+
+def test_a_forked_child_runs_split_launches_without_the_parents_workers(tmp_path):
+    """The child has none of the parent's threads: a plan made before the fork runs its chunks on
+    the calling thread, a module loaded after it on Python's pool; both give the answer."""
+    mlp, expected = two_layers("float64", k=32, hidden=200, n=20, seed=8)
+    x = np.random.default_rng(9).standard_normal((150, 32))
+    path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
+    before = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
+    whole = before.main(x)  # planned, on the native pool
+    assert cpu_runtime._native
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            after = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
+            same = np.array_equal(before.main(x), whole) and np.array_equal(after.main(x), whole)
+            os._exit(0 if same and cpu_runtime._native is False else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
 
 

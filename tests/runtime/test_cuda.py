@@ -1297,6 +1297,42 @@ def test_big_results_come_back_in_page_locked_memory_kept_for_later_calls(module
     assert fake.calls.count("cuMemFreeHost") - freed == SPARE_OUTPUTS + 1
 
 
+def test_a_result_given_back_while_its_module_holds_its_lock_does_not_wait_for_it(module_file, fake):
+    """A finalizer may run in a garbage collection on a thread inside the module's own locked
+    section: it only queues the memory, which the next result takes back."""
+    module = load(module_file("rows_relu"), "cuda")
+    x = x_of((-(-PINNED_RESULT_BYTES // 4096), 1024), seed=4)
+    first = module.main(x)
+    address = first.ctypes.data
+    program = module._executors["main"].gpus[0]
+    with program.lock:
+        del first  # (its finalizer runs here, on this thread)
+        gc.collect()
+    assert fake.is_pinned(address, 1) and len(program.returned) == 1
+    assert module.main(x).ctypes.data == address and not program.returned
+
+
+def test_without_page_locked_memory_a_big_result_is_pageable(module_file, fake):
+    module = load(module_file("rows_relu"), "cuda")
+    x = x_of((-(-PINNED_RESULT_BYTES // 4096), 1024), seed=5)
+    module.main(x)  # plans the call: its staging buffers exist
+    fake.fail["cuMemHostAlloc"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    held = [module.main(x) for _ in range(2)]  # (the first reuses the spare the last call gave back)
+    assert [fake.is_pinned(y.ctypes.data, y.nbytes) for y in held] == [True, False]
+    np.testing.assert_array_equal(held[1], np.maximum(x, 0))
+    program = module._executors["main"].gpus[0]
+    assert program.lent[held[0].nbytes] == 1  # the failed allocation lent nothing
+
+
+def test_a_tensor_on_a_callers_stream_is_waited_for_with_an_event_of_its_own(module_file, fake):
+    module = load(module_file("rows_relu"), "cuda")
+    program = module._executors["main"].gpus[0]
+    assert program.wait_event is not None and int(program.wait_event) != int(program.event)
+    _, theirs = fake.cuStreamCreate(0)  # a caller's stream
+    program.wait_for(int(theirs))
+    assert fake.on_stream[-2:] == [("cuEventRecord", int(theirs)), ("cuStreamWaitEvent", int(program.stream))]
+
+
 def test_a_module_keeps_a_few_given_back_outputs_per_size_and_frees_the_rest(module_file, fake):
     module = load(module_file("wide"), "cuda")
     tensor = CudaTensor(fake, x_of((37, 11), "float64", seed=5))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import sys
 import tarfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -129,32 +130,61 @@ class Interfaced:
         raise AssertionError("read through __cuda_array_interface__, never DLPack")
 
 
-def test_tensor_of_reads_the_cuda_array_interface_and_waits_for_the_producers_stream():
-    waited: list[int] = []
+def test_tensor_of_reads_the_cuda_array_interface_and_the_producers_stream():
     face = {"shape": (3, 5), "typestr": "<f4", "data": (1 << 32, False), "version": 2, "strides": None}
-    tensor = tensor_of(Interfaced(face, (CUDA, 1)), 1, waited.append)
+    tensor = tensor_of(Interfaced(face, (CUDA, 1)), 1, interface=True)
     assert (tensor.pointer, tensor.shape, tensor.dtype, tensor.device) == (1 << 32, (3, 5), np.float32, (CUDA, 1))
-    assert tensor.contiguous and tensor.nbytes == 60 and waited == []  # no stream: nothing to wait for
-    tensor_of(Interfaced({**face, "version": 3, "stream": 1}), 1, waited.append)
-    assert waited == []  # the legacy default stream: ours is ordered after it by itself
-    tensor_of(Interfaced({**face, "version": 3, "stream": 0x7F00}), 1, waited.append)
-    assert waited == [0x7F00]
-    view = tensor_of(Interfaced({**face, "strides": (4, 12)}), 1, waited.append)
+    assert tensor.contiguous and tensor.nbytes == 60 and tensor.stream is None  # no stream: ready, by the protocol
+    for legacy in (0, 1):  # the legacy default stream: ours is ordered after it by itself
+        assert tensor_of(Interfaced({**face, "version": 3, "stream": legacy}), 1, interface=True).stream is None
+    assert tensor_of(Interfaced({**face, "version": 3, "stream": 0x7F00}), 1, interface=True).stream == 0x7F00
+    view = tensor_of(Interfaced({**face, "strides": (4, 12)}), 1, interface=True)
     assert view.strides == (1, 3) and not view.contiguous  # bytes -> elements
-    odd = tensor_of(Interfaced({**face, "strides": (22, 4)}), 1, waited.append)
+    odd = tensor_of(Interfaced({**face, "strides": (22, 4)}), 1, interface=True)
     assert not odd.contiguous  # 5.5 elements apart: never C order
-    assert describe(tensor_of(Interfaced({**face, "typestr": "<i4"}), 1, waited.append)) == "int32[3, 5] on cuda:0"
-    assert describe(tensor_of(Interfaced({**face, "typestr": ">f4"}), 1, waited.append)) == ">f4[3, 5] on cuda:0"
+    assert describe(tensor_of(Interfaced({**face, "typestr": "<i4"}), 1, interface=True)) == "int32[3, 5] on cuda:0"
+    assert describe(tensor_of(Interfaced({**face, "typestr": ">f4"}), 1, interface=True)) == ">f4[3, 5] on cuda:0"
+
+
+def test_a_torch_tensor_follows_torchs_current_stream(monkeypatch):
+    """torch's interface names no stream: the tensor's stream is torch's current one on its device
+    (a side stream's handle; None for the legacy default, 0), as its __dlpack__ would wait for."""
+    current = {"stream": 0}
+
+    class Tensor(Interfaced):
+        pass
+
+    class Stream:
+        def __init__(self, device):
+            assert device == 1
+            self.cuda_stream = current["stream"]
+
+    torch = types.SimpleNamespace(Tensor=Tensor, cuda=types.SimpleNamespace(current_stream=Stream))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    face = {"shape": (2,), "typestr": "<f8", "data": (4096, False), "version": 2}
+    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream is None
+    current["stream"] = 0xBEEF
+    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream == 0xBEEF
+    assert tensor_of(Interfaced(face, (CUDA, 1)), 1, interface=True).stream is None  # not torch's
+
+
+def test_without_interface_a_cuda_tensor_goes_through_dlpack():
+    class Both(Interfaced):
+        def __dlpack__(self, stream=None, **keys):
+            raise BufferError(f"asked on stream {stream}")
+
+    with pytest.raises(BufferError, match="asked on stream 1"):
+        tensor_of(Both({"shape": (1,), "typestr": "<f4", "data": (4096, False)}), 1)
 
 
 @pytest.mark.parametrize("broken", [
     {"shape": (3, -1)}, {"shape": None}, {"data": None}, {"data": ("0x10", False)}, {"typestr": "not a type"},
-    {"strides": (4,)}, {"mask": object()}, {"shape": (1,) * (MAX_NDIM + 1)},
+    {"strides": (4,)}, {"mask": object()}, {"shape": (1,) * (MAX_NDIM + 1)}, {"version": 3, "stream": "s"},
 ])
 def test_a_cuda_array_interface_that_is_not_one_is_an_input_error(broken):
     face = {"shape": (3, 5), "typestr": "<f4", "data": (4096, False), "version": 2, **broken}
     with pytest.raises(InputError, match="Interfaced"):
-        tensor_of(Interfaced(face), 1, lambda stream: None)
+        tensor_of(Interfaced(face), 1, interface=True)
 
 
 # ---- on a real GPU, with torch (and cupy if installed): skipped elsewhere ---------------------------
@@ -198,6 +228,22 @@ def test_torch_cuda_tensors_in_and_out_without_copies(gpu_modules):
         module.main(torch.randn(64, 784, device="cuda", dtype=torch.float64))
     with pytest.raises(InputError, match=r"argument 'x': the Tensor cannot be read \(RuntimeError: .*grad"):
         module.main(torch.randn(64, 784, device="cuda", requires_grad=True))
+
+
+def test_a_torch_tensor_written_on_a_side_stream_is_waited_for(gpu_modules):
+    """torch's __cuda_array_interface__ names no stream: the module asks torch for its current one."""
+    import torch
+    from hexir_runtime import load
+
+    module = load(gpu_modules / "mlp_64x784x512x10_float32_cuda.hxb", "cuda")
+    big = torch.ones(2048, 2048, device="cuda")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        for trial in range(20):  # a long kernel on the side stream, then the input written after it
+            x = torch.zeros(64, 784, device="cuda")
+            big @ big
+            x += trial
+            y = module.main(x)  # numpy out: the module's stream, then the host, wait
+            np.testing.assert_allclose(y, module.main(np.full((64, 784), trial, np.float32)), rtol=1e-5)
 
 
 def test_a_tensor_written_on_another_stream_is_waited_for(gpu_modules):
