@@ -267,29 +267,31 @@ class CudaProgram:
         self.lock = threading.Lock()
 
     def close(self) -> None:
-        """Unload the module's images from the GPU (idempotent); its kernels cannot be launched after."""
+        """Unload the module's images from the GPU (idempotent); its kernels cannot be launched
+        after. Every release is attempted; the first that failed is raised after the others (a
+        context broken by a failed kernel fails them all)."""
         modules, self.modules = self.modules, []
         stream, events, self.stream = self.stream, (self.event, self.wait_event), None
         self.event = self.wait_event = None
         self.kernels = {}
-        if modules or stream is not None:
-            self.device.make_current()
-        if stream is not None:
-            check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
-            check(self.driver.cuStreamDestroy(stream), "cuStreamDestroy")
-        spare, self.spare = self.spare, {}
-        for pointer in (pointer for kept in spare.values() for pointer in kept):
-            check(self.driver.cuMemFree(pointer), "cuMemFree")
         with self.lock:
-            spare, self.spare_host = self.spare_host, {}
-        for pointer in (pointer for kept in spare.values() for pointer in kept):
-            check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
+            host, self.spare_host = [p for kept in self.spare_host.values() for p in kept], {}
+        device, self.spare = [p for kept in self.spare.values() for p in kept], {}
+        releases = [("cuStreamSynchronize", stream), ("cuStreamDestroy", stream)] if stream is not None else []
+        releases += [("cuMemFree", p) for p in device] + [("cuMemFreeHost", p) for p in host]
+        releases += [("cuEventDestroy", e) for e in events if e is not None]
+        releases += [("cuModuleUnload", m) for m in modules]
+        failed: list[DeviceError] = []
+        if releases:
+            self.device.make_current()
+        for call, handle in releases:
+            try:
+                check(getattr(self.driver, call)(handle), call)
+            except DeviceError as error:
+                failed.append(error)
         self._free_returned()  # (and those given back later: see _given_back)
-        for event in events:
-            if event is not None:
-                check(self.driver.cuEventDestroy(event), "cuEventDestroy")
-        for module in modules:
-            check(self.driver.cuModuleUnload(module), "cuModuleUnload")
+        if failed:
+            raise failed[0]
 
     def begin(self) -> None:
         """Make the device's context current on the calling thread (at the start of each call)."""

@@ -660,6 +660,10 @@ def test_an_error_surfacing_at_synchronize_names_custreamsynchronize(module_file
     with pytest.raises(DeviceError, match=r"^cuStreamSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS "
                                           r"\(an illegal memory access was encountered\)$"):
         module.main(x_of((3, 5)))
+    with pytest.raises(DeviceError, match="cuStreamSynchronize failed"):  # closing syncs too: it says so,
+        module.close()
+    assert {"cuStreamDestroy", "cuModuleUnload"} <= set(fake.calls[fake.calls.index("cuStreamSynchronize"):])
+    del fake.fail["cuStreamSynchronize"]  # after releasing the rest
 
 
 # ---- choosing the image ----------------------------------------------------------------------
