@@ -80,8 +80,8 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 DEFAULT_SHARED_BYTES = 48 * 1024
 #: Device outputs given back that a module keeps, per size, for later calls' outputs.
 SPARE_OUTPUTS = 4
-#: A result copied to the host at least this big comes back in page-locked memory (`copy_out`),
-#: kept for later results of at most SPARE_SIZES sizes.
+#: A result copied to the host at least this big comes back in page-locked memory (`copy_out`).
+#: Device outputs and page-locked results given back are kept for later calls of SPARE_SIZES sizes.
 PINNED_RESULT_BYTES, SPARE_SIZES = 1 << 20, 8
 
 #: The oldest architecture the compiler targets (CUDA 13's ptxas starts there).
@@ -387,7 +387,7 @@ class CudaProgram:
     def output(self, shape: tuple[int, ...], dtype: Any) -> DLPackArray:
         """Device memory for one output of one call, owned by the returned array until it and
         every tensor taken from it are gone; then kept for a later call's output of the same
-        size (up to SPARE_OUTPUTS of each), else freed."""
+        size (up to SPARE_OUTPUTS of each, of SPARE_SIZES sizes), else freed."""
         nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
         spare = self.spare.get(nbytes)
         pointer = spare.pop() if spare else int(check(self.driver.cuMemAllocAsync(nbytes, self.stream),
@@ -398,8 +398,10 @@ class CudaProgram:
             # a later call writes it on our stream, which (blocking) waits for the legacy stream's
             # work queued before: torch's default stream's last reads of it, as cuMemFreeAsync on
             # the legacy stream would
-            kept = spares.setdefault(nbytes, [])
-            if self.stream is not None and len(kept) < SPARE_OUTPUTS:
+            kept = spares.get(nbytes)
+            if kept is None and len(spares) < SPARE_SIZES:
+                kept = spares.setdefault(nbytes, [])
+            if self.stream is not None and kept is not None and len(kept) < SPARE_OUTPUTS:
                 kept.append(pointer)
                 return
             device.make_current()  # the last reference may go on any thread

@@ -42,7 +42,7 @@ import pytest
 from hexir_runtime import DeviceError, HexirRuntimeError, KernelError, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
-from hexir_runtime.cuda import PINNED_RESULT_BYTES, SPARE_OUTPUTS, CudaDevice, pick_image
+from hexir_runtime.cuda import PINNED_RESULT_BYTES, SPARE_OUTPUTS, SPARE_SIZES, CudaDevice, pick_image
 from hexir_runtime.device import HostMemory
 from hexir_runtime.executor import DIRECT_BYTES
 
@@ -1349,6 +1349,18 @@ def test_a_module_keeps_a_few_given_back_outputs_per_size_and_frees_the_rest(mod
     assert [call for call, _ in fake.on_stream].count("cuMemFreeAsync") == 2
     reused = [module.main(tensor, outputs="device") for _ in range(SPARE_OUTPUTS)]
     assert {y.pointer for y in reused} <= pointers
+
+
+def test_given_back_outputs_are_kept_for_at_most_spare_sizes_sizes(module_file, fake):
+    """A module called with ever new batch sizes keeps spare outputs of SPARE_SIZES sizes only."""
+    module = load(module_file("rows_relu"), "cuda")
+    program = module._executors["main"].gpus[0]
+    for rows in range(1, SPARE_SIZES + 4):
+        y = module.main(CudaTensor(fake, x_of((rows, 1024), seed=rows)), outputs="device")
+        np.testing.assert_array_equal(device_bytes(fake, y), np.maximum(x_of((rows, 1024), seed=rows), 0))
+        del y
+        gc.collect()
+    assert sorted(program.spare) == [rows * 4096 for rows in range(1, SPARE_SIZES + 1)]
 
 
 def test_each_device_output_is_a_fresh_buffer_and_host_inputs_wait_for_the_last_call(module_file, fake):
