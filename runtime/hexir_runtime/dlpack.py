@@ -165,7 +165,8 @@ def _torch_stream(obj: Any, device_id: int) -> int | None:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
-    return torch.cuda.current_stream(device_id).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle, without a Stream object
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
 #: DLTensor's fields up to its byte offset: data, device (type, id), ndim, dtype (code, bits,

@@ -159,13 +159,16 @@ def test_a_torch_tensor_follows_torchs_current_stream(monkeypatch):
             assert device == 1
             self.cuda_stream = current["stream"]
 
-    torch = types.SimpleNamespace(Tensor=Tensor, cuda=types.SimpleNamespace(current_stream=Stream))
+    torch = types.SimpleNamespace(Tensor=Tensor, cuda=types.SimpleNamespace(current_stream=Stream),
+                                  _C=types.SimpleNamespace())
     monkeypatch.setitem(sys.modules, "torch", torch)
     face = {"shape": (2,), "typestr": "<f8", "data": (4096, False), "version": 2}
     assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream is None
     current["stream"] = 0xBEEF
     assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream == 0xBEEF
     assert tensor_of(Interfaced(face, (CUDA, 1)), 1, interface=True).stream is None  # not torch's
+    torch._C._cuda_getCurrentRawStream = lambda device: Stream(device).cuda_stream + 1  # where torch has it
+    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream == 0xBEEF + 1
 
 
 def test_without_interface_a_cuda_tensor_goes_through_dlpack():
