@@ -64,8 +64,11 @@ PACK_FROM_ROWS = 24
 #: 192; 1024^3: 94, 87, 95). 512-byte columns rather than 1 KiB give small products tiles
 #: enough for 16 cores: on the H200's host (run 23 of bench/results/2026-11-30-h200-pipelines.md,
 #: hexir's times, two passes) 256^3 f32 0.15-0.22 -> 0.09 ms, 512^3 0.49-0.54 -> 0.39-0.40,
-#: 64x1024x1024 0.49-0.56 -> 0.30, 1024^3 and 2048^3 the same or better.
-MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48), 512, 32
+#: 64x1024x1024 0.49-0.56 -> 0.30, 1024^3 and 2048^3 the same or better. 24-row tiles for the
+#: products that even 48 rows leave short of items: the 64x784x512x10 MLP on the 16-core host
+#: 178-190 -> 124-147 µs f32, 351-370 -> 306-334 f64 (three passes; on a 2-core machine 5-7%
+#: slower, where 8 items already occupy its cores: bench/results/2026-11-30-h200-evening.md).
+MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48, 24), 512, 32
 
 
 def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:

@@ -62,7 +62,7 @@ def manifest(data: bytes) -> dict:
 
 #: The cpu linear's parallel work items, as its schedule documents them (hexir/schedules/cpu.py):
 #: tiles of 48 rows x 1024 bytes of columns (256 float32, 128 float64), on every x86-64 level.
-CPU_TILE_ROWS, CPU_TILE_BYTES = 48, 512
+CPU_TILE_ROWS, CPU_TILE_BYTES = 24, 512
 
 
 def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:

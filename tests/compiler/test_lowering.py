@@ -70,7 +70,7 @@ func.func @main(%arg0: tensor<{m}x300xf32{enc}>, %w: tensor<300x300xf32>) -> ten
 
 
 def test_tiles_cover_every_output_once():
-    """Row counts around the tile's 48 rows (and its micro-kernel's row groups), 300 columns (two
+    """Row counts around the tile's 24 rows (and its micro-kernel's row groups), 300 columns (two
     full column tiles and a narrower one) and K = 300 (two k blocks), split across threads by the
     work record: the product is numpy's, every element once. One module serves them all: its
     row count is the symbol `batch`."""
@@ -81,27 +81,28 @@ def test_tiles_cover_every_output_once():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((300, 300)).astype(np.float32)
     modules = [hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)) for threads in (1, 3)]
-    for m in (1, 2, 3, 5, 6, 7, 13, 47, 48, 49, 95, 97, 100):
+    for m in (1, 2, 3, 5, 6, 7, 13, 23, 24, 25, 47, 48, 49, 95, 97, 100):
         x = rng.standard_normal((m, 300)).astype(np.float32)
         for module in modules:
             np.testing.assert_allclose(module.main(x, w), x @ w, rtol=2e-5, atol=2e-4, err_msg=f"m={m}")
 
 
 def test_linear_schedule_is_parallel_over_output_tiles():
-    """out[100, 300] in tiles of 48 rows x 128 float32 columns: 3 x 3 = 9 work items, in column
-    order; item t covers rows [48 (t % 3), min(48 (t % 3) + 48, 100)) and columns from 128 (t / 3)."""
-    assert cpu_linear_tiles(100, 300, "float32") == 9
+    """out[100, 300] in tiles of 24 rows (no larger tile leaves 32 items) x 128 float32 columns:
+    5 x 3 = 15 work items, in column order; item t covers rows [24 (t % 5), min(24 (t % 5) + 24,
+    100)) and columns from 128 (t / 5)."""
+    assert cpu_linear_tiles(100, 300, "float32") == 15
     filecheck(lower(WIDE.format(m=100, enc=""), "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(
-        CHECK-SAME:      hextir.work = {extent = "9", grain = 1 : i64}
-        CHECK:       scf.for %[[T:.+]] = %c0 to %c9 step %c1 {
-        CHECK-NEXT:    %[[TR:.+]] = arith.remui %[[T]], %c3 : index
-        CHECK-NEXT:    %c48 = arith.constant 48 : index
-        CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c48 : index
-        CHECK-NEXT:    %[[TC:.+]] = arith.divui %[[T]], %c3 : index
+        CHECK-SAME:      hextir.work = {extent = "15", grain = 1 : i64}
+        CHECK:       scf.for %[[T:.+]] = %c0 to %c15 step %c1 {
+        CHECK-NEXT:    %[[TR:.+]] = arith.remui %[[T]], %c5 : index
+        CHECK-NEXT:    %c24 = arith.constant 24 : index
+        CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c24 : index
+        CHECK-NEXT:    %[[TC:.+]] = arith.divui %[[T]], %c5 : index
         CHECK-NEXT:    %c128 = arith.constant 128 : index
         CHECK-NEXT:    %[[C0:.+]] = arith.muli %[[TC]], %c128 : index
-        CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c48 : index
+        CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c24 : index
         CHECK-NEXT:    %[[R1:.+]] = arith.minui %[[R1A]], %c100 : index
         CHECK:         vector.fma
         CHECK:         vector.store %{{.+}}, %arg2[%{{.+}}, %{{.+}}] : memref<100x300xf32>
@@ -202,7 +203,7 @@ def test_loops_use_memref_and_take_a_work_range():
         CHECK:       func.func public @linear_0(%arg0: memref<20x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<20x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
         CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(20, 4, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
-        CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c48 : index
+        CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c24 : index
         CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<20x8xf32>
         CHECK:         vector.fma
         CHECK:         vector.store %{{{{.+}}}}, %arg2[%{{{{.+}}}}, %{{{{.+}}}}] : memref<20x4xf32>, vector<4xf32>

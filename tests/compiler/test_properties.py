@@ -51,8 +51,8 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     assert linear["op"] == "linear"
     assert linear["epilogues"] == (["bias"] if bias else []) + (["relu"] if fused else [])
     assert [a["shape"] for a in linear["args"]] == expected_linear
-    # linear runs in tiles of its output (one up to 48 rows and 512 bytes of columns), relu row by row
-    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype), "grain": 1} == {"extent": 1, "grain": 1}
+    # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu row by row
+    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype), "grain": 1}
     assert len(kernels) == (1 if fused else 2)
     if not fused:
         relu = kernels[1]
@@ -84,9 +84,9 @@ def _edges(*sizes: int) -> list[int]:
 
 
 # Every size where a cpu linear's loops change shape: its micro-kernel's rows (MR 4 or 6) and
-# columns (NR 4 to 32), the streamed products' row limit and k block, the tiles' rows (48, 96)
+# columns (NR 4 to 32), the streamed products' row limit and k block, the tiles' rows (24, 48, 96)
 # and k block (256), a tile's columns (512 bytes: 64 or 128), and primes in between.
-M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 48, 96) + [29, 53]
+M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 24, 48, 96) + [29, 53]
 K_EDGES = _edges(1, cpu_schedule.KS, 2 * cpu_schedule.KS, cpu_schedule.KC) + [37, 131]
 N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
 

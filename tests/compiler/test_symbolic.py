@@ -118,7 +118,7 @@ def test_the_ir_prints_the_symbol_at_every_stage():
     tir = str(run_stage(jitted.trace(spec), "mlir-tir", jitted.options))
     assert "memref<?x8xf32>" in tir and 'hextir.sizes = ["batch"]' in tir
     assert 'grid = ["1", "ceildiv(batch, 64)", "1"]' in tir       # 16 columns: one 64-wide tile
-    assert 'extent = "ceildiv(batch, 48)"' in tir  # the cpu twin: tiles of 48 rows, all 16 columns
+    assert 'extent = "ceildiv(batch, 24)"' in tir  # the cpu twin: tiles of 24 rows, all 16 columns
     loops = str(run_stage(jitted.trace(spec), "mlir-linalg", jitted.options))
     assert "memref.reinterpret_cast" in loops and "memref<f32>" in loops
 
