@@ -30,6 +30,9 @@ nothing is captured from outside, unlike `gpu-kernel-outlining`.
 
 from __future__ import annotations
 
+import math
+
+from hexir_runtime.cuda import DEFAULT_SHARED_BYTES  # what a block gets without opting in
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
 
@@ -38,16 +41,11 @@ from hexir.dialects import hextir as ht
 from hexir.passes.common import walk
 
 _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
-#: The shared memory a block gets without opting in (the rest is dynamic, asked for at launch).
-STATIC_SHARED_BYTES = 48 * 1024
 
 
 def _bytes(type_: ir.Type) -> int:
     shaped = ir.MemRefType(type_)
-    count = 1
-    for extent in shaped.shape:
-        count *= extent
-    return count * ir.FloatType(shaped.element_type).width // 8
+    return math.prod(shaped.shape) * ir.FloatType(shaped.element_type).width // 8
 
 
 def cuda_kernels_to_gpu(module: ir.Module) -> None:
@@ -77,12 +75,12 @@ def _outline(kernel: ir.Operation) -> None:
             function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the
     # kernel's own, counted by `workgroup_attributions` (static shared memory, at most
-    # STATIC_SHARED_BYTES); more than that become views of the block's dynamic shared memory,
+    # DEFAULT_SHARED_BYTES); more than that become views of the block's dynamic shared memory,
     # whose size the launch record then asks for.
     offsets = [0]
     for op in shared:  # 16-byte aligned, for the 128-bit loads the schedules read them with
         offsets.append(offsets[-1] + -(-_bytes(op.result.type) // 16) * 16)
-    dynamic = offsets[-1] > STATIC_SHARED_BYTES
+    dynamic = offsets[-1] > DEFAULT_SHARED_BYTES
     attributions = [] if dynamic else shared
     block = function.regions[0].blocks.append(*arg_types, *(op.result.type for op in attributions))
     function.operation.attributes["workgroup_attributions"] = ir.IntegerAttr.get(

@@ -363,6 +363,16 @@ def address(array: np.ndarray) -> int:
         return array.ctypes.data
 
 
+def _patched(base: list[int], overrides: Sequence[tuple[int, np.ndarray]]) -> list[int]:
+    """A launch's arguments: `base` with a call's (position, array) overrides' addresses."""
+    if not overrides:
+        return base
+    arguments = list(base)
+    for position, array in overrides:
+        arguments[position] = address(array)
+    return arguments
+
+
 class CpuProgram:
     """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
     custom kernel) and the size expressions they take after their pointers."""
@@ -400,11 +410,7 @@ class CpuProgram:
             return self._native_launcher(native, function, base, extent, ranges)
 
         def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
-            arguments = base
-            if overrides:
-                arguments = list(base)
-                for position, array in overrides:
-                    arguments[position] = address(array)
+            arguments = _patched(base, overrides)
             if len(ranges) == 1:
                 function(*arguments, *ranges[0])
                 return
@@ -424,10 +430,7 @@ class CpuProgram:
 
         def go(overrides: Sequence[tuple[int, np.ndarray]] = ()) -> None:
             if not native.busy.acquire(blocking=False):  # another thread's launch holds the pool:
-                arguments = list(base)                     # the whole range here, in one piece
-                for position, array in overrides:
-                    arguments[position] = address(array)
-                function(*arguments, 0, extent)
+                function(*_patched(base, overrides), 0, extent)  # the whole range here, in one piece
                 return
             try:
                 for position, array in overrides:

@@ -245,6 +245,18 @@ class CudaDevice:
         return program
 
 
+def _keep(spares: dict[int, list[int]], nbytes: int, pointer: int) -> bool:
+    """Keep `pointer` among `spares` (by size) for a later call, if there is room: up to
+    SPARE_OUTPUTS of a size, of SPARE_SIZES sizes."""
+    kept = spares.get(nbytes)
+    if kept is None and len(spares) < SPARE_SIZES:
+        kept = spares.setdefault(nbytes, [])
+    if kept is None or len(kept) >= SPARE_OUTPUTS:
+        return False
+    kept.append(pointer)
+    return True
+
+
 class CudaProgram:
     """The module's CUDA kernels, its stream, and the stream-ordered copies of its calls."""
 
@@ -358,12 +370,7 @@ class CudaProgram:
         while self.returned:
             nbytes, pointer = self.returned.popleft()
             self.lent[nbytes] -= 1
-            kept = self.spare_host.get(nbytes)
-            if kept is None and len(self.spare_host) < SPARE_SIZES:
-                kept = self.spare_host[nbytes] = []
-            if kept is not None and len(kept) < SPARE_OUTPUTS:
-                kept.append(pointer)
-            else:
+            if not _keep(self.spare_host, nbytes, pointer):
                 self.device.make_current()
                 check(self.driver.cuMemFreeHost(pointer), "cuMemFreeHost")
 
@@ -398,11 +405,7 @@ class CudaProgram:
             # a later call writes it on our stream, which (blocking) waits for the legacy stream's
             # work queued before: torch's default stream's last reads of it, as cuMemFreeAsync on
             # the legacy stream would
-            kept = spares.get(nbytes)
-            if kept is None and len(spares) < SPARE_SIZES:
-                kept = spares.setdefault(nbytes, [])
-            if self.stream is not None and kept is not None and len(kept) < SPARE_OUTPUTS:
-                kept.append(pointer)
+            if self.stream is not None and _keep(spares, nbytes, pointer):
                 return
             device.make_current()  # the last reference may go on any thread
             check(driver.cuMemFreeAsync(pointer, 0), "cuMemFreeAsync")
