@@ -277,6 +277,29 @@ def test_kernel_without_an_outer_parallel_loop_is_refused():
         lower(text, "mlir-linalg")
 
 
+def test_a_chunk_end_outside_a_chunk_loop_is_refused():
+    """hextir.chunk_end means the end of the thread's chunk: only a loop bound to `chunk` has one."""
+    text = """
+    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {hextir.kernel = #hextir.kernel<"cpu", "relu">} {
+      %c0 = arith.constant 0 : index
+      %c4 = arith.constant 4 : index
+      %c1 = arith.constant 1 : index
+      scf.for %i = %c0 to %c4 step %c1 {
+        %end = "hextir.chunk_end"() : () -> index
+        %v = "hextir.load"(%x, %end) : (memref<4xf32>, index) -> f32
+        "hextir.store"(%v, %out, %i) : (f32, memref<4xf32>, index) -> ()
+      } {hextir.schedule = #hextir.loop<"parallel", "">}
+      return
+    }
+    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+      %0 = "hexir.call"(%arg0) {callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>} : (tensor<4xf32>) -> tensor<4xf32>
+      return %0 : tensor<4xf32>
+    }
+    """
+    with pytest.raises(CompileError, match=r"cpu kernel relu_0 uses hextir.chunk_end outside a chunk loop"):
+        lower(text, "mlir-linalg")
+
+
 # ---- to-llvm -----------------------------------------------------------------------------
 
 def test_llvm_kernel_takes_bare_pointers_and_a_work_range():
