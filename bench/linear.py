@@ -4,15 +4,18 @@
     python bench/linear.py run bench/modules --device cpu --max-gflop 20  # hexir cpu vs numpy
     python bench/linear.py run bench/modules --device cuda # hexir cuda kernels vs cuBLAS (torch)
 
-Weights are arguments, so the modules are small and the data is drawn where it runs. Each
-row times one kernel launch on buffers already on the device (warm-up first, then the median
-of repeated runs): on the GPU with CUDA events on the module's stream around the launch, on
-the CPU with the host clock around the call. The baseline is timed the same way: numpy's
-`matmul` into a preallocated output, or `torch.matmul(out=...)` between CUDA events (TF32
-off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time (above 1: hexir is
-faster). The `sym` rows run a module compiled for a symbolic row count (`batch x K`) at the
-same size as the static row above them: their ratio to the static kernel is the cost of not
-knowing the batch when compiling.
+Weights are arguments, so the modules are small and the data is drawn where it runs. Each row
+times one kernel launch on buffers already on the device (warm-up first, then the median of
+repeated runs): on the GPU with CUDA events on the module's stream around the launch, on the CPU
+with the host clock around the call. On the GPU each row also gives the kernels' own time
+("queued"): QUEUED launches queued behind a sleeping kernel, then timed by CUDA events as the
+GPU runs them back to back, so that the host's launch cost (some 5 µs through cuda-python, 20-30
+through torch) is left out; for small products it is most of the first time. The baseline is
+timed the same way: numpy's `matmul` into a preallocated output, or `torch.matmul(out=...)`
+between CUDA events (TF32 off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time
+(above 1: hexir is faster). The `sym` rows run a module compiled for a symbolic row count
+(`batch x K`) at the same size as the static row above them: their ratio to the static kernel is
+the cost of not knowing the batch when compiling.
 """
 
 from __future__ import annotations
@@ -67,6 +70,29 @@ def build(out: Path) -> None:
     print(f"built {len(rows)} modules in {out}")
 
 
+QUEUED = 20  # launches per queued measurement
+QUEUED_FLOPS = 2e10  # products measured queued too: above, a launch's cost is lost in the kernel's
+
+
+def _queued(launch, stream) -> float:
+    """Seconds per launch on the GPU alone: QUEUED launches queued on `stream` (a torch stream)
+    behind a sleeping kernel (long enough for the host to queue them all), timed by events."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(5):
+            torch.cuda._sleep(4_000_000)  # ~2 ms at the H200's clock
+            start.record(stream)
+            for _ in range(QUEUED):
+                launch()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / QUEUED)
+    return statistics.median(times)
+
+
 def _median_seconds(fn, repeats: int, budget: float = 2.0) -> float:
     fn()  # warm-up: module load, first-touch, JIT
     times = []
@@ -110,7 +136,10 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
     place.make_current()
     launch = program.launcher(0, buffers, sizes)  # built once, as a call's plan does: only the launch is timed
 
-    def timed() -> float:
+    def timed(queued: bool = False) -> float:
+        if queued:
+            import torch
+            return _queued(launch, torch.cuda.ExternalStream(int(program.stream)))
         check(driver.cuEventRecord(start, program.stream), "cuEventRecord")
         launch()
         check(driver.cuEventRecord(end, program.stream), "cuEventRecord")
@@ -141,8 +170,9 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     if threads:
         where += f", hexir on {threads} threads"
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
+    queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
-          f"{'ratio':>7}")
+          f"{'ratio':>7}{queued}")
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
         x = rng.standard_normal((m, k)).astype(dtype)
@@ -172,9 +202,14 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         flops = 2.0 * m * k * n
         label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}"
                                                                               if "variant" in row else "")
+        queued = ""
+        if device == "cuda" and flops <= QUEUED_FLOPS:  # the kernels' own times (beyond: as the first)
+            ours, theirs = runner(queued=True), _queued(lambda tx=tx, tw=tw, tout=tout: torch.matmul(tx, tw, out=tout),
+                                                        torch.cuda.current_stream())
+            queued = f" {ours * 1e3:10.4f} {theirs * 1e3:10.4f} {theirs / ours:7.3f}"
         print(f"{label:>22} {dtype:>8} {hexir_time * 1e3:10.3f} {base_time * 1e3:10.3f} "
-              f"{flops / hexir_time / 1e9:11.1f} {flops / base_time / 1e9:10.1f} {base_time / hexir_time:7.3f}",
-              flush=True)
+              f"{flops / hexir_time / 1e9:11.1f} {flops / base_time / 1e9:10.1f} {base_time / hexir_time:7.3f}"
+              f"{queued}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

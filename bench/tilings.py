@@ -84,7 +84,7 @@ def main(out: Path) -> None:
     chosen = gpu_schedule.linear_tiling
     try:
         for tiling in TILINGS:
-            gpu_schedule.linear_tiling = lambda m, n, tiling=tiling: tiling
+            gpu_schedule.linear_tiling = lambda m, n, *_, tiling=tiling: tiling
             tile, step, per = tiling
             for m, k, n, symbolic in SIZES:
                 for dtype in ("float32",):  # float64 runs on the tensor cores (schedules/cuda.py dmma)

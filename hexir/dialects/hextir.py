@@ -15,8 +15,9 @@ Schedules: kind `serial` | `parallel` | `unrolled`, and bind "" (no binding: on 
 body runs once per thread's chunk of it: its induction variable is the chunk's first iteration,
 `hextir.chunk_end` its end; a 1-row product then streams one thread's whole column range) or
 `blockIdx.{x,y,z}` / `threadIdx.{x,y,z}` (the loop *is* that GPU index). `hextir.alloc_local` makes a
-kernel-local buffer (`space` "private" or "shared" by a GPU block), `hextir.barrier`
-synchronizes a GPU block.
+kernel-local buffer (`space` "private", "shared" by a GPU block, or "global": device memory
+that every block of every launch of a GPU kernel shares, zeroed when the module loads — split-K's
+partial sums and counters), `hextir.barrier` synchronizes a GPU block.
 
 Why `scf.for` and not a `hextir.for` op: IRDL cannot give an op the terminator trait, so an
 IRDL loop's body could not end in a yield of its own. The loop structure is upstream's; the
@@ -73,7 +74,7 @@ irdl.dialect @hextir {{
   }}
   irdl.operation @alloc_local {{
     %buffer = irdl.base "!builtin.memref"
-{one_of("space", ("private", "shared"))}
+{one_of("space", ("private", "shared", "global"))}
     irdl.attributes {{"space" = %space}}
     irdl.results(buffer: %buffer)
   }}
@@ -166,8 +167,9 @@ def store(value: ir.Value, buffer: ir.Value, indices: Sequence[ir.Value]) -> Non
 
 
 def alloc_local(shape: Sequence[int], element: ir.Type, space: str = "private") -> ir.Value:
-    """A kernel-local buffer: "private" to a thread, or "shared" by a GPU block (its memref
-    type then carries the GPU workgroup address space, as upstream's gpu dialect spells it)."""
+    """A kernel-local buffer: "private" to a thread, "shared" by a GPU block (its memref type
+    then carries the GPU workgroup address space, as upstream's gpu dialect spells it), or
+    "global" to a GPU kernel (a module global: it lives across launches, zeroed at load)."""
     memory_space = ir.Attribute.parse("#gpu.address_space<workgroup>") if space == "shared" else None
     op = ir.Operation.create("hextir.alloc_local",
                              results=[ir.MemRefType.get(list(shape), element, memory_space=memory_space)],

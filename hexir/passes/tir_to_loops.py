@@ -110,8 +110,8 @@ def _add_work_range(kernel: ir.Operation) -> None:
 
 def _lower_memory_ops(kernel: ir.Operation) -> None:
     for op in walk(kernel, "hextir.load", "hextir.store", "hextir.alloc_local"):
-        if op.name == "hextir.alloc_local" and ir.StringAttr(op.attributes["space"]).value == "shared":
-            continue  # a GPU block's buffer: to_gpu makes it a workgroup attribution
+        if op.name == "hextir.alloc_local" and ir.StringAttr(op.attributes["space"]).value != "private":
+            continue  # a GPU block's or kernel's buffer: to_gpu makes it an attribution or a global
         with ir.InsertionPoint(op), op.location:
             if op.name == "hextir.load":
                 value = memref.LoadOp(op.operands[0], list(op.operands)[1:]).result

@@ -9,7 +9,9 @@ expression of a size argument); shared `hextir.alloc_local` buffers become workg
 attributions (static shared memory, 16-byte aligned) or, past the 48 KiB a block gets without
 opting in, views of its dynamic shared memory (`gpu.dynamic_shared_memory` + `memref.view`, the
 bytes written into the launch record, which the runtime opts the kernel into at load); and
-`hextir.barrier` a `gpu.barrier`. The kernel takes exactly the arguments of
+`hextir.barrier` a `gpu.barrier`; a "global" `hextir.alloc_local` becomes a zeroed
+`memref.global` of the gpu.module (`@<kernel>_global<i>`), read through `memref.get_global`
+(device memory that lives as long as the loaded module). The kernel takes exactly the arguments of
 the kernel function, no more (so the runtime launches it with those pointers and sizes):
 nothing is captured from outside, unlike `gpu-kernel-outlining`.
 
@@ -45,7 +47,9 @@ _DIMENSIONS = {"x": gpu.Dimension.x, "y": gpu.Dimension.y, "z": gpu.Dimension.z}
 
 def _bytes(type_: ir.Type) -> int:
     shaped = ir.MemRefType(type_)
-    return math.prod(shaped.shape) * ir.FloatType(shaped.element_type).width // 8
+    element = shaped.element_type
+    width = element.width if isinstance(element, ir.IntegerType) else ir.FloatType(element).width
+    return math.prod(shaped.shape) * width // 8
 
 
 def cuda_kernels_to_gpu(module: ir.Module) -> None:
@@ -69,6 +73,18 @@ def _outline(kernel: ir.Operation) -> None:
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
     shared = [op for op in walk(kernel, "hextir.alloc_local")
               if ir.StringAttr(op.attributes["space"]).value == "shared"]
+    for index, op in enumerate(op for op in walk(kernel, "hextir.alloc_local")
+                               if ir.StringAttr(op.attributes["space"]).value == "global"):
+        shaped = ir.MemRefType(op.result.type)
+        zero = ir.FloatAttr.get(shaped.element_type, 0.0) if not isinstance(shaped.element_type, ir.IntegerType) \
+            else ir.IntegerAttr.get(shaped.element_type, 0)
+        memref.GlobalOp(f"{name}_global{index}", ir.TypeAttr.get(shaped), sym_visibility="private",
+                        initial_value=ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get(shaped.shape,
+                                                                                            shaped.element_type), zero),
+                        alignment=16)
+        with ir.InsertionPoint(op), op.location:
+            op.result.replace_all_uses_with(memref.GetGlobalOp(shaped, f"{name}_global{index}").result)
+        op.erase()
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
     for attribute in (ht.KERNEL, ht.EPILOGUES, ht.SIZES, ht.LAUNCH, ht.VARIANT, ht.VARIANTS, ht.VARIANT_OF):
         if attribute in kernel.attributes:

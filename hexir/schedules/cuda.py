@@ -20,6 +20,18 @@ linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmm
 tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from shared
 slices pipelined as the SIMT kernel's are.
 
+A static product whose tiles are too few to fill the GPU splits K (`split_k`): grid z is the
+part of K a block walks; each block writes its partial sums to a buffer in device memory
+(`alloc_local` "global": a module global, zeroed at load) and counts itself in the tile's
+arrivals (an atomic add); the tile's last block adds the parts in split order — the same sum
+whichever block is last, so results are deterministic —, applies the epilogues and stores:
+
+    for split in [0, S) bind blockIdx.z             k's [split * per, min((split + 1) * per, K))
+      ... sums as above ...
+      partial[split][tile][c][thread] = sums[c]; fence; barrier; thread 0: arrived = atomic_add(arrivals[tile], 1)
+      if arrived == S - 1: fence; out[row, col] = epilogues(partial[0][tile][c][thread] + ... + partial[S-1]...)
+                           thread 0: arrivals[tile] = 0
+
 linear with at most ROWS_MAX rows (static) streams w instead (`rows`): see `linear_rows`.
 
 elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
@@ -29,6 +41,7 @@ row count known only at run time (the grid is then an expression of it).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 
@@ -40,13 +53,16 @@ from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
 
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
-#: the fewest blocks each must give the GPU (132 SMs on an H100/H200) to be chosen: the first
-#: that fills the GPU wins. Bigger tiles do more work per shared-memory load (128x128: 0.95 of
-#: cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66; at 1024x2048x2048, 128 blocks of 128x128 0.94,
-#: 512 of 64x64 0.69) but leave SMs idle on small outputs (512^3: 32x32 1.27, 64x64 1.02,
-#: 128x128 0.47; 1024^3: 64x64 0.99, 128x128 0.66); 16x16 tiles keep a product of a few dozen
-#: rows from running on a few dozen blocks (bench/results/2026-11-30-h200-pipelines.md).
-TILINGS = (((128, 16, 8), 128), ((64, 16, 4), 256), ((32, 16, 2), 256), ((16, 16, 1), 0))
+#: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
+#: H100/H200) to be chosen: the first that fills the GPU wins. Bigger tiles do more work per
+#: shared-memory load (128x128: 0.95 of cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66; at
+#: 1024x2048x2048, 128 blocks of 128x128 0.94, 512 of 64x64 0.69) but leave SMs idle on small
+#: outputs (512^3: 32x32 1.27, 64x64 1.02, 128x128 0.47; 1024^3: 64x64 0.99, 128x128 0.66); 16x16
+#: tiles keep a product of a few dozen rows from running on a few dozen blocks
+#: (bench/results/2026-11-30-h200-pipelines.md). With K split, 64x64 tiles win at 512^3,
+#: 256x1024x1024 and 4096x1024x33, 32x32 from 128 blocks at 64x784x512 and 64x1024x1024
+#: (bench/results/2026-11-30-h200-splitk.md).
+TILINGS = (((128, 16, 8), 128), ((64, 16, 4), 256), ((32, 16, 2), 128), ((16, 16, 1), 0))
 LARGE_TILING = TILINGS[0][0]
 #: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row). At
 #: 4096 x 4096 on the H200 (f32/f64, of cuBLAS) it gives 1.03/1.19 at 1 row, 1.44/0.99 at 8,
@@ -63,14 +79,16 @@ ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
 ELEMENTWISE_BLOCK = 256
 
 
-def linear_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int]:
-    """The tiling of an [m, n] output: the first of TILINGS that gives enough blocks (a symbolic
-    m: the largest; `linear_variants` adds the smaller ones, for the batches they fill the GPU at)."""
+def linear_tiling(m: sizes.Expr, n: int, k: int = 0, element_bytes: int = 4) -> tuple[int, int, int]:
+    """The tiling of an [m, n] output (of a product over k): the first of TILINGS that gives
+    enough blocks, K's splits counted (a symbolic m: the largest; `linear_variants` adds the
+    smaller ones, for the batches they fill the GPU at)."""
     if isinstance(m, str):
         return LARGE_TILING
-    for tiling, fewest in TILINGS:
-        if -(-m // tiling[0]) * -(-n // tiling[0]) >= fewest:
-            return tiling
+    for (tile, step, per), fewest in TILINGS:
+        blocks = -(-m // tile) * -(-n // tile)
+        if blocks * split_k(blocks, k, step, tile * tile * element_bytes) >= fewest:
+            return tile, step, per
     return TILINGS[-1][0]
 
 
@@ -227,6 +245,25 @@ DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
 DMMA_FROM = 80
+#: Split-K: a (static) product over SPLIT_MIN_K or more k's whose tiles give the GPU fewer than
+#: SPLIT_FILL blocks splits K over up to SPLIT_MAX blocks per tile (as many as bring it to
+#: SPLIT_FILL), each walking at least SPLIT_MIN_STEPS slices, while the partial sums that a tile's
+#: last block adds up stay within SPLIT_BYTES (`_reduce_splits`). On the H200, against the best of
+#: 1, 2, 4, 8 splits for each tiling, this rule's choice is within 5% at 14 of 18 shapes and
+#: within 22% at all (bench/results/2026-11-30-h200-splitk.md); e.g. 64x784x512 f32 (the MLP's
+#: first layer) 11.9 -> 8.6 us, f64 16.6 -> 9.8; 64x512x10 8.1 -> 4.4 / 13.4 -> 6.8.
+SPLIT_FILL, SPLIT_MIN_K, SPLIT_MAX, SPLIT_MIN_STEPS, SPLIT_BYTES = 256, 256, 8, 4, 64 << 10
+
+
+def split_k(blocks: int, k: int, step: int, tile_bytes: int) -> int:
+    """How many blocks share each tile's K (1: no split), for a grid of `blocks` tiles."""
+    if blocks >= SPLIT_FILL or k < SPLIT_MIN_K:
+        return 1
+    splits = min(-(-SPLIT_FILL // blocks), SPLIT_MAX, k // (SPLIT_MIN_STEPS * step), SPLIT_BYTES // tile_bytes)
+    if splits <= 1:
+        return 1
+    per = -(-k // splits // step) * step  # each split's k's: whole slices
+    return -(-k // per)
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
@@ -310,22 +347,27 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile, step, per = linear_tiling(m, n) if request.variant is None else \
+    tile, step, per = linear_tiling(m, n, k_extent, _width_bytes(element)) if request.variant is None else \
         next(t for t, _ in TILINGS if f"t{t[0]}" == request.variant)
     if request.variant is not None:
         ht.set_variant(request.variant)
     threads = tile // per                                    # 16 threads per axis
     width = min(per, 16 // _width_bytes(element))                  # elements per 128-bit shared load
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
-    grid = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile), 1)
-    rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
-    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
+    tiles = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile))
+    splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
+                                                  tile * tile * _width_bytes(element))
+    grid = (*tiles, splits)
+    rows, columns = ht.size_value(m, symbols), ht.index(n)
+    with _splits_loop(splits) as split, \
+            ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # x's slice transposed (k-major, rows padded by one vector against bank conflicts on
         # the transposing stores), w's as it is: a thread's rows and columns are then runs of
         # `width` consecutive elements, each read with one 128-bit load
         x_tile = ht.alloc_local([2, step, tile + width], element, "shared")
         w_tile = ht.alloc_local([2, step, tile], element, "shared")
+        k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
                 ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
             sums = _zeros([per, per], element)
@@ -335,6 +377,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
 
             def fetch(k0: ir.Value) -> None:
                 whole = tile in SIMT_WHOLE_TILES
+                k0 = k0 if split is None else _plus(k_first, k0)
                 _fetch(x, x_staged, thread, threads * threads, step, (row0, k0), (rows, depth), whole)
                 _fetch(w, w_staged, thread, threads * threads, tile, (k0, column0), (depth, columns), whole)
 
@@ -351,14 +394,83 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                             at = [ht.index(i), ht.index(j)]
                             product = arith.MulFOp(a[i], b[j], fastmath=_contract()).result
                             ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
-            _pipeline(k_extent, step, fetch, put, compute)
-            for i in range(per):
-                for j in range(per):
-                    row = _plus(row0, _plus(_times(ty, width), ht.index(_spread(i, threads, width))))
-                    column = _plus(column0, _plus(_times(tx, width), ht.index(_spread(j, threads, width))))
-                    _store(lambda i=i, j=j: ht.load(sums, [ht.index(i), ht.index(j)]), out, (row, column),
-                           (rows, columns), bias, request)
+            _pipeline(k_length, step, fetch, put, compute)
+
+            def finish(c: int, value: Callable[[], ir.Value]) -> None:
+                i, j = divmod(c, per)
+                row = _plus(row0, _plus(_times(ty, width), ht.index(_spread(i, threads, width))))
+                column = _plus(column0, _plus(_times(tx, width), ht.index(_spread(j, threads, width))))
+                _store(value, out, (row, column), (rows, columns), bias, request)
+            values = [lambda c=c: ht.load(sums, [ht.index(c // per), ht.index(c % per)]) for c in range(per * per)]
+            _reduce_splits(values, finish, split, (block_row, block_column), grid, thread, threads * threads)
     return ht.Launch(grid, (threads, threads, 1))
+
+
+def _splits_loop(splits: int):
+    """The loop over split-K's parts of K (blockIdx.z), or none (the split is then None)."""
+    return ht.loop(0, splits, "parallel", "blockIdx.z") if splits > 1 else contextlib.nullcontext()
+
+
+
+
+
+def _k_range(k_extent: int, step: int, splits: int, split: ir.Value | None) -> tuple[int, ir.Value, ir.Value]:
+    """This block's part of K: (its length, where it starts, where K or it ends)."""
+    if split is None:
+        return k_extent, ht.index(0), ht.index(k_extent)
+    per = -(-k_extent // splits // step) * step
+    first = _times(split, per)
+    return per, first, arith.MinUIOp(_plus(first, ht.index(per)), ht.index(k_extent)).result
+
+
+def _fence() -> None:
+    """Order this thread's global memory accesses before and after, GPU-wide (PTX fence.acq_rel.gpu)."""
+    llvm.InlineAsmOp(None, [], "fence.acq_rel.gpu;", "~{memory}", has_side_effects=True)
+
+
+def _reduce_splits(values: list[Callable[[], ir.Value]], finish: Callable[[int, Callable[[], ir.Value]], None],
+                   split: ir.Value | None, block: tuple[ir.Value, ir.Value], grid: tuple[sizes.Expr, ...],
+                   thread: ir.Value, threads: int) -> None:
+    """finish(c, value) for each of a thread's sums: directly without a split; with one, each block
+    writes its partial sums to device memory (`global` buffers) and counts itself in its tile's
+    arrivals; the last to arrive adds the tile's partial sums in split order (the same result
+    whichever block is last), finishes, and zeroes the count for the next launch."""
+    if split is None:
+        for c, value in enumerate(values):
+            finish(c, value)
+        return
+    splits, tiles = grid[2], grid[0] * grid[1]  # (static: only a static product splits)
+    tile = _plus(_times(block[0], grid[0]), block[1])  # its index in the grid (row-major)
+    element, i32 = values[0]().type, ir.IntegerType.get_signless(32)
+    partial = ht.alloc_local([splits, tiles, len(values), threads], element, "global")
+    arrivals = ht.alloc_local([tiles], i32, "global")
+    last = ht.alloc_local([1], i32, "shared")
+    for c, value in enumerate(values):
+        ht.store(value(), partial, [split, tile, ht.index(c), thread])
+    _fence()
+    ht.barrier()
+    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
+    with ir.InsertionPoint(first.then_block):
+        one = arith.ConstantOp(i32, 1).result
+        ht.store(memref.AtomicRMWOp(arith.AtomicRMWKind.addi, one, arrivals, [tile]).result, last, [ht.index(0)])
+        scf.YieldOp([])
+    ht.barrier()
+    mine = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, ht.load(last, [ht.index(0)]),
+                                 arith.ConstantOp(i32, splits - 1).result).result)
+    with ir.InsertionPoint(mine.then_block):
+        _fence()
+        for c in range(len(values)):
+            def total(c: int = c) -> ir.Value:
+                value = ht.load(partial, [ht.index(0), tile, ht.index(c), thread])
+                for other in range(1, splits):
+                    value = arith.AddFOp(value, ht.load(partial, [ht.index(other), tile, ht.index(c), thread])).result
+                return value
+            finish(c, total)
+        reset = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
+        with ir.InsertionPoint(reset.then_block):
+            ht.store(arith.ConstantOp(i32, 0).result, arrivals, [tile])
+            scf.YieldOp([])
+        scf.YieldOp([])
 
 
 def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
@@ -405,16 +517,21 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
     mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
-    grid = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m), 1)
-    rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
+    tiles = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m))
+    splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
+                                                  tile_m * tile_n * _width_bytes(element))
+    grid = (*tiles, splits)
+    rows, columns = ht.size_value(m, symbols), ht.index(n)
     halves, sums_per = mma_m // 8, mma_m // 4  # a thread's A values (rows g, g + 8) and C values
     ht.set_variant(request.variant or "dmma")
-    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
+    with _splits_loop(splits) as split, \
+            ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
         x_tile = ht.alloc_local([2, tile_m, step + DMMA_PAD[0]], element, "shared")
         w_tile = ht.alloc_local([2, step, tile_n + DMMA_PAD[1]], element, "shared")
+        k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = _zeros([frags_m, frags_n, sums_per], element)
             warp = arith.DivUIOp(thread, ht.index(32)).result
@@ -427,6 +544,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             w_staged = ht.alloc_local([tile_n * step // threads], element)
 
             def fetch(k0: ir.Value) -> None:
+                k0 = k0 if split is None else _plus(k_first, k0)
                 _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), DMMA_WHOLE)
                 _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), DMMA_WHOLE)
 
@@ -448,13 +566,16 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                         d = _mma_f64(mma_m, a[fi], b[fj], c)
                         for h in range(sums_per):
                             ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
-            _pipeline(k_extent, step, fetch, put, compute)
-            for i, j, h in itertools.product(range(frags_m), range(frags_n), range(sums_per)):
-                # C: rows group [+ 8], columns 2 in_group + (0, 1)
+            _pipeline(k_length, step, fetch, put, compute)
+            places = list(itertools.product(range(frags_m), range(frags_n), range(sums_per)))
+
+            def finish(c: int, value: Callable[[], ir.Value]) -> None:
+                i, j, h = places[c]  # C: rows group [+ 8], columns 2 in_group + (0, 1)
                 row = _plus(row0, _plus(warp_row, _plus(ht.index(mma_m * i + 8 * (h // 2)), group)))
                 column = _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
-                _store(lambda at=(i, j, h): ht.load(sums, list(map(ht.index, at))), out, (row, column),
-                       (rows, columns), bias, request)
+                _store(value, out, (row, column), (rows, columns), bias, request)
+            values = [lambda at=at: ht.load(sums, list(map(ht.index, at))) for at in places]
+            _reduce_splits(values, finish, split, (block_row, block_column), grid, thread, threads)
     return ht.Launch(grid, (threads, 1, 1))
 
 

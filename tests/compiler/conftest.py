@@ -71,16 +71,25 @@ def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
     return -(-m // CPU_TILE_ROWS) * -(-n // columns)
 
 
-def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",)) -> dict:
-    """The launch of a cuda linear with an [m, n] output, as the schedule documents its kernels
-    (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32 lanes x
-    32 warps (16 where a thread's M sums take more than 32 bytes); float64 on
-    sm_80 and newer runs on the tensor cores, blocks of 2 x 2 warps computing 128x64 tiles when
-    that makes 264 blocks, else 64x64 when 256, else 64x32 when 128, else 32x32; the rest in 16x16-thread blocks of
-    128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU), else
-    64x64 or 32x32 ones when they make 256, else 16x16."""
+def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",), k: int = 1) -> dict:
+    """The launch of a cuda linear with an [m, n] output over k, as the schedule documents its
+    kernels (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32
+    lanes x 32 warps (16 where a thread's M sums take more than 32 bytes); float64 on sm_80 and
+    newer runs on the tensor cores, blocks of 2 x 2 warps computing 128x64 tiles when that makes
+    264 blocks, else 64x64 when 256, else 64x32 when 128, else 32x32; the rest in 16x16-thread
+    blocks of 128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU),
+    else 64x64 ones when they make 256 and 32x32 when 128 (both counting K's splits), else 16x16.
+    K splits (grid z) where k >= 256 and the tiles make fewer than 256 blocks: into as many parts
+    as bring them to 256, at most 8, each at least 64 k's (4 slices of 16), the parts' sums at
+    most 64 KiB per tile, each part a whole number of slices."""
     def ceil(a: int, b: int) -> int:
         return -(-a // b)
+
+    def splits(blocks: int, tile_bytes: int) -> int:
+        if blocks >= 256 or k < 256:
+            return 1
+        parts = min(ceil(256, blocks), 8, k // 64, 65536 // tile_bytes)
+        return 1 if parts <= 1 else ceil(k, ceil(ceil(k, parts), 16) * 16)
     itemsize = 4 if dtype == "float32" else 8
     if m <= 16:
         warps = 32 if max(m, 1) * itemsize <= 32 else 16
@@ -88,9 +97,14 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
     if dtype == "float64" and all(int(arch[3:]) >= 80 for arch in archs):
         rows, columns = next((r, c) for r, c, fewest in ((128, 64, 264), (64, 64, 256), (64, 32, 128), (32, 32, 0))
                              if ceil(m, r) * ceil(n, c) >= fewest)
-        return {"grid": [ceil(n, columns), ceil(m, rows), 1], "block": [128, 1, 1], "shared_bytes": 0}
-    tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 256)) if ceil(m, t) * ceil(n, t) >= fewest), 16)
-    return {"grid": [ceil(n, tile), ceil(m, tile), 1], "block": [16, 16, 1], "shared_bytes": 0}
+        blocks = ceil(m, rows) * ceil(n, columns)
+        return {"grid": [ceil(n, columns), ceil(m, rows), splits(blocks, rows * columns * 8)], "block": [128, 1, 1],
+                "shared_bytes": 0}
+    tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 128))
+                 if ceil(m, t) * ceil(n, t) * splits(ceil(m, t) * ceil(n, t), t * t * itemsize) >= fewest), 16)
+    blocks = ceil(m, tile) * ceil(n, tile)
+    return {"grid": [ceil(n, tile), ceil(m, tile), splits(blocks, tile * tile * itemsize)], "block": [16, 16, 1],
+            "shared_bytes": 0}
 
 
 def line_of(path: str | Path, tag: str) -> int:

@@ -382,7 +382,7 @@ def test_the_tilings_are_chosen_by_the_blocks_they_make():
 @pytest.mark.parametrize(("m", "k", "n"), LINEAR_SHAPES, ids=lambda d: str(d))
 def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
     (kernel,) = read(build("linear", "float32", m, k, n))[0]["kernels"]
-    assert kernel["launch"] == cuda_linear_launch(m, n)
+    assert kernel["launch"] == cuda_linear_launch(m, n, k=k)
     grid, block = kernel["launch"]["grid"], kernel["launch"]["block"]
     if m > gpu_schedule.ROWS_MAX:  # a tile per block: the blocks cover the output, none wholly outside it
         tile_n, tile_m = -(-n // grid[0]), -(-m // grid[1])
@@ -764,3 +764,47 @@ def test_dmma_blocks_inside_the_matrices_load_their_slices_without_a_test_per_el
         CHECK:        scf.if %{{.+}} -> (f64) {
         CHECK-NEXT:     "hextir.load"(%arg0
     """)
+
+
+def test_a_product_of_few_tiles_splits_k_and_its_last_block_adds_the_parts_in_order():
+    """64x784x512 f32 (32 tiles of 32x32): K in 7 parts of 112 (grid z), the last cut at K; each
+    block writes its 4 sums per thread to a module global [7 parts, 32 tiles, 4, 256 threads],
+    fences, and thread 0 counts the block in the tile's arrivals; the block that arrives 7th adds
+    parts 0..6 in order, stores, and zeroes the count."""
+    program = """
+    func.func @main(%x: tensor<64x784xf32>, %w: tensor<784x512xf32>) -> tensor<64x512xf32> {
+      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<64x784xf32>, tensor<784x512xf32>) -> tensor<64x512xf32>
+      return %y : tensor<64x512xf32>
+    }"""
+    filecheck(lower(program, "mlir-tir", placement=ON_CUDA), """
+        CHECK:      func.func public @linear_0(
+        CHECK-SAME: grid = ["16", "2", "7"]
+        CHECK:      scf.for %[[SPLIT:arg[0-9]+]] = %c0 to %c7 step %c1 {
+        CHECK:        %[[FIRST:.+]] = arith.muli %[[SPLIT]], %c112 : index
+        CHECK:        %[[END:.+]] = arith.addi %[[FIRST]], %c112 : index
+        CHECK:        arith.minui %[[END]], %c784 : index
+        CHECK:        %[[PARTIAL:.+]] = "hextir.alloc_local"() {space = "global"} : () -> memref<7x32x4x256xf32>
+        CHECK-NEXT:   %[[ARRIVALS:.+]] = "hextir.alloc_local"() {space = "global"} : () -> memref<32xi32>
+        CHECK-COUNT-4: "hextir.store"(%{{.+}}, %[[PARTIAL]], %[[SPLIT]],
+        CHECK:        llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
+        CHECK-NEXT:   "hextir.barrier"
+        CHECK:        memref.atomic_rmw addi %{{.+}}, %[[ARRIVALS]]
+        CHECK:        "hextir.barrier"
+        CHECK:        arith.cmpi eq, %{{.+}}, %c6_i32 : i32
+        CHECK:        llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
+        CHECK:        "hextir.load"(%[[PARTIAL]], %c0,
+        CHECK-COUNT-6: "hextir.load"(%[[PARTIAL]], %c
+        CHECK:        "hextir.store"(%c0_i32, %[[ARRIVALS]],
+        CHECK:      #hextir.loop<"parallel", "blockIdx.z">
+    """)
+
+
+def test_split_k_keeps_its_parts_and_counts_in_zeroed_device_globals(build):
+    """The parts and counts are .global arrays of the kernel's module (zeroed at load: no
+    initializer), the count an atomic add between fences; an unsplit product has none."""
+    split = images_of(build("linear_relu", "float64", 64, 784, 512))["compute_90"].decode()
+    assert re.search(r"^\.global \.align 16 \.b8 linear_0_global0\[1835008\];$", split, re.MULTILINE)  # 7x32x8x128 f64
+    assert re.search(r"^\.global \.align 16 \.b8 linear_0_global1\[128\];$", split, re.MULTILINE)  # 32 i32
+    assert "atom.global.add.u32" in split and split.count("fence.acq_rel.gpu;") == 2
+    whole = images_of(build("linear", "float64", 1024, 1024, 1024))["compute_90"].decode()
+    assert ".global .align" not in whole and "atom." not in whole

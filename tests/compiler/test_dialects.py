@@ -362,8 +362,9 @@ def test_alloc_local_space_is_checked():
     }}
     """
     parse(text.format(space="shared"))
-    with pytest.raises(ir.MLIRError, match=r'\'"global"\' does not satisfy the constraint'):
-        parse(text.format(space="global"))
+    parse(text.format(space="global"))
+    with pytest.raises(ir.MLIRError, match=r'\'"device"\' does not satisfy the constraint'):
+        parse(text.format(space="device"))
 
 
 def test_hextir_load_indices_must_be_index():

@@ -205,7 +205,10 @@ def _launch(text: str, kernel: str) -> tuple[list[int], list[int]]:
 @settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(m=st.sampled_from([1, 127, 128, 129, 1920, 2047, 2048, 2049, 4095]) | st.integers(1, 4096),
        n=st.sampled_from([1, 127, 128, 129, 1920, 2047, 2048, 2049, 4095]) | st.integers(1, 4096),
-       k=st.integers(1, 40), rank=st.integers(1, 3))
+       k=st.integers(1, 40) | st.sampled_from([255, 256, 784, 3001]), rank=st.integers(1, 3))
+@example(m=64, n=512, k=784, rank=1)    # 32x32 tiles, K split 7 ways (the MLP's first layer)
+@example(m=64, n=10, k=512, rank=1)     # 16x16 tiles, K split 8 ways
+@example(m=4096, n=33, k=1024, rank=1)  # 64x64 tiles, K split 4 ways
 @example(m=2048, n=2048, k=3, rank=2)  # 16 x 16 = 256 large tiles: the large tiling, just
 @example(m=2048, n=1920, k=3, rank=2)  # 240: the 64x64 tiling
 @example(m=960, n=1000, k=3, rank=2)   # 15 x 16 = 240 of 64x64: the 32x32 tiling
@@ -220,7 +223,7 @@ def test_cuda_launches_cover_any_output_at_compile_level(m, n, k, rank):
     relu = hexir.jit(lambda x: hexir.relu(x), placement="hexir.relu=cuda")
     specs = hexir.TensorSpec((m, k), "float32"), hexir.TensorSpec((k, n), "float32")
     grid, block = _launch(str(run_stage(linear.trace(*specs), "mlir-tir", linear.options)), "linear")
-    expected = cuda_linear_launch(m, n)
+    expected = cuda_linear_launch(m, n, k=k)
     assert (grid, block) == (expected["grid"], expected["block"])
     grid, block = _launch(str(run_stage(relu.trace(hexir.TensorSpec(relu_shape, "float32")), "mlir-tir",
                                         relu.options)), "relu")

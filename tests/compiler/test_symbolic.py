@@ -162,11 +162,11 @@ def test_a_symbolic_cuda_linear_carries_a_kernel_per_tile_chosen_per_call():
     hxb = decode(data)
     (kernel,) = hxb.manifest.kernels
     code = kernel.gpu_code
-    # 1024 columns: 32x32 tiles give 256 blocks from 256 rows on, 64x64 from 1024, 128x128 128 from 2048
+    # 1024 columns: 32x32 tiles give 128 blocks from 128 rows on, 64x64 256 from 1024, 128x128 128 from 2048
     assert [(v.symbol.rsplit("__", 1)[1], dict(v.below)) for v in code.variants] == \
-        [("t16", {"batch": 256}), ("t32", {"batch": 1024}), ("t64", {"batch": 2048})]
-    assert code.pick({"batch": 255})[0].endswith("__t16")
-    assert code.pick({"batch": 256})[0].endswith("__t32")
+        [("t16", {"batch": 128}), ("t32", {"batch": 1024}), ("t64", {"batch": 2048})]
+    assert code.pick({"batch": 127})[0].endswith("__t16")
+    assert code.pick({"batch": 128})[0].endswith("__t32")
     assert code.pick({"batch": 1000})[0].endswith("__t32")
     assert code.pick({"batch": 1024})[0].endswith("__t64")
     assert code.pick({"batch": 2047})[0].endswith("__t64")

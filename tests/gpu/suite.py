@@ -70,7 +70,9 @@ def build(out: Path, examples: int) -> None:
                 add(chain, dtype, 1, 1, 1, split)
                 add(chain, dtype, 4, 300, 97, split)  # the rows kernel with 32 warps
                 add(chain, dtype, 13, 1031, 33, split)  # and with 16 (f64: 8 k's per warp per step)
-                add(chain, dtype, 33, 257, 97, split)
+                add(chain, dtype, 33, 257, 97, split)  # split-K: 4 parts, the last cut at K
+                add(chain, dtype, 64, 784, 510, split)  # split-K: 7 parts of 32x32 (f64: DMMA) tiles
+                add(chain, dtype, 17, 3001, 7, split)  # split-K: 8 parts, 16x16 tiles
                 add(chain, dtype, None, 257, 97, split, symbolic=True)
                 add(chain, dtype, None, 3, 1031, split, symbolic=True)
     draw()

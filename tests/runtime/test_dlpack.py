@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hexir_runtime import InputError
-from hexir_runtime.dlpack import CPU, CUDA, MAX_NDIM, DLPackArray, describe, tensor_of, unpack
+from hexir_runtime.dlpack import CPU, CUDA, MAX_NDIM, DLManagedTensor, DLPackArray, describe, tensor_of, unpack
 
 
 def test_unpack_reads_numpys_capsules():
@@ -86,7 +86,7 @@ def test_a_capsule_with_an_impossible_ndim_is_an_input_error_and_stays_its_produ
     freed: list[int] = []
     array = DLPackArray(4096, (5, 6), np.float64, (2, 0), free=freed.append)
     capsule = array.__dlpack__()
-    array._exports[-1].dl_tensor.ndim = ndim
+    DLManagedTensor.from_buffer(array._exports[-1]).dl_tensor.ndim = ndim  # corrupt the struct as exported
     with pytest.raises(InputError, match=rf"a DLPack tensor with ndim {ndim} and shape at"):
         unpack(capsule)
     del capsule, array
