@@ -146,29 +146,71 @@ def test_tensor_of_reads_the_cuda_array_interface_and_the_producers_stream():
     assert describe(tensor_of(Interfaced({**face, "typestr": ">f4"}), 1, interface=True)) == ">f4[3, 5] on cuda:0"
 
 
-def test_a_torch_tensor_follows_torchs_current_stream(monkeypatch):
-    """torch's interface names no stream: the tensor's stream is torch's current one on its device
-    (a side stream's handle; None for the legacy default, 0), as its __dlpack__ would wait for."""
+class FakeTorch:
+    """What the runtime reads of torch: its Tensor type, float dtypes and current stream."""
+
+    float16, float32, float64, bfloat16 = "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16"
+
+    def __init__(self, current: dict) -> None:
+        class Stream:
+            def __init__(self, device):
+                assert device == 1
+                self.cuda_stream = current["stream"]
+
+        class Tensor:
+            """A CUDA tensor on device 1 at 4096, read through its methods only."""
+
+            is_cuda = True
+
+            def __init__(self, shape=(2, 3), dtype=FakeTorch.float64, requires_grad=False, strides=None):
+                self.shape, self.dtype, self.requires_grad = shape, dtype, requires_grad
+                self.strides = strides or (shape[1], 1)
+
+            def get_device(self):
+                return 1
+
+            def data_ptr(self):
+                return 4096
+
+            def stride(self):
+                return self.strides
+
+            def __dlpack_device__(self):
+                return (CUDA, 1)
+
+            @property
+            def __cuda_array_interface__(self):
+                raise RuntimeError("not read for a tensor the runtime reads itself")
+
+            def __dlpack__(self, stream=None, **keys):
+                raise BufferError("the general path")
+
+        self.Tensor, self.Stream = Tensor, Stream
+        self.cuda, self._C = types.SimpleNamespace(current_stream=Stream), types.SimpleNamespace()
+
+
+def test_a_torch_tensor_is_read_through_its_methods_and_follows_torchs_current_stream(monkeypatch):
+    """A torch CUDA tensor is read through data_ptr/shape/stride/dtype/get_device (its interface
+    costs more); its stream is torch's current one on its device (a side stream's handle; None for
+    the legacy default, 0), as its __dlpack__ would wait for."""
     current = {"stream": 0}
-
-    class Tensor(Interfaced):
-        pass
-
-    class Stream:
-        def __init__(self, device):
-            assert device == 1
-            self.cuda_stream = current["stream"]
-
-    torch = types.SimpleNamespace(Tensor=Tensor, cuda=types.SimpleNamespace(current_stream=Stream),
-                                  _C=types.SimpleNamespace())
+    torch = FakeTorch(current)
     monkeypatch.setitem(sys.modules, "torch", torch)
-    face = {"shape": (2,), "typestr": "<f8", "data": (4096, False), "version": 2}
-    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream is None
+    tensor = tensor_of(torch.Tensor(), 1, interface=True)
+    assert (tensor.pointer, tensor.shape, tensor.dtype, tensor.device, tensor.contiguous) == \
+        (4096, (2, 3), np.float64, (CUDA, 1), True)
+    assert tensor.stream is None
+    assert not tensor_of(torch.Tensor(strides=(1, 2)), 1, interface=True).contiguous  # a transposed view
     current["stream"] = 0xBEEF
-    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream == 0xBEEF
+    assert tensor_of(torch.Tensor(), 1, interface=True).stream == 0xBEEF
+    face = {"shape": (2,), "typestr": "<f8", "data": (4096, False), "version": 2}
     assert tensor_of(Interfaced(face, (CUDA, 1)), 1, interface=True).stream is None  # not torch's
-    torch._C._cuda_getCurrentRawStream = lambda device: Stream(device).cuda_stream + 1  # where torch has it
-    assert tensor_of(Tensor(face, (CUDA, 1)), 1, interface=True).stream == 0xBEEF + 1
+    torch._C._cuda_getCurrentRawStream = lambda device: torch.Stream(device).cuda_stream + 1  # where torch has it
+    assert tensor_of(torch.Tensor(), 1, interface=True).stream == 0xBEEF + 1
+    # a dtype the runtime does not read, or a tensor that requires grad: the general path (which says why)
+    for odd in (torch.Tensor(dtype=torch.bfloat16), torch.Tensor(requires_grad=True)):
+        with pytest.raises(BufferError, match="the general path"):
+            tensor_of(odd, 1, interface=True)
 
 
 def test_without_interface_a_cuda_tensor_goes_through_dlpack():
