@@ -14,7 +14,8 @@ cuda rows: `module.main(x)` numpy in, numpy out, against torch eager `torch.from
 -> the MLP -> `.cpu().numpy()` (TF32 off). The device-resident row gives both a CUDA tensor and
 keeps the output on the GPU (`outputs="device"`, taken by `torch.from_dlpack`), each call followed
 by a synchronize. The overhead row is a one-kernel module's device-resident call time minus the
-kernel's own time, measured with CUDA events recorded on the module's stream around the launch.
+kernel's own time: CUDA events on the module's stream around launches queued behind a sleeping
+kernel (so that the host's launch is not counted as the kernel's).
 cpu rows: the 2x8 -> 16 -> 4 MLP through the runtime (and `@hexir.jit` where hexir is installed),
 then 64x784x512x10 and 256x1024x1024x1024 (f32, f64), numpy in and out, each against numpy
 evaluating the same expression.
@@ -41,6 +42,7 @@ CPU_ROWS = [  # the jit call path's tiny MLP, then the CPU issue's two MLPs
     (256, 1024, 1024, 1024, "float32"), (256, 1024, 1024, 1024, "float64"),
 ]
 ONE_KERNEL = (64, 784, 512, "float32")  # relu(x @ W1 + b1): one fused kernel
+QUEUED = 20  # launches per measurement of the one-kernel module's kernel alone
 
 
 def name_of(m: int, k: int, h: int, n: int, dtype: str, device: str) -> str:
@@ -188,18 +190,22 @@ def overhead(path: Path, repeats: int, profile: bool = False) -> None:
     command = next(command for command in executor.entry.program if command.op == "call")
     launch = program.launcher(command.kernel, [views[arg] for arg in command.args], {})  # what a call launches
     start, end = (driver.cuEventCreate(0)[1] for _ in range(2))
+    stream = torch.cuda.ExternalStream(int(program.stream))
     kernel = []
-    for _ in range(repeats):
+    for _ in range(max(repeats // QUEUED, 5)):  # the kernel alone: launches queued behind a sleeping
+        with torch.cuda.stream(stream):          # kernel, then timed back to back (the host's launch
+            torch.cuda._sleep(4_000_000)         # cost left out)
         driver.cuEventRecord(start, program.stream)
-        launch()
+        for _ in range(QUEUED):
+            launch()
         driver.cuEventRecord(end, program.stream)
         driver.cuEventSynchronize(end)
-        kernel.append(driver.cuEventElapsedTime(start, end)[1] * 1e3)
+        kernel.append(driver.cuEventElapsedTime(start, end)[1] * 1e3 / QUEUED)
     kernel_us = statistics.median(kernel)
     export = median_us(lambda: x_gpu.__dlpack__(stream=1), repeats)  # what torch spends lending x
     print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
-          f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events), runtime overhead {wall - kernel_us:.1f} µs, "
-          f"of which torch's x.__dlpack__(stream=1) {export:.1f} µs")
+          f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events, {QUEUED} launches queued), runtime overhead "
+          f"{wall - kernel_us:.1f} µs (torch's own x.__dlpack__(stream=1), for scale: {export:.1f} µs)")
     if profile:  # where the host's time goes in those calls
         import cProfile
         import pstats

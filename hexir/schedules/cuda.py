@@ -248,18 +248,20 @@ DMMA_FROM = 80
 #: Split-K: a (static) product over SPLIT_MIN_K or more k's whose tiles give the GPU fewer than
 #: SPLIT_FILL blocks splits K over up to SPLIT_MAX blocks per tile (as many as bring it to
 #: SPLIT_FILL), each walking at least SPLIT_MIN_STEPS slices, while the partial sums that a tile's
-#: last block adds up stay within SPLIT_BYTES (`_reduce_splits`). On the H200, against the best of
-#: 1, 2, 4, 8 splits for each tiling, this rule's choice is within 5% at 14 of 18 shapes and
-#: within 22% at all (bench/results/2026-11-30-h200-splitk.md); e.g. 64x784x512 f32 (the MLP's
-#: first layer) 11.9 -> 8.6 us, f64 16.6 -> 9.8; 64x512x10 8.1 -> 4.4 / 13.4 -> 6.8.
+#: last block adds up stay within SPLIT_BYTES (`_reduce_splits`). The FP64 tensor-core kernel's
+#: blocks do more per slice: it splits only to reach DMMA_SPLIT's fill, over its K. On the H200,
+#: against the best of 1, 2, 4, 8 splits for each tiling, the rule's choice is within 6% at 16 of
+#: 18 shapes and within 18% at all (bench/results/2026-11-30-h200-splitk.md); e.g. 64x784x512 f32
+#: (the MLP's first layer) 11.9 -> 8.6 us, f64 16.6 -> 10.4; 64x512x10 8.1 -> 4.4 / 13.4 -> 6.8.
 SPLIT_FILL, SPLIT_MIN_K, SPLIT_MAX, SPLIT_MIN_STEPS, SPLIT_BYTES = 256, 256, 8, 4, 64 << 10
+DMMA_SPLIT = (128, 512)  # (fill, min K)
 
 
-def split_k(blocks: int, k: int, step: int, tile_bytes: int) -> int:
+def split_k(blocks: int, k: int, step: int, tile_bytes: int, fill: int = SPLIT_FILL, min_k: int = SPLIT_MIN_K) -> int:
     """How many blocks share each tile's K (1: no split), for a grid of `blocks` tiles."""
-    if blocks >= SPLIT_FILL or k < SPLIT_MIN_K:
+    if blocks >= fill or k < min_k:
         return 1
-    splits = min(-(-SPLIT_FILL // blocks), SPLIT_MAX, k // (SPLIT_MIN_STEPS * step), SPLIT_BYTES // tile_bytes)
+    splits = min(-(-fill // blocks), SPLIT_MAX, k // (SPLIT_MIN_STEPS * step), SPLIT_BYTES // tile_bytes)
     if splits <= 1:
         return 1
     per = -(-k // splits // step) * step  # each split's k's: whole slices
@@ -519,7 +521,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     tiles = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m))
     splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
-                                                  tile_m * tile_n * _width_bytes(element))
+                                                  tile_m * tile_n * _width_bytes(element), *DMMA_SPLIT)
     grid = (*tiles, splits)
     rows, columns = ht.size_value(m, symbols), ht.index(n)
     halves, sums_per = mma_m // 8, mma_m // 4  # a thread's A values (rows g, g + 8) and C values

@@ -79,16 +79,16 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
     264 blocks, else 64x64 when 256, else 64x32 when 128, else 32x32; the rest in 16x16-thread
     blocks of 128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU),
     else 64x64 ones when they make 256 and 32x32 when 128 (both counting K's splits), else 16x16.
-    K splits (grid z) where k >= 256 and the tiles make fewer than 256 blocks: into as many parts
-    as bring them to 256, at most 8, each at least 64 k's (4 slices of 16), the parts' sums at
-    most 64 KiB per tile, each part a whole number of slices."""
+    K splits (grid z) where k >= 256 and the tiles make fewer than 256 blocks (tensor cores: k >=
+    512 and 128): into as many parts as bring them there, at most 8, each at least 64 k's (4
+    slices of 16), the parts' sums at most 64 KiB per tile, each part a whole number of slices."""
     def ceil(a: int, b: int) -> int:
         return -(-a // b)
 
-    def splits(blocks: int, tile_bytes: int) -> int:
-        if blocks >= 256 or k < 256:
+    def splits(blocks: int, tile_bytes: int, fill: int = 256, least: int = 256) -> int:
+        if blocks >= fill or k < least:
             return 1
-        parts = min(ceil(256, blocks), 8, k // 64, 65536 // tile_bytes)
+        parts = min(ceil(fill, blocks), 8, k // 64, 65536 // tile_bytes)
         return 1 if parts <= 1 else ceil(k, ceil(ceil(k, parts), 16) * 16)
     itemsize = 4 if dtype == "float32" else 8
     if m <= 16:
@@ -98,8 +98,8 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
         rows, columns = next((r, c) for r, c, fewest in ((128, 64, 264), (64, 64, 256), (64, 32, 128), (32, 32, 0))
                              if ceil(m, r) * ceil(n, c) >= fewest)
         blocks = ceil(m, rows) * ceil(n, columns)
-        return {"grid": [ceil(n, columns), ceil(m, rows), splits(blocks, rows * columns * 8)], "block": [128, 1, 1],
-                "shared_bytes": 0}
+        return {"grid": [ceil(n, columns), ceil(m, rows), splits(blocks, rows * columns * 8, 128, 512)],
+                "block": [128, 1, 1], "shared_bytes": 0}
     tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 128))
                  if ceil(m, t) * ceil(n, t) * splits(ceil(m, t) * ceil(n, t), t * t * itemsize) >= fewest), 16)
     blocks = ceil(m, tile) * ceil(n, tile)
