@@ -75,6 +75,13 @@ ROWS_MAX = 16
 #: 8 per warp, f32 1.18 -> 1.62, f64 0.38 -> 0.57; 8 rows f32 (32 warps) 1.30 with 128, 1.08 with
 #: 256; 8 rows f64 (16 warps) 0.72 with 128, 1.13 with 256 (bench/results/2026-11-30-h200-pipelines.md).
 ROWS_X_BYTES, ROWS_X_LIMIT = 4096, 32768
+#: x's rows in shared memory (of more than one 128-bit vector) are padded by this many vectors:
+#: its transposing stores (consecutive threads at consecutive k's, a row apart) then spread over
+#: the banks. On the H200, at 4096 x 4096 (queued, of cuBLAS): 16 rows f32 1.51 -> 1.95, f64 0.47
+#: -> 0.66; 8 rows f64 0.92 -> 0.98; one row (one vector) lost 4-8%, so it is not padded
+#: (nsight compute had 47% of the kernel's shared wavefronts excessive at 16 rows f64;
+#: bench/results/2026-11-30-h200-splitk.md).
+ROWS_X_PAD = 1
 ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
 ELEMENTWISE_BLOCK = 256
 
@@ -304,7 +311,8 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     ht.set_variant("rows")
     columns, depth, rows = ht.index(n), ht.index(k_extent), ht.index(m)
     with ht.loop(0, -(-n // 32), "parallel", "blockIdx.x") as block:
-        x_tile = ht.alloc_local([2, chunk, padded], element, "shared")   # x[:, k0 + c] at [c, :]
+        # x[:, k0 + c] at [c, :], rows of more than one vector padded against bank conflicts
+        x_tile = ht.alloc_local([2, chunk, padded + (ROWS_X_PAD * width if padded > width else 0)], element, "shared")
         partial = ht.alloc_local([warps, 32], element, "shared")  # one row's partial sums at a time
         with ht.loop(0, warps, "parallel", "threadIdx.y") as warp, ht.loop(0, 32, "parallel", "threadIdx.x") as lane:
             column = _plus(_times(block, 32), lane)
