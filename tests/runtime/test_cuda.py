@@ -1210,7 +1210,8 @@ class CudaTensor(hexir_runtime.dlpack.DLPackArray):
         capsule = super().__dlpack__(stream, **keys)
         if self.strides is not None:
             self._strides = (ctypes.c_int64 * len(self.strides))(*self.strides)
-            self._exports[-1].dl_tensor.strides = ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))
+            exported = hexir_runtime.dlpack.DLManagedTensor.from_buffer(self._exports[-1]).dl_tensor
+            exported.strides = ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))
         return capsule
 
 
