@@ -18,7 +18,8 @@ elements read with 128-bit shared loads; each thread accumulates per x per sums 
 linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): blocks of
 2 x 2 warps (`DMMA_TILINGS`), each warp computing its part of the tile as `mma.sync` m16n8k4
 tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from shared
-slices pipelined as the SIMT kernel's are.
+slices: 128x64 tiles pipelined as the SIMT kernel's are, smaller tiles through three buffers
+filled by asynchronous copies (cp.async, `_pipeline_async`), two slices in flight.
 
 A static product whose tiles are too few to fill the GPU splits K (`split_k`): grid z is the
 part of K a block walks; each block writes its partial sums to a buffer in device memory
@@ -46,7 +47,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, llvm, memref, scf, vector
+from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
 
 from hexir import sizes
 from hexir.dialects import hextir as ht
@@ -223,6 +224,42 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
         ht.barrier()
 
 
+def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
+                count: int, origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> list[ir.Value]:
+    """Copy this thread's `count` elements of a [rows, width] block of `source` at `origin` into
+    `tile[buffer]` asynchronously (cp.async: global to shared memory, through no register),
+    consecutive threads at consecutive addresses; an element outside `bounds` is written 0 (a
+    copy of no source bytes, from a clamped address). Returns the copies' tokens."""
+    tokens = []
+    one = ir.IntegerAttr.get(ir.IndexType.get(), 1)
+    for e in range(count):
+        r, c = _split(_plus(thread, ht.index(e * threads)), width)
+        at = _plus(origin[0], r), _plus(origin[1], c)
+        inside = arith.AndIOp(_less(at[0], bounds[0]), _less(at[1], bounds[1])).result
+        clamped = [arith.SelectOp(inside, a, ht.index(0)).result for a in at]
+        elements = arith.SelectOp(inside, ht.index(1), ht.index(0)).result
+        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, one, srcElements=elements).result)
+    return tokens
+
+
+def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value, ir.Value], list[ir.Value]],
+                    compute: Callable[[ir.Value, ir.Value], None]) -> None:
+    """Walk K in slices of `step` through `stages` shared buffers filled by asynchronous copies:
+    `stages - 1` slices are in flight while the block computes on one. Each step waits for its
+    slice's copies (all but the newest stages - 2 groups), a barrier makes every thread's copies
+    visible (and every thread done with the buffer refilled next), then computes and issues the
+    copies of the slice stages - 1 ahead into the buffer freed last step."""
+    group = None
+    for first in range(stages - 1):
+        group = nvgpu.DeviceAsyncCreateGroupOp(copy(ht.index(first * step), ht.index(first))).result
+    with ht.loop(0, -(-depth // step), "serial") as k_slice:
+        nvgpu.DeviceAsyncWaitOp(group, numGroups=stages - 2)
+        ht.barrier()
+        compute(arith.RemUIOp(k_slice, ht.index(stages)).result, _times(k_slice, step))
+        ahead = _plus(k_slice, ht.index(stages - 1))
+        nvgpu.DeviceAsyncCreateGroupOp(copy(_times(ahead, step), arith.RemUIOp(ahead, ht.index(stages)).result))
+
+
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
 #: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen. On the
 #: H200 (of cuBLAS): 128x64 with 16-deep slices (58 KiB of shared memory: dynamic, see to_gpu)
@@ -248,6 +285,13 @@ def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
 #: 2026-11-30-h200-pipelines.md, hexir's times) 32x32 tiles gain 12-16% (512^3, 256x1024x1024,
 #: 4096x1024x33), 128x128 lose 8% (4096^3), 64x64 and 16x16 move by 3% or less.
 DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
+#: Shared buffers of the DMMA kernel's slices filled by asynchronous copies (cp.async,
+#: `_pipeline_async`) for tiles smaller than DMMA_REGISTER_TILE; that tile (the big products') keeps
+#: two buffers filled through registers (`_pipeline`). On the H200, kernels alone (run 41 of
+#: bench/results/2026-11-30-h200-splitk.md), 3 stages against registers: 64x784x512 10.8 -> 9.8 us,
+#: 256x1024x1024 25.4 -> 23.2, 4096x1024x33 25.8 -> 23.0, 1024^3 61.9 -> 60.2; with 128x64 tiles
+#: 2048^3-8192^3 lost 2-4%; 2 stages and 4 were slower than 3.
+DMMA_STAGES, DMMA_REGISTER_TILE = 3, (128, 64)
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
@@ -539,8 +583,10 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        x_tile = ht.alloc_local([2, tile_m, step + DMMA_PAD[0]], element, "shared")
-        w_tile = ht.alloc_local([2, step, tile_n + DMMA_PAD[1]], element, "shared")
+        stages = DMMA_STAGES if (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
+        buffers = stages or 2
+        x_tile = ht.alloc_local([buffers, tile_m, step + DMMA_PAD[0]], element, "shared")
+        w_tile = ht.alloc_local([buffers, step, tile_n + DMMA_PAD[1]], element, "shared")
         k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = _zeros([frags_m, frags_n, sums_per], element)
@@ -550,8 +596,9 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
             warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
             row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
-            x_staged = ht.alloc_local([tile_m * step // threads], element)
-            w_staged = ht.alloc_local([tile_n * step // threads], element)
+            if not stages:  # registers staging the next slice
+                x_staged = ht.alloc_local([tile_m * step // threads], element)
+                w_staged = ht.alloc_local([tile_n * step // threads], element)
 
             def fetch(k0: ir.Value) -> None:
                 k0 = k0 if split is None else _plus(k_first, k0)
@@ -576,7 +623,16 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                         d = _mma_f64(mma_m, a[fi], b[fj], c)
                         for h in range(sums_per):
                             ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
-            _pipeline(k_length, step, fetch, put, compute)
+            def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
+                k0 = k0 if split is None else _plus(k_first, k0)
+                return (_copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads, (row0, k0),
+                                    (rows, depth))
+                        + _copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
+                                      (k0, column0), (depth, columns)))
+            if stages:
+                _pipeline_async(k_length, step, stages, copy, compute)
+            else:
+                _pipeline(k_length, step, fetch, put, compute)
             places = list(itertools.product(range(frags_m), range(frags_n), range(sums_per)))
 
             def finish(c: int, value: Callable[[], ir.Value]) -> None:

@@ -808,3 +808,18 @@ def test_split_k_keeps_its_parts_and_counts_in_zeroed_device_globals(build):
     assert "atom.global.add.u32" in split and split.count("fence.acq_rel.gpu;") == 2
     whole = images_of(build("linear", "float64", 1024, 1024, 1024))["compute_90"].decode()
     assert ".global .align" not in whole and "atom." not in whole
+
+
+def test_dmma_tiles_below_128x64_fill_three_buffers_by_asynchronous_copies(build):
+    """32x32 tiles (256x64x256 f64): each slice's 8 elements per thread (x 4, w 4) are cp.async
+    copies, 8 bytes each with a source size that zero-fills outside the matrices, a commit group per
+    slice (two issued before the loop, one per step: LLVM may unroll the 4 steps), and each step
+    waits for all but the newest group. 128x64 tiles (2048^2 outputs) still stage their slices
+    through registers."""
+    ptx = images_of(build("linear", "float64", 256, 64, 256))["compute_90"].decode()
+    copies = re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 8, %r\d+;", ptx)
+    groups = len(re.findall(r"cp\.async\.commit_group;", ptx))
+    assert groups >= 3 and len(copies) == 8 * groups
+    assert set(re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)) == {"1"}
+    big = images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
+    assert "cp.async" not in big
