@@ -18,8 +18,9 @@ elements read with 128-bit shared loads; each thread accumulates per x per sums 
 linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): blocks of
 2 x 2 warps (`DMMA_TILINGS`), each warp computing its part of the tile as `mma.sync` m16n8k4
 tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from shared
-slices: 128x64 tiles pipelined as the SIMT kernel's are, smaller tiles through three buffers
-filled by asynchronous copies (cp.async, `_pipeline_async`), two slices in flight.
+slices in three buffers filled by asynchronous copies (cp.async, 16 bytes a copy where K and N
+are even: `_pipeline_async`), two slices in flight; 128x64 tiles of odd K or N pipeline their
+slices through registers as the SIMT kernel does.
 
 A static product whose tiles are too few to fill the GPU splits K (`split_k`): grid z is the
 part of K a block walks; each block writes its partial sums to a buffer in device memory
@@ -225,20 +226,23 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
 
 
 def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
-                count: int, origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value]) -> list[ir.Value]:
+                count: int, origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value],
+                run: int = 1) -> list[ir.Value]:
     """Copy this thread's `count` elements of a [rows, width] block of `source` at `origin` into
-    `tile[buffer]` asynchronously (cp.async: global to shared memory, through no register),
-    consecutive threads at consecutive addresses; an element outside `bounds` is written 0 (a
-    copy of no source bytes, from a clamped address). Returns the copies' tokens."""
+    `tile[buffer]` asynchronously (cp.async: global to shared memory, through no register), `run`
+    consecutive elements a copy (`run` > 1 only where every run lies wholly inside or outside
+    `bounds` and is aligned to its bytes), consecutive threads at consecutive addresses; what lies
+    outside `bounds` is written 0 (a copy of no source bytes, from a clamped address). Returns the
+    copies' tokens."""
     tokens = []
-    one = ir.IntegerAttr.get(ir.IndexType.get(), 1)
-    for e in range(count):
-        r, c = _split(_plus(thread, ht.index(e * threads)), width)
+    size = ir.IntegerAttr.get(ir.IndexType.get(), run)
+    for e in range(count // run):
+        r, c = _split(_times(_plus(thread, ht.index(e * threads)), run), width)
         at = _plus(origin[0], r), _plus(origin[1], c)
         inside = arith.AndIOp(_less(at[0], bounds[0]), _less(at[1], bounds[1])).result
         clamped = [arith.SelectOp(inside, a, ht.index(0)).result for a in at]
-        elements = arith.SelectOp(inside, ht.index(1), ht.index(0)).result
-        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, one, srcElements=elements).result)
+        elements = arith.SelectOp(inside, ht.index(run), ht.index(0)).result
+        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, size, srcElements=elements).result)
     return tokens
 
 
@@ -286,12 +290,14 @@ def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
 #: 4096x1024x33), 128x128 lose 8% (4096^3), 64x64 and 16x16 move by 3% or less.
 DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 #: Shared buffers of the DMMA kernel's slices filled by asynchronous copies (cp.async,
-#: `_pipeline_async`) for tiles smaller than DMMA_REGISTER_TILE; that tile (the big products') keeps
-#: two buffers filled through registers (`_pipeline`). On the H200, kernels alone (run 41 of
-#: bench/results/2026-11-30-h200-splitk.md), 3 stages against registers: 64x784x512 10.8 -> 9.8 us,
-#: 256x1024x1024 25.4 -> 23.2, 4096x1024x33 25.8 -> 23.0, 1024^3 61.9 -> 60.2; with 128x64 tiles
-#: 2048^3-8192^3 lost 2-4%; 2 stages and 4 were slower than 3.
-DMMA_STAGES, DMMA_REGISTER_TILE = 3, (128, 64)
+#: `_pipeline_async`), DMMA_RUN elements (16 bytes) a copy where K and N are even (every row then
+#: starts 16-byte aligned), else one; with one-element copies DMMA_REGISTER_TILE keeps two buffers
+#: filled through registers (`_pipeline`). On the H200 (runs 41 and 43 of bench/results/
+#: 2026-11-30-h200-splitk.md), against registers: 16-byte copies, 3 stages: 4096^3 0.80 -> 0.84
+#: of cuBLAS, 8192^3 0.77 -> 0.79, 2048x2046x2050 0.64 -> 0.85 (kernels alone), 1024^3 0.67 ->
+#: 0.77, 64x784x512 9.2 -> 8.6 us; 8-byte copies lost 2-4% on 128x64 tiles; 2 and 4 stages were
+#: slower than 3.
+DMMA_STAGES, DMMA_RUN, DMMA_REGISTER_TILE = 3, 2, (128, 64)
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
 DMMA_PAD = (4, 8)
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
@@ -583,7 +589,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        stages = DMMA_STAGES if (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
+        run = DMMA_RUN if k_extent % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1  # rows 16-byte aligned
+        stages = DMMA_STAGES if run > 1 or (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
         buffers = stages or 2
         x_tile = ht.alloc_local([buffers, tile_m, step + DMMA_PAD[0]], element, "shared")
         w_tile = ht.alloc_local([buffers, step, tile_n + DMMA_PAD[1]], element, "shared")
@@ -626,9 +633,9 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
                 k0 = k0 if split is None else _plus(k_first, k0)
                 return (_copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads, (row0, k0),
-                                    (rows, depth))
+                                    (rows, depth), run)
                         + _copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
-                                      (k0, column0), (depth, columns)))
+                                      (k0, column0), (depth, columns), run))
             if stages:
                 _pipeline_async(k_length, step, stages, copy, compute)
             else:

@@ -737,7 +737,7 @@ def test_shared_buffers_past_48_kib_are_dynamic_shared_memory_the_launch_asks_fo
     dynamic shared memory; the launch record (and so the manifest) carries their bytes."""
     path = build("linear", "float64", 2048, 64, 2048)
     (kernel,) = read(path)[0]["kernels"]
-    assert kernel["launch"] == {**cuda_linear_launch(2048, 2048, "float64"), "shared_bytes": 2 * (128 * 20 + 16 * 72) * 8}
+    assert kernel["launch"] == {**cuda_linear_launch(2048, 2048, "float64"), "shared_bytes": 3 * (128 * 20 + 16 * 72) * 8}
     ptx = images_of(path)["compute_90"].decode()
     assert re.search(r"\.shared \.align 16 \.b8 __dynamic_shmem__0", ptx) and "__wg_" not in ptx
     small = images_of(build("linear", "float64", 256, 64, 256))["compute_90"].decode()
@@ -745,20 +745,21 @@ def test_shared_buffers_past_48_kib_are_dynamic_shared_memory_the_launch_asks_fo
 
 
 def test_dmma_blocks_inside_the_matrices_load_their_slices_without_a_test_per_element():
-    """One test per block and slice (its last row and k inside x, its last k and column inside
-    w) picks loads without the per-element guard; the blocks at the edges keep it."""
+    """(128x64 tiles over an odd K, so through registers:) one test per block and slice (its
+    last row and k inside x, its last k and column inside w) picks loads without the per-element
+    guard; the blocks at the edges keep it."""
     program = """
-    func.func @main(%x: tensor<2048x64xf64>, %w: tensor<64x2048xf64>) -> tensor<2048x2048xf64> {
-      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<2048x64xf64>, tensor<64x2048xf64>) -> tensor<2048x2048xf64>
+    func.func @main(%x: tensor<2048x63xf64>, %w: tensor<63x2048xf64>) -> tensor<2048x2048xf64> {
+      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<2048x63xf64>, tensor<63x2048xf64>) -> tensor<2048x2048xf64>
       return %y : tensor<2048x2048xf64>
     }"""
     filecheck(lower(program, "mlir-tir", placement=ON_CUDA), """
         CHECK:      %[[ROWS:.+]] = arith.cmpi ule, %{{.+}}, %c2048 : index
-        CHECK-NEXT: %[[DEPTH:.+]] = arith.cmpi ule, %{{.+}}, %c64 : index
+        CHECK-NEXT: %[[DEPTH:.+]] = arith.cmpi ule, %{{.+}}, %c63 : index
         CHECK-NEXT: %[[WHOLE:.+]] = arith.andi %[[ROWS]], %[[DEPTH]] : i1
         CHECK-NEXT: scf.if %[[WHOLE]] {
         CHECK-NOT:    scf.if
-        CHECK:        "hextir.load"(%arg0, %{{.+}}, %{{.+}}) : (memref<2048x64xf64>, index, index) -> f64
+        CHECK:        "hextir.load"(%arg0, %{{.+}}, %{{.+}}) : (memref<2048x63xf64>, index, index) -> f64
         CHECK-NOT:    scf.if
         CHECK:      } else {
         CHECK:        scf.if %{{.+}} -> (f64) {
@@ -810,16 +811,19 @@ def test_split_k_keeps_its_parts_and_counts_in_zeroed_device_globals(build):
     assert ".global .align" not in whole and "atom." not in whole
 
 
-def test_dmma_tiles_below_128x64_fill_three_buffers_by_asynchronous_copies(build):
+def test_dmma_slices_fill_three_buffers_by_asynchronous_copies(build):
     """32x32 tiles (256x64x256 f64): each slice's 8 elements per thread (x 4, w 4) are cp.async
-    copies, 8 bytes each with a source size that zero-fills outside the matrices, a commit group per
-    slice (two issued before the loop, one per step: LLVM may unroll the 4 steps), and each step
-    waits for all but the newest group. 128x64 tiles (2048^2 outputs) still stage their slices
-    through registers."""
-    ptx = images_of(build("linear", "float64", 256, 64, 256))["compute_90"].decode()
-    copies = re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 8, %r\d+;", ptx)
-    groups = len(re.findall(r"cp\.async\.commit_group;", ptx))
-    assert groups >= 3 and len(copies) == 8 * groups
-    assert set(re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)) == {"1"}
-    big = images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
-    assert "cp.async" not in big
+    copies, 16 bytes (2 elements) each where K and N are even (8 bytes where one is odd), with a
+    source size that zero-fills outside the matrices, a commit group per slice (two issued before
+    the loop, one per step: LLVM unrolls the steps, so the counts are only bounded), and each step
+    waits for all but the newest group. 128x64 tiles over an odd K stage their slices through registers instead."""
+    def copies(ptx: str, size: int) -> int:
+        return len(re.findall(rf"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], {size}, %r\d+;", ptx))
+    for k, size, per_slice in ((64, 16, 4), (63, 8, 8)):
+        ptx = images_of(build("linear", "float64", 256, k, 256))["compute_90"].decode()
+        groups = len(re.findall(r"cp\.async\.commit_group;", ptx))
+        assert groups >= 3 and copies(ptx, size) >= 3 * per_slice and copies(ptx, size) % per_slice == 0
+        assert copies(ptx, 24 - size) == 0
+        assert set(re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)) == {"1"}
+    assert "cp.async" in images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
+    assert "cp.async" not in images_of(build("linear", "float64", 2048, 63, 2048))["compute_90"].decode()
