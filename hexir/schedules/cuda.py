@@ -587,11 +587,13 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     with _splits_loop(splits) as split, \
             ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
-        # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
-        # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        run = DMMA_RUN if k_extent % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1  # rows 16-byte aligned
+        # slices by cp.async, 16 bytes a copy where K and N are even (every row then starts
+        # 16-byte aligned); else 8, or through registers on the big tiles (see DMMA_STAGES)
+        run = DMMA_RUN if k_extent % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1
         stages = DMMA_STAGES if run > 1 or (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
         buffers = stages or 2
+        # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
+        # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
         x_tile = ht.alloc_local([buffers, tile_m, step + DMMA_PAD[0]], element, "shared")
         w_tile = ht.alloc_local([buffers, step, tile_n + DMMA_PAD[1]], element, "shared")
         k_length, k_first, depth = _k_range(k_extent, step, splits, split)
@@ -603,18 +605,6 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
             warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
             row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
-            if not stages:  # registers staging the next slice
-                x_staged = ht.alloc_local([tile_m * step // threads], element)
-                w_staged = ht.alloc_local([tile_n * step // threads], element)
-
-            def fetch(k0: ir.Value) -> None:
-                k0 = k0 if split is None else _plus(k_first, k0)
-                _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), DMMA_WHOLE)
-                _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), DMMA_WHOLE)
-
-            def put(buffer: ir.Value) -> None:
-                _put(x_staged, x_tile, buffer, thread, threads, step)
-                _put(w_staged, w_tile, buffer, thread, threads, tile_n)
 
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
                 for kq in range(step // 4):  # unrolled here: constant shared offsets
@@ -630,15 +620,27 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                         d = _mma_f64(mma_m, a[fi], b[fj], c)
                         for h in range(sums_per):
                             ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
-            def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
-                k0 = k0 if split is None else _plus(k_first, k0)
-                return (_copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads, (row0, k0),
-                                    (rows, depth), run)
-                        + _copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
-                                      (k0, column0), (depth, columns), run))
+
             if stages:
+                def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
+                    k0 = k0 if split is None else _plus(k_first, k0)
+                    return (_copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads,
+                                        (row0, k0), (rows, depth), run)
+                            + _copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
+                                          (k0, column0), (depth, columns), run))
                 _pipeline_async(k_length, step, stages, copy, compute)
-            else:
+            else:  # registers staging the next slice
+                x_staged = ht.alloc_local([tile_m * step // threads], element)
+                w_staged = ht.alloc_local([tile_n * step // threads], element)
+
+                def fetch(k0: ir.Value) -> None:
+                    k0 = k0 if split is None else _plus(k_first, k0)
+                    _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), DMMA_WHOLE)
+                    _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), DMMA_WHOLE)
+
+                def put(buffer: ir.Value) -> None:
+                    _put(x_staged, x_tile, buffer, thread, threads, step)
+                    _put(w_staged, w_tile, buffer, thread, threads, tile_n)
                 _pipeline(k_length, step, fetch, put, compute)
             places = list(itertools.product(range(frags_m), range(frags_n), range(sums_per)))
 
