@@ -20,7 +20,8 @@ The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR
 12 vector registers with sums (16 registers on every level, 32 on AVX-512).
 
 Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel loop is bound to
-`chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time:
+`chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time (KS by
+the row count, `stream_ks`):
 
     for [first, last) of the column tiles, once    (hextir.chunk_end = last)
       for kb in [0, ceil(K/KS)) serial
@@ -52,8 +53,18 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
-#: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time.
-STREAM_ROWS, KS = 16, 16
+#: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time, KS the
+#: first of STREAM_KS whose rows bound the product's. Of numpy, 8 against 16 (2 passes each): on
+#: a 2-core AVX-512 machine 1 row 0.81-0.96 against 0.58-0.68, 2-8 rows 10-100% ahead, 12-16 rows
+#: behind; on the H200's 16-core host 1-4 rows level within the noise, 8 rows f32 0.84-0.93
+#: against 1.21-1.26, 12-16 rows behind (bench/results/2026-11-30-local-cpu.md).
+STREAM_ROWS, STREAM_KS = 16, ((4, 8), (16, 16))
+KS = STREAM_KS[-1][1]  # the most (the tile-edge tests walk K around it)
+
+
+def stream_ks(m: int) -> int:
+    """Rows of w a streamed product of `m` rows walks at a time."""
+    return next(ks for rows, ks in STREAM_KS if m <= rows)
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
@@ -144,13 +155,14 @@ def _stream(operands, m: int, k_extent: int, n: int, mr: int, nr: int, nc: int) 
     read once), the sums of a panel in registers for the KS rows and in `out` between blocks."""
     groups = [(r0, mr) for r0 in range(0, m - m % mr, mr)] + ([(m - m % mr, m % mr)] if m % mr else [])
     per_call = max(1, mr // m) if m else 1  # panels per micro-kernel call: about MR x NR sums
-    k_blocks = -(-k_extent // KS)
+    ks = stream_ks(m)
+    k_blocks = -(-k_extent // ks)
     with ht.loop(0, -(-n // nc), "parallel", "chunk") as first:
         c0 = arith.MulIOp(first, _i(nc)).result
         c1 = _min(arith.MulIOp(ht.chunk_end(), _i(nc)).result, _i(n))
         panels = arith.DivUIOp(arith.SubIOp(c1, c0).result, _i(nr)).result if n >= nr else None
         with ht.loop(0, k_blocks, "serial") as kb:
-            block = _KBlock(kb, k_blocks, k_extent, KS)
+            block = _KBlock(kb, k_blocks, k_extent, ks)
 
             def columns(p: ir.Value, width: int, count: int = 1) -> list:
                 j0 = arith.AddIOp(c0, arith.MulIOp(p, _i(nr)).result).result

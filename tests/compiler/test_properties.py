@@ -86,8 +86,9 @@ def _edges(*sizes: int) -> list[int]:
 # Every size where a cpu linear's loops change shape: its micro-kernel's rows (MR 4 or 6) and
 # columns (NR 4 to 32), the streamed products' row limit and k block, the tiles' rows (24, 48, 96)
 # and k block (256), a tile's columns (512 bytes: 64 or 128), and primes in between.
-M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 24, 48, 96) + [29, 53]
-K_EDGES = _edges(1, cpu_schedule.KS, 2 * cpu_schedule.KS, cpu_schedule.KC) + [37, 131]
+STREAM_KS = [ks for _, ks in cpu_schedule.STREAM_KS]
+M_EDGES = _edges(1, 4, 6, 12, *(rows for rows, _ in cpu_schedule.STREAM_KS), 24, 48, 96) + [29, 53]
+K_EDGES = _edges(1, *STREAM_KS, *(2 * ks for ks in STREAM_KS), cpu_schedule.KC) + [37, 131]
 N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
 
 
@@ -96,6 +97,7 @@ N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
        dtype=st.sampled_from(["float32", "float64"]), bias=st.booleans(), threads=st.integers(1, 5))
 @example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3)   # one row: chunks of several tiles
 @example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2)  # the most streamed rows, KS + 1
+@example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3)     # the most rows of the smaller KS, + 1
 @example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4)  # the fewest tiled rows
 def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads):
     """The cpu linear (streamed or tiled, packed or not) on shapes at and around every tile
