@@ -59,7 +59,6 @@ KC = 256
 #: behind; on the H200's 16-core host 1-4 rows level within the noise, 8 rows f32 0.84-0.93
 #: against 1.21-1.26, 12-16 rows behind (bench/results/2026-11-30-local-cpu.md).
 STREAM_ROWS, STREAM_KS = 16, ((4, 8), (16, 16))
-KS = STREAM_KS[-1][1]  # the most (the tile-edge tests walk K around it)
 
 
 def stream_ks(m: int) -> int:

@@ -321,8 +321,12 @@ def split_k(blocks: int, k: int, step: int, tile_bytes: int, fill: int = SPLIT_F
     splits = min(-(-fill // blocks), SPLIT_MAX, k // (SPLIT_MIN_STEPS * step), SPLIT_BYTES // tile_bytes)
     if splits <= 1:
         return 1
-    per = -(-k // splits // step) * step  # each split's k's: whole slices
-    return -(-k // per)
+    return -(-k // _split_length(k, splits, step))
+
+
+def _split_length(k: int, splits: int, step: int) -> int:
+    """The k's of each of K's `splits` parts: whole slices of `step` (the last part may be shorter)."""
+    return -(-k // splits // step) * step
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
@@ -462,7 +466,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 column = _plus(column0, _plus(_times(tx, width), ht.index(_spread(j, threads, width))))
                 _store(value, out, (row, column), (rows, columns), bias, request)
             values = [lambda c=c: ht.load(sums, [ht.index(c // per), ht.index(c % per)]) for c in range(per * per)]
-            _reduce_splits(values, finish, split, (block_row, block_column), grid, thread, threads * threads)
+            _reduce_splits(values, element, finish, split, (block_row, block_column), grid, thread, threads * threads)
     return ht.Launch(grid, (threads, threads, 1))
 
 
@@ -478,7 +482,7 @@ def _k_range(k_extent: int, step: int, splits: int, split: ir.Value | None) -> t
     """This block's part of K: (its length, where it starts, where K or it ends)."""
     if split is None:
         return k_extent, ht.index(0), ht.index(k_extent)
-    per = -(-k_extent // splits // step) * step
+    per = _split_length(k_extent, splits, step)
     first = _times(split, per)
     return per, first, arith.MinUIOp(_plus(first, ht.index(per)), ht.index(k_extent)).result
 
@@ -488,9 +492,10 @@ def _fence() -> None:
     llvm.InlineAsmOp(None, [], "fence.acq_rel.gpu;", "~{memory}", has_side_effects=True)
 
 
-def _reduce_splits(values: list[Callable[[], ir.Value]], finish: Callable[[int, Callable[[], ir.Value]], None],
-                   split: ir.Value | None, block: tuple[ir.Value, ir.Value], grid: tuple[sizes.Expr, ...],
-                   thread: ir.Value, threads: int) -> None:
+def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
+                   finish: Callable[[int, Callable[[], ir.Value]], None], split: ir.Value | None,
+                   block: tuple[ir.Value, ir.Value], grid: tuple[sizes.Expr, ...], thread: ir.Value,
+                   threads: int) -> None:
     """finish(c, value) for each of a thread's sums: directly without a split; with one, each block
     writes its partial sums to device memory (`global` buffers) and counts itself in its tile's
     arrivals; the last to arrive adds the tile's partial sums in split order (the same result
@@ -501,7 +506,7 @@ def _reduce_splits(values: list[Callable[[], ir.Value]], finish: Callable[[int, 
         return
     splits, tiles = grid[2], grid[0] * grid[1]  # (static: only a static product splits)
     tile = _plus(_times(block[0], grid[0]), block[1])  # its index in the grid (row-major)
-    element, i32 = values[0]().type, ir.IntegerType.get_signless(32)
+    i32 = ir.IntegerType.get_signless(32)
     partial = ht.alloc_local([splits, tiles, len(values), threads], element, "global")
     arrivals = ht.alloc_local([tiles], i32, "global")
     last = ht.alloc_local([1], i32, "shared")
@@ -650,7 +655,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 column = _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
                 _store(value, out, (row, column), (rows, columns), bias, request)
             values = [lambda at=at: ht.load(sums, list(map(ht.index, at))) for at in places]
-            _reduce_splits(values, finish, split, (block_row, block_column), grid, thread, threads)
+            _reduce_splits(values, element, finish, split, (block_row, block_column), grid, thread, threads)
     return ht.Launch(grid, (threads, 1, 1))
 
 
