@@ -256,46 +256,37 @@ def test_work_items_is_the_outer_loop_trip_count(type_, items):
     """)
 
 
-def test_kernel_without_an_outer_parallel_loop_is_refused():
-    text = """
-    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {hextir.kernel = #hextir.kernel<"cpu", "relu">} {
+def _relu_kernel(body: str, schedule: str) -> str:
+    """A hand-written cpu relu kernel over 4 elements, its loop `body` (the element index %i;
+    %v = the value stored) scheduled `schedule`, and the main that calls it."""
+    return f"""
+    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {{hextir.kernel = #hextir.kernel<"cpu", "relu">}} {{
       %c0 = arith.constant 0 : index
       %c4 = arith.constant 4 : index
       %c1 = arith.constant 1 : index
-      scf.for %i = %c0 to %c4 step %c1 {
-        %v = "hextir.load"(%x, %i) : (memref<4xf32>, index) -> f32
+      scf.for %i = %c0 to %c4 step %c1 {{
+        {body}
         "hextir.store"(%v, %out, %i) : (f32, memref<4xf32>, index) -> ()
-      } {hextir.schedule = #hextir.loop<"serial", "">}
+      }} {{hextir.schedule = #hextir.loop<"{schedule}", "">}}
       return
-    }
-    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-      %0 = "hexir.call"(%arg0) {callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>} : (tensor<4xf32>) -> tensor<4xf32>
+    }}
+    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {{
+      %0 = "hexir.call"(%arg0) {{callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}} : (tensor<4xf32>) -> tensor<4xf32>
       return %0 : tensor<4xf32>
-    }
+    }}
     """
+
+
+def test_kernel_without_an_outer_parallel_loop_is_refused():
+    text = _relu_kernel('%v = "hextir.load"(%x, %i) : (memref<4xf32>, index) -> f32', "serial")
     with pytest.raises(CompileError, match=r"cpu kernel relu_0 needs exactly one outermost parallel loop, found 0"):
         lower(text, "mlir-linalg")
 
 
 def test_a_chunk_end_outside_a_chunk_loop_is_refused():
     """hextir.chunk_end means the end of the thread's chunk: only a loop bound to `chunk` has one."""
-    text = """
-    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {hextir.kernel = #hextir.kernel<"cpu", "relu">} {
-      %c0 = arith.constant 0 : index
-      %c4 = arith.constant 4 : index
-      %c1 = arith.constant 1 : index
-      scf.for %i = %c0 to %c4 step %c1 {
-        %end = "hextir.chunk_end"() : () -> index
-        %v = "hextir.load"(%x, %end) : (memref<4xf32>, index) -> f32
-        "hextir.store"(%v, %out, %i) : (f32, memref<4xf32>, index) -> ()
-      } {hextir.schedule = #hextir.loop<"parallel", "">}
-      return
-    }
-    func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-      %0 = "hexir.call"(%arg0) {callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>} : (tensor<4xf32>) -> tensor<4xf32>
-      return %0 : tensor<4xf32>
-    }
-    """
+    text = _relu_kernel('%end = "hextir.chunk_end"() : () -> index\n'
+                        '        %v = "hextir.load"(%x, %end) : (memref<4xf32>, index) -> f32', "parallel")
     with pytest.raises(CompileError, match=r"cpu kernel relu_0 uses hextir.chunk_end outside a chunk loop"):
         lower(text, "mlir-linalg")
 
