@@ -42,7 +42,6 @@ CPU_ROWS = [  # the jit call path's tiny MLP, then the CPU issue's two MLPs
     (256, 1024, 1024, 1024, "float32"), (256, 1024, 1024, 1024, "float64"),
 ]
 ONE_KERNEL = (64, 784, 512, "float32")  # relu(x @ W1 + b1): one fused kernel
-QUEUED = 20  # launches per measurement of the one-kernel module's kernel alone
 
 
 def name_of(m: int, k: int, h: int, n: int, dtype: str, device: str) -> str:
@@ -172,8 +171,8 @@ def resident(module, eager, x: np.ndarray, repeats: int) -> None:
 def overhead(path: Path, repeats: int, profile: bool = False) -> None:
     """A one-kernel module: its call time minus its kernel's time (CUDA events on its stream)."""
     import torch
-    from cuda.bindings import driver
     from hexir_runtime import load
+    from linear import QUEUED, _queued  # bench/linear.py, beside this script
 
     module = load(path, "cuda")
     executor = module._executors["main"]
@@ -189,19 +188,8 @@ def overhead(path: Path, repeats: int, profile: bool = False) -> None:
     views = next(iter(executor.plans.values())).views
     command = next(command for command in executor.entry.program if command.op == "call")
     launch = program.launcher(command.kernel, [views[arg] for arg in command.args], {})  # what a call launches
-    start, end = (driver.cuEventCreate(0)[1] for _ in range(2))
-    stream = torch.cuda.ExternalStream(int(program.stream))
-    kernel = []
-    for _ in range(max(repeats // QUEUED, 5)):  # the kernel alone: launches queued behind a sleeping
-        with torch.cuda.stream(stream):          # kernel, then timed back to back (the host's launch
-            torch.cuda._sleep(4_000_000)         # cost left out)
-        driver.cuEventRecord(start, program.stream)
-        for _ in range(QUEUED):
-            launch()
-        driver.cuEventRecord(end, program.stream)
-        driver.cuEventSynchronize(end)
-        kernel.append(driver.cuEventElapsedTime(start, end)[1] * 1e3 / QUEUED)
-    kernel_us = statistics.median(kernel)
+    # the kernel alone: launches queued behind a sleeping kernel, as bench/linear.py times its rows
+    kernel_us = _queued(launch, torch.cuda.ExternalStream(int(program.stream))) * 1e6
     export = median_us(lambda: x_gpu.__dlpack__(stream=1), repeats)  # what torch spends lending x
     print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
           f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events, {QUEUED} launches queued), runtime overhead "
