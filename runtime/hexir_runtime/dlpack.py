@@ -104,12 +104,12 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
     holds; a device tensor's producer is asked to make it ready on `stream` (None: sync it).
 
     With `interface`, a CUDA tensor that also has `__cuda_array_interface__` (torch, cupy,
-    numba) is read through that instead: a dict, where torch's `__dlpack__(stream=)` costs
-    ~15 µs of Python a call (a torch tensor of a float dtype that needs no grad: through its
-    methods, cheaper still, when torch is imported). Then nothing waits yet: the DeviceTensor's `stream` is the stream
-    the caller must order its own after (None: none), the one the interface names, or for
-    torch, whose interface names none, torch's current stream on the tensor's device (what its
-    `__dlpack__` would have waited for)."""
+    numba) is read through that instead: a dict, where torch's `__dlpack__(stream=)` costs ~15
+    µs of Python a call (a torch tensor of a float dtype that needs no grad: through its
+    methods, cheaper still, when torch is imported). Then nothing waits yet: the DeviceTensor's
+    `stream` is the stream the caller must order its own after (None: none), the one the
+    interface names, or for torch, whose interface names none, torch's current stream on the
+    tensor's device (what its `__dlpack__` would have waited for)."""
     if isinstance(obj, np.ndarray):
         return obj
     torch = sys.modules.get("torch")
@@ -169,9 +169,11 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     """A torch CUDA tensor read through its own methods (~1.5 µs, where its
     `__cuda_array_interface__` costs ~5 and `__dlpack__` ~15); None for a dtype we do not read
     (the general path then says why)."""
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({getattr(torch, name): np.dtype(name) for name in ("float16", "float32", "float64")})
-    dtype = _TORCH_DTYPES.get(obj.dtype)
+    dtypes = _TORCH_DTYPES.get(torch)
+    if dtypes is None:
+        dtypes = _TORCH_DTYPES[torch] = {getattr(torch, name): np.dtype(name)
+                                         for name in ("float16", "float32", "float64")}
+    dtype = dtypes.get(obj.dtype)
     if dtype is None:
         return None
     device_id = obj.get_device()
@@ -182,7 +184,8 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     return result
 
 
-_TORCH_DTYPES: dict[Any, np.dtype] = {}  # torch's float dtypes, filled on first use (torch is never imported)
+#: Per torch module (whichever `sys.modules["torch"]` is: never imported here), its float dtypes.
+_TORCH_DTYPES: dict[Any, dict[Any, np.dtype]] = {}
 
 
 def _torch_stream(obj: Any, device_id: int) -> int | None:

@@ -211,6 +211,11 @@ def test_a_torch_tensor_is_read_through_its_methods_and_follows_torchs_current_s
     for odd in (torch.Tensor(dtype=torch.bfloat16), torch.Tensor(requires_grad=True)):
         with pytest.raises(BufferError, match="the general path"):
             tensor_of(odd, 1, interface=True)
+    # another torch module (a test's stand-in, then the real one) has dtypes of its own: read as its
+    other = FakeTorch(current)
+    other.float64 = "another torch's float64"
+    monkeypatch.setitem(sys.modules, "torch", other)
+    assert tensor_of(other.Tensor(dtype=other.float64), 1, interface=True).dtype == np.float64
 
 
 def test_without_interface_a_cuda_tensor_goes_through_dlpack():
