@@ -15,7 +15,8 @@ timed the same way: numpy's `matmul` into a preallocated output, or `torch.matmu
 between CUDA events (TF32 off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time
 (above 1: hexir is faster). The `sym` rows run a module compiled for a symbolic row count
 (`batch x K`) at the same size as the static row above them: their ratio to the static kernel is
-the cost of not knowing the batch when compiling.
+the cost of not knowing the batch when compiling. A cuda row whose output differs from cuBLAS's
+(relative to its largest element: 1e-4 in float32, 1e-10 in float64) is printed WRONG.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         check(driver.cuEventRecord(end, program.stream), "cuEventRecord")
         check(driver.cuEventSynchronize(end), "cuEventSynchronize")
         return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") / 1e3
+    timed.result = lambda: place.copy_out(buffers[-1])  # what the launches computed
     return timed
 
 
@@ -200,6 +202,11 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
             baseline = _host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out))
         base_time = _median_seconds(baseline, repeats)
         flops = 2.0 * m * k * n
+        if device == "cuda" and not row.get("fused"):  # ours against cuBLAS's, relative to the largest
+            ours, theirs = runner.result(), tout.cpu().numpy()
+            error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-30))
+            if not error < (1e-4 if dtype == "float32" else 1e-10):
+                print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
         label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}"
                                                                               if "variant" in row else "")
         queued = ""

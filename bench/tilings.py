@@ -3,6 +3,7 @@ DMMA_TILINGS were chosen).
 
     PYTHONPATH=runtime:. python bench/tilings.py bench/variants                   # here: build
     PYTHONPATH=runtime python bench/linear.py run bench/variants --device cuda    # on the GPU
+    PYTHONPATH=runtime:. python bench/tilings.py bench/loads --dmma               # the FP64 fragment loads only
 
 Builds the same products with each (tile, k step, sums per thread axis) in turn, by
 overriding the schedule's choice for the duration of the build.
@@ -30,8 +31,9 @@ def linear(x, w):
 
 
 #: The FP64 tensor-core kernel's tilings (block rows, block columns, k slice, warps along rows, along columns).
-DMMA_TILINGS = [(64, 64, 16, 2, 2), (64, 64, 8, 2, 2), (128, 64, 8, 2, 2), (64, 128, 8, 2, 2),
-                (128, 128, 8, 4, 2), (128, 128, 8, 2, 4), (64, 32, 16, 2, 2), (32, 64, 16, 2, 2), (32, 32, 16, 2, 2)]
+DMMA_TILINGS = [(64, 64, 16, 2, 2, 1), (64, 64, 8, 2, 2, 1), (128, 64, 8, 2, 2, 1), (64, 128, 8, 2, 2, 1),
+                (128, 128, 8, 4, 2, 1), (128, 128, 8, 2, 4, 1), (64, 32, 16, 2, 2, 1), (32, 64, 16, 2, 2, 1),
+                (32, 32, 16, 2, 2, 1)]
 DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096, 4096, False),
               (4096, 1024, 1024, True), (64, 1024, 1024, False), (256, 1024, 1024, False), (512, 512, 512, False),
               (4096, 1024, 33, False)]
@@ -40,19 +42,55 @@ DMMA_SIZES = [(1024, 1024, 1024, False), (2048, 2048, 2048, False), (4096, 4096,
 IN_FLIGHT = [(128, 1), (128, 8), (128, 16), (256, 1), (256, 8), (256, 16)]
 
 
+#: The FP64 kernel's fragment loads (one k a thread, or two in one load), its stages and bigger
+#: tiles, at the sizes of the issue's f64 rows (`--dmma`; runs 48-49): (name, k's a load, stages,
+#: tiling or None: the table's, with that many k's a load); the first two at every size of
+#: DMMA_LOAD_SIZES, the others at the first four.
+DMMA_LOADS = [("single", 1, 3, None), ("paired", 2, 3, None),
+              ("s128x128w4x2", 1, 3, (128, 128, 16, 4, 2)), ("p128x128w4x2", 2, 3, (128, 128, 16, 4, 2)),
+              ("s128x128w4x2st4", 1, 4, (128, 128, 16, 4, 2)), ("p128x128w4x2st4", 2, 4, (128, 128, 16, 4, 2)),
+              ("p128x128w4x2k32", 2, 3, (128, 128, 32, 4, 2))]
+DMMA_LOAD_SIZES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (1024, 1024, 1024),
+                   (2048, 2046, 2050), (512, 512, 512), (64, 784, 512), (256, 1024, 1024), (4096, 1024, 33)]
+
+
+def dmma_loads(out: Path) -> list[dict]:
+    rows = []
+    chosen, stages = gpu_schedule.dmma_tiling, gpu_schedule.DMMA_STAGES
+    try:
+        for index, (variant, pairs, gpu_schedule.DMMA_STAGES, tiling) in enumerate(DMMA_LOADS):
+            gpu_schedule.dmma_tiling = lambda m, n, k, tiling=tiling, pairs=pairs: (
+                tiling or chosen(m, n, k)[:5]) + (pairs,)
+            for m, k, n in DMMA_LOAD_SIZES if index < 2 else DMMA_LOAD_SIZES[:4]:
+                name = f"linear_{m}x{k}x{n}_float64_cuda_{variant}"
+                hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, k), "float64"),
+                             hexir.TensorSpec((k, n), "float64"), placement={"hexir.linear": "cuda"})
+                rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": "float64", "device": "cuda",
+                             "variant": variant})
+    finally:
+        gpu_schedule.dmma_tiling, gpu_schedule.DMMA_STAGES = chosen, stages
+    return rows
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    if "--dmma" in sys.argv:
+        rows = dmma_loads(out)
+        (out / "modules.json").write_text(json.dumps(rows, indent=1))
+        print(f"built {len(rows)} modules in {out}")
+        return
     rows = []
     chosen_dmma = gpu_schedule.dmma_tiling
     try:
         for tiling in DMMA_TILINGS:
-            gpu_schedule.dmma_tiling = lambda m, n, tiling=tiling: tiling
+            gpu_schedule.dmma_tiling = lambda m, n, k, tiling=tiling: tiling
             for m, k, n, symbolic in DMMA_SIZES:
-                name = f"linear_{m}x{k}x{n}_float64_cuda_dmma{'x'.join(map(str, tiling))}{'_sym' if symbolic else ''}"
+                label = "x".join(map(str, tiling[:5]))
+                name = f"linear_{m}x{k}x{n}_float64_cuda_dmma{label}{'_sym' if symbolic else ''}"
                 hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), "float64"),
                              hexir.TensorSpec((k, n), "float64"), placement={"hexir.linear": "cuda"})
                 rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": "float64", "device": "cuda",
-                             "symbolic": symbolic, "variant": "d{}x{}s{}w{}x{}".format(*tiling)})
+                             "symbolic": symbolic, "variant": "d{}x{}s{}w{}x{}".format(*tiling[:5])})
     finally:
         gpu_schedule.dmma_tiling = chosen_dmma
     rows_max = gpu_schedule.ROWS_MAX

@@ -16,11 +16,13 @@ elements read with 128-bit shared loads; each thread accumulates per x per sums 
                                                       out[row, col] = epilogues(sums) where row < M, col < N
 
 linear in float64 on sm_80 and newer runs on the FP64 tensor cores instead (`dmma`): blocks of
-2 x 2 warps (`DMMA_TILINGS`), each warp computing its part of the tile as `mma.sync` m16n8k4
-tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from shared
-slices in three buffers filled by asynchronous copies (cp.async, 16 bytes a copy where K and N
-are even: `_pipeline_async`), two slices in flight; 128x64 tiles of odd K or N pipeline their
-slices through registers as the SIMT kernel does.
+2 x 2 or 4 x 2 warps (`DMMA_TILINGS`), each warp computing its part of the tile as `mma.sync`
+m16n8k4 tiles on sm_90 (m8n8k4 where an older target is asked for), its fragments read from
+shared slices in three buffers filled by asynchronous copies (cp.async, 16 bytes a copy where K
+and N are even: `_pipeline_async`), two slices in flight; 128x64 tiles of odd K or N pipeline
+their slices through registers as the SIMT kernel does. On the biggest tiles a thread's x
+fragments for two k's come in one 16-byte shared load (which k's of an mma a thread holds is the
+kernel's choice, the same in A and B: of each 8, 2 in_group and 2 in_group + 1).
 
 A static product whose tiles are too few to fill the GPU splits K (`split_k`): grid z is the
 part of K a block walks; each block writes its partial sums to a buffer in device memory
@@ -110,8 +112,9 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
         return []
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if _uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
-        starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in DMMA_TILINGS[:-1]]
-        return [(_dmma_name(DMMA_TILINGS[i][0]), {m: starts[i - 1]}) for i in range(len(DMMA_TILINGS) - 1, 0, -1)]
+        table = dmma_table(extent(types[0], 1, request), n)
+        starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in table[:-1]]
+        return [(_dmma_name(table[i][0]), {m: starts[i - 1]}) for i in range(len(table) - 1, 0, -1)]
     starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
     return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
 
@@ -265,23 +268,36 @@ def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value
 
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
-#: rows, warps along columns), with the fewest blocks each must give the GPU to be chosen. On the
-#: H200 (of cuBLAS): 128x64 with 16-deep slices (58 KiB of shared memory: dynamic, see to_gpu)
-#: 0.79/0.77 at 2048^3/4096^3, 8-deep 0.70/0.70, 128x128 0.71/0.70, 64x64 0.74/0.68; at 1024^3
-#: 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35 (64x64: 1.03), 256x1024x1024 0.88
-#: (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87 (64x32 0.80, 64x64 0.65)
-#: (bench/results/2026-11-30-h200-pipelines.md).
-DMMA_TILINGS = (((128, 64, 16, 2, 2), 264), ((64, 64, 16, 2, 2), 256), ((64, 32, 16, 2, 2), 128),
-                ((32, 32, 16, 2, 2), 0))
+#: rows, warps along columns, k's a thread's x fragment load takes: 1, or 2 in one 16-byte load),
+#: with the fewest blocks each must give the GPU to be chosen. On the H200 (of cuBLAS): 128x64 with
+#: 16-deep slices (dynamic shared memory, see to_gpu) 0.79/0.77 at 2048^3/4096^3, 8-deep
+#: 0.70/0.70, 64x64 0.74/0.68; at 1024^3 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35
+#: (64x64: 1.03), 256x1024x1024 0.88 (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87
+#: (64x32 0.80, 64x64 0.65) (bench/results/2026-11-30-h200-pipelines.md). With cp.async (runs
+#: 48-49 of bench/results/2026-11-30-h200-splitk.md), 4x2 warps on 128x128 with paired loads: 8192^3
+#: 0.81-0.82 (128x64: 0.78), 4096^3 0.81-0.82 (0.79-0.80; unpaired 0.79), 2048^3 level, 1024^3
+#: 0.54 (too few blocks); paired loads on the smaller tiles: 1-8% either way, 4096x1024x33 -13%.
+#: Tiles as wide as DMMA_EVEN_WIDTH need 16-byte copies (K and N even): with 8-byte ones 128x128
+#: was 0.62 at 2048x2046x2050 (128x64, its slices through registers: 0.85).
+DMMA_TILINGS = (((128, 128, 16, 4, 2, 2), 512), ((128, 64, 16, 2, 2, 1), 264), ((64, 64, 16, 2, 2, 1), 256),
+                ((64, 32, 16, 2, 2, 1), 128), ((32, 32, 16, 2, 2, 1), 0))
+DMMA_EVEN_WIDTH = 128
 
 
-def dmma_tiling(m: sizes.Expr, n: int) -> tuple[int, int, int, int, int]:
-    """The DMMA tiling of an [m, n] output: the first of DMMA_TILINGS that gives enough blocks (a
-    symbolic m: the largest; `linear_variants` adds the smaller ones)."""
-    for tiling, fewest in DMMA_TILINGS:
+def dmma_table(k: int, n: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The DMMA tilings a product with K = k, N = n may use (see DMMA_EVEN_WIDTH)."""
+    even = k % DMMA_RUN == 0 and n % DMMA_RUN == 0
+    return tuple(entry for entry in DMMA_TILINGS if even or entry[0][1] < DMMA_EVEN_WIDTH)
+
+
+def dmma_tiling(m: sizes.Expr, n: int, k: int) -> tuple[int, ...]:
+    """The DMMA tiling of an [m, n] output over K = k: the first of its `dmma_table` that gives
+    enough blocks (a symbolic m: the largest; `linear_variants` adds the smaller ones)."""
+    table = dmma_table(k, n)
+    for tiling, fewest in table:
         if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
-    return DMMA_TILINGS[-1][0]
+    return table[-1][0]
 
 
 #: Whether the DMMA kernel's blocks inside the matrices load their slices without a test per
@@ -298,8 +314,11 @@ DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 #: 0.77, 64x784x512 9.2 -> 8.6 us; 8-byte copies lost 2-4% on 128x64 tiles; 2 and 4 stages were
 #: slower than 3.
 DMMA_STAGES, DMMA_RUN, DMMA_REGISTER_TILE = 3, 2, (128, 64)
-#: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts.
-DMMA_PAD = (4, 8)
+#: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts, for
+#: fragment loads of one k a thread, and of two (x's in one 16-byte load, DMMA_TILINGS): then x's
+#: rows are 16 banks apart (a quarter warp's 8 loads, 2 rows x 4 pairs, on 32 banks) and w's row
+#: 2 in_group 8 banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32).
+DMMA_PAD = ((4, 8), (8, 2))
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
 DMMA_FROM = 80
 #: Split-K: a (static) product over SPLIT_MIN_K or more k's whose tiles give the GPU fewer than
@@ -575,7 +594,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile_m, tile_n, step, warps_m, warps_n = dmma_tiling(m, n) if request.variant is None else \
+    tile_m, tile_n, step, warps_m, warps_n, pairs = dmma_tiling(m, n, k_extent) if request.variant is None else \
         next(t for t, _ in DMMA_TILINGS if _dmma_name(t) == request.variant)
     threads = 32 * warps_m * warps_n
     # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4 on an H200, 66 against
@@ -599,8 +618,10 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         buffers = stages or 2
         # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
         # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
-        x_tile = ht.alloc_local([buffers, tile_m, step + DMMA_PAD[0]], element, "shared")
-        w_tile = ht.alloc_local([buffers, step, tile_n + DMMA_PAD[1]], element, "shared")
+        paired = pairs == 2
+        pad = DMMA_PAD[paired]
+        x_tile = ht.alloc_local([buffers, tile_m, step + pad[0]], element, "shared")
+        w_tile = ht.alloc_local([buffers, step, tile_n + pad[1]], element, "shared")
         k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = _zeros([frags_m, frags_n, sums_per], element)
@@ -611,20 +632,35 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
             row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
 
+            def a_row(f: int, r: int) -> ir.Value:
+                return _plus(warp_row, _plus(ht.index(mma_m * f + 8 * r), group))
+
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
-                for kq in range(step // 4):  # unrolled here: constant shared offsets
-                    # fragments: A (rows group [+ 8], column in_group), B (row in_group, column group)
-                    kk = _plus(ht.index(4 * kq), in_group)
-                    a = [[ht.load(x_tile, [buffer, _plus(warp_row, _plus(ht.index(mma_m * f + 8 * r), group)), kk])
-                          for r in range(halves)] for f in range(frags_m)]
-                    b = [ht.load(w_tile, [buffer, kk, _plus(warp_column, _plus(ht.index(8 * f), group))])
-                         for f in range(frags_n)]
-                    for fi, fj in itertools.product(range(frags_m), range(frags_n)):
-                        at = [ht.index(fi), ht.index(fj)]
-                        c = [ht.load(sums, [*at, ht.index(h)]) for h in range(sums_per)]
-                        d = _mma_f64(mma_m, a[fi], b[fj], c)
-                        for h in range(sums_per):
-                            ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
+                # fragments: A (rows group [+ 8], a column per in_group), B (that row, column group).
+                # Paired: of each 8 k's, thread in_group takes 2 in_group and 2 in_group + 1, its
+                # x values one 16-byte load, an mma on the even ones then one on the odd (which k
+                # of four a thread holds is ours to choose, alike in A and B)
+                for kq in range(0, step // 4, 1 + paired):  # unrolled here: constant shared offsets
+                    if paired:
+                        kk = _plus(ht.index(4 * kq), _times(in_group, 2))
+                        pair = ir.VectorType.get([2], element)
+                        loaded = [[vector.LoadOp(pair, x_tile, [buffer, a_row(f, r), kk], alignment=16).result
+                                   for r in range(halves)] for f in range(frags_m)]
+                        ks = [(kk, [[vector.ExtractOp(v, [], [h]).result for v in row] for row in loaded])
+                              for kk, h in ((kk, 0), (_plus(kk, ht.index(1)), 1))]
+                    else:
+                        kk = _plus(ht.index(4 * kq), in_group)
+                        ks = [(kk, [[ht.load(x_tile, [buffer, a_row(f, r), kk]) for r in range(halves)]
+                                    for f in range(frags_m)])]
+                    for kk, a in ks:
+                        b = [ht.load(w_tile, [buffer, kk, _plus(warp_column, _plus(ht.index(8 * f), group))])
+                             for f in range(frags_n)]
+                        for fi, fj in itertools.product(range(frags_m), range(frags_n)):
+                            at = [ht.index(fi), ht.index(fj)]
+                            c = [ht.load(sums, [*at, ht.index(h)]) for h in range(sums_per)]
+                            d = _mma_f64(mma_m, a[fi], b[fj], c)
+                            for h in range(sums_per):
+                                ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
 
             if stages:
                 def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:

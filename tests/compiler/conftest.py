@@ -75,7 +75,8 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
     """The launch of a cuda linear with an [m, n] output over k, as the schedule documents its
     kernels (hexir/schedules/cuda.py): up to 16 static rows stream w, 32 columns per block of 32
     lanes x 32 warps (16 where a thread's M sums take more than 32 bytes); float64 on sm_80 and
-    newer runs on the tensor cores, blocks of 2 x 2 warps computing 128x64 tiles when that makes
+    newer runs on the tensor cores, blocks of 4 x 2 warps computing 128x128 tiles when that makes
+    512 blocks and K and N are even, else of 2 x 2 warps computing 128x64 tiles when that makes
     264 blocks, else 64x64 when 256, else 64x32 when 128, else 32x32; the rest in 16x16-thread
     blocks of 128x128 tiles when that still makes 128 blocks (about one per SM of a 132-SM GPU),
     else 64x64 ones when they make 256 and 32x32 when 128 (both counting K's splits), else 16x16.
@@ -95,11 +96,12 @@ def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str,
         warps = 32 if max(m, 1) * itemsize <= 32 else 16
         return {"grid": [ceil(n, 32), 1, 1], "block": [32, warps, 1], "shared_bytes": 0}
     if dtype == "float64" and all(int(arch[3:]) >= 80 for arch in archs):
-        rows, columns = next((r, c) for r, c, fewest in ((128, 64, 264), (64, 64, 256), (64, 32, 128), (32, 32, 0))
-                             if ceil(m, r) * ceil(n, c) >= fewest)
+        wide = ((128, 128, 512),) if k % 2 == 0 and n % 2 == 0 else ()
+        table = (*wide, (128, 64, 264), (64, 64, 256), (64, 32, 128), (32, 32, 0))
+        rows, columns = next((r, c) for r, c, fewest in table if ceil(m, r) * ceil(n, c) >= fewest)
         blocks = ceil(m, rows) * ceil(n, columns)
         return {"grid": [ceil(n, columns), ceil(m, rows), splits(blocks, rows * columns * 8, 128, 512)],
-                "block": [128, 1, 1], "shared_bytes": 0}
+                "block": [256 if columns == 128 else 128, 1, 1], "shared_bytes": 0}
     tile = next((t for t, fewest in ((128, 128), (64, 256), (32, 128))
                  if ceil(m, t) * ceil(n, t) * splits(ceil(m, t) * ceil(n, t), t * t * itemsize) >= fewest), 16)
     blocks = ceil(m, tile) * ceil(n, tile)

@@ -827,3 +827,19 @@ def test_dmma_slices_fill_three_buffers_by_asynchronous_copies(build):
         assert set(re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)) == {"1"}
     assert "cp.async" in images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
     assert "cp.async" not in images_of(build("linear", "float64", 2048, 63, 2048))["compute_90"].decode()
+
+
+def test_dmma_128x128_tiles_load_two_ks_of_x_a_thread_in_one_shared_load(build):
+    """4096^2 f64 outputs (1024 tiles of 128x128, K and N even) take 4 x 2 warps, whose x fragments
+    come two k's at a time in one 16-byte shared load (ld.shared.v2.b64; w's stay 8-byte), from rows
+    padded to 24 and 130 elements; the 128x64 tiles of a smaller product keep one k a load."""
+    path = build("linear", "float64", 4096, 64, 4096)
+    (kernel,) = read(path)[0]["kernels"]
+    assert kernel["launch"] == {**cuda_linear_launch(4096, 4096, "float64", k=64),
+                                "shared_bytes": 3 * (128 * 24 + 16 * 130) * 8}
+    assert kernel["launch"]["grid"] == [32, 32, 1] and kernel["launch"]["block"] == [256, 1, 1]
+    ptx = images_of(path)["compute_90"].decode()
+    # a 16-deep slice's (the step's body, once): x 2 pairs of k's x 2 fragments x 2 halves, w 4 k's x 8 columns
+    assert len(re.findall(r"ld\.shared\.v2\.b64", ptx)) == 8 and len(re.findall(r"ld\.shared\.b64", ptx)) == 32
+    smaller = images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
+    assert "ld.shared.v2.b64" not in smaller

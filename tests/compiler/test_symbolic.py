@@ -182,17 +182,25 @@ def test_a_symbolic_cuda_linear_carries_a_kernel_per_tile_chosen_per_call():
 def test_a_symbolic_float64_cuda_linear_carries_a_tensor_core_kernel_per_tile():
     """The FP64 tensor-core kernel's tiles the same way: with 1024 columns 32x32 tiles run batches
     below 256 rows (where 64x32 first gives 128 blocks), 64x32 below 1024 (64x64: 256 blocks),
-    64x64 below 2176 (128x64: 264 blocks), 128x64 the rest."""
+    64x64 below 2176 (128x64: 264 blocks), 128x64 below 8192 (128x128: 512), 128x128 the rest;
+    with an odd K (8-byte copies) no 128x128 tiles (DMMA_EVEN_WIDTH): 128x64 the rest."""
     from hexir_runtime.format import decode
 
-    def layer(x):
-        return hexir.linear(x, np.ones((64, 1024)))
-    data = hexir.jit(layer, placement="hexir.linear=cuda").compile(hexir.TensorSpec(("batch", 64), "float64"))
-    code = decode(data).manifest.kernels[0].gpu_code
+    def variants(k):
+        def layer(x):
+            return hexir.linear(x, np.ones((k, 1024)))
+        data = hexir.jit(layer, placement="hexir.linear=cuda").compile(hexir.TensorSpec(("batch", k), "float64"))
+        return decode(data).manifest.kernels[0].gpu_code
+    code = variants(64)
     assert [(v.symbol.rsplit("__", 1)[1], dict(v.below)) for v in code.variants] == \
-        [("dmma32x32", {"batch": 256}), ("dmma64x32", {"batch": 1024}), ("dmma64x64", {"batch": 2176})]
+        [("dmma32x32", {"batch": 256}), ("dmma64x32", {"batch": 1024}), ("dmma64x64", {"batch": 2176}),
+         ("dmma128x64", {"batch": 8192})]
     assert [v.launch.grid for v in code.variants] == [(32, ("ceildiv", "batch", 32), 1),
                                                       (32, ("ceildiv", "batch", 64), 1),
-                                                      (16, ("ceildiv", "batch", 64), 1)]
-    assert code.launch.grid == (16, ("ceildiv", "batch", 128), 1)
-    assert code.pick({"batch": 64})[0].endswith("__dmma32x32") and code.pick({"batch": 4096})[0] == code.symbol
+                                                      (16, ("ceildiv", "batch", 64), 1),
+                                                      (16, ("ceildiv", "batch", 128), 1)]
+    assert code.launch.grid == (8, ("ceildiv", "batch", 128), 1) and code.launch.block == (256, 1, 1)
+    assert code.pick({"batch": 64})[0].endswith("__dmma32x32") and code.pick({"batch": 8192})[0] == code.symbol
+    odd = variants(63)
+    assert [v.symbol.rsplit("__", 1)[1] for v in odd.variants] == ["dmma32x32", "dmma64x32", "dmma64x64"]
+    assert odd.launch.grid == (16, ("ceildiv", "batch", 128), 1) and odd.launch.block == (128, 1, 1)

@@ -73,6 +73,8 @@ def build(out: Path, examples: int) -> None:
                 add(chain, dtype, 33, 257, 97, split)  # split-K: 4 parts, the last cut at K
                 add(chain, dtype, 64, 784, 510, split)  # split-K: 7 parts of 32x32 (f64: DMMA) tiles
                 add(chain, dtype, 17, 3001, 7, split)  # split-K: 8 parts, 16x16 tiles
+                if chain != "relu":  # f64: 128x128 tiles (528 of them), K even but not of 16, edges cut
+                    add(chain, dtype, 3001, 34, 2798, split)
                 add(chain, dtype, None, 257, 97, split, symbolic=True)
                 add(chain, dtype, None, 3, 1031, split, symbolic=True)
     draw()
