@@ -177,7 +177,8 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     if dtype is None:
         return None
     device_id = obj.get_device()
-    result = DeviceTensor(obj.data_ptr(), tuple(obj.shape), dtype, (CUDA, device_id), tuple(obj.stride()), None)
+    strides = None if obj.is_contiguous() else tuple(obj.stride())  # None: C order, nothing to check
+    result = DeviceTensor(obj.data_ptr(), tuple(obj.shape), dtype, (CUDA, device_id), strides, None)
     result.owner = obj  # held for the call, as a capsule would hold it
     stream = _torch_stream(obj, device_id)
     result.stream = None if stream in (None, 0, 1) else stream

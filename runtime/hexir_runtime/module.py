@@ -234,7 +234,7 @@ def _arguments(entry: str, arrays: tuple[Any, ...], executor: Executor) -> Seque
                 raise InputError(f"{entry}(): argument {name!r}: the {type(array).__name__} cannot be read "
                                  f"({type(error).__name__}: {error})") from None
             if isinstance(array, dlpack.DeviceTensor):
-                _check_device_tensor(entry, name, expected, dtype, array, index, executor)
+                _check_device_tensor(entry, name, expected, dtype, shape, array, index, executor)
                 if array.stream is not None:  # written on a stream of its producer's: ours follows it
                     executor.wait(array.stream)
                 continue
@@ -250,11 +250,15 @@ def _fits(expected: TensorType, shape: tuple[int, ...]) -> bool:
         isinstance(dim, str) or dim == size for dim, size in zip(expected.shape, shape, strict=True))
 
 
-def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.dtype, tensor: dlpack.DeviceTensor,
-                         index: int, executor: Executor) -> None:
+def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.dtype, shape: tuple[int, ...] | None,
+                         tensor: dlpack.DeviceTensor, index: int, executor: Executor) -> None:
     """InputError unless a CUDA tensor is one the entry can read in place: on the module's GPU,
-    of the expected dtype and shape, C-contiguous."""
+    of the expected dtype and shape (`shape` where it has no symbol), C-contiguous."""
     gpu = executor.gpus[0].device if executor.gpus else None
+    if gpu is not None and tensor.device == (dlpack.CUDA, gpu.ordinal) and tensor.dtype == dtype and (
+            tensor.shape == shape or (shape is None and _fits(expected, tensor.shape))) and \
+            index in executor.device_inputs and tensor.contiguous:
+        return  # the common case, in a few comparisons
     where = f"{entry}(): argument {name!r}"
     if index not in executor.device_inputs or gpu is None:
         raise InputError(f"{where} is read on the host: expects a host (numpy or CPU DLPack) {expected}, "

@@ -175,6 +175,9 @@ class FakeTorch:
             def stride(self):
                 return self.strides
 
+            def is_contiguous(self):
+                return self.strides == (self.shape[1], 1)
+
             def __dlpack_device__(self):
                 return (CUDA, 1)
 
