@@ -78,17 +78,23 @@ PACK_FROM_ROWS = 24
 #: products that even 48 rows leave short of items: the 64x784x512x10 MLP on the 16-core host
 #: 178-190 -> 124-147 µs f32, 351-370 -> 306-334 f64 (three passes; on a 2-core machine 5-7%
 #: slower, where 8 items already occupy its cores: bench/results/2026-11-30-h200-evening.md).
-MC_CHOICES, NC_BYTES, WORK_ITEMS = (192, 96, 48, 24), 512, 32
+#: 12-row tiles (never packing) for static products that 24 rows leave short of items too: on
+#: the 16-core host (runs 51-52 of bench/results/2026-11-30-h200-night.md, hexir's times, two
+#: passes) 64x512x10 f64 0.10-0.12 -> 0.05-0.06 ms, 128^3 0.06-0.10 -> 0.04-0.08, 256^3 f32
+#: 0.07-0.10 -> 0.06, f64 0.15-0.18 -> 0.12, the MLP f64 0.60-0.77 -> 0.74-0.81 of numpy (six
+#: passes); the rest within the host's noise, as on the 2-core machine. A symbolic batch's
+#: tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
+MC_CHOICES, NC_BYTES, WORK_ITEMS, MC_SYMBOLIC = (192, 96, 48, 24, 12), 512, 32, 24
 
 
 def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:
-    """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output (a symbolic m: the fewest rows,
-    for the small batches)."""
+    """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output (a symbolic m: MC_SYMBOLIC
+    rows, for the small batches)."""
     mr, nr = MICRO[level, dtype]
     nc = NC_BYTES // (4 if dtype == "float32" else 8)
     column_tiles = max(1, -(-n // nc))
     if isinstance(m, str):
-        return mr, nr, MC_CHOICES[-1], nc
+        return mr, nr, MC_SYMBOLIC, nc
     mc = next((mc for mc in MC_CHOICES if -(-m // mc) * column_tiles >= WORK_ITEMS), MC_CHOICES[-1])
     return mr, nr, mc, nc
 

@@ -61,14 +61,21 @@ def manifest(data: bytes) -> dict:
 
 
 #: The cpu linear's parallel work items, as its schedule documents them (hexir/schedules/cpu.py):
-#: tiles of 48 rows x 1024 bytes of columns (256 float32, 128 float64), on every x86-64 level.
+#: tiles of 192, 96, 48, 24 or 12 rows, the most that leave 32 items (else 12; with a symbolic
+#: batch CPU_TILE_ROWS) x 512 bytes of columns (128 float32, 64 float64), on every x86-64 level.
 CPU_TILE_ROWS, CPU_TILE_BYTES = 24, 512
 
 
+def cpu_tile_rows(m: int, n: int, dtype: str) -> int:
+    """The rows of a static cpu linear's tiles, for an [m, n] output."""
+    columns = -(-n // (CPU_TILE_BYTES // (4 if dtype == "float32" else 8)))
+    return next((rows for rows in (192, 96, 48, 24, 12) if -(-m // rows) * columns >= 32), 12)
+
+
 def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
-    """The work extent of a cpu linear with an [m, n] output: its row tiles times its column tiles."""
+    """The work extent of a static cpu linear with an [m, n] output: its row tiles times its column tiles."""
     columns = CPU_TILE_BYTES // (4 if dtype == "float32" else 8)
-    return -(-m // CPU_TILE_ROWS) * -(-n // columns)
+    return -(-m // cpu_tile_rows(m, n, dtype)) * -(-n // columns)
 
 
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",), k: int = 1) -> dict:

@@ -25,7 +25,7 @@ from hexir.driver import Options, run_stage
 from hexir.errors import TraceError
 from hexir.passes.fuse import fuse
 
-from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, filecheck, lower, parse
+from .conftest import cpu_linear_tiles, cpu_tile_rows, filecheck, lower, parse
 
 X, W, B, Y = "tensor<3x5xf32>", "tensor<5x7xf32>", "tensor<7xf32>", "tensor<3x7xf32>"
 
@@ -267,9 +267,9 @@ BOTH_ON_CUDA = {"hexir.linear": "cuda", "hexir.relu": "cuda"}
 
 def layer_of(dtype: str, bias: bool, m: int = 53, k: int = 5, n: int = 7, seed: int = 0):
     """x, w, b, relu(linear(x, w[, b])) as a function, and its numpy value (some of it clipped
-    to 0, some not). 53 rows: more than one cpu tile of 48 rows, the last one short; and enough
-    rows for the cuda SIMT kernel."""
-    assert m > CPU_TILE_ROWS and m % CPU_TILE_ROWS
+    to 0, some not). 53 rows: more than one cpu tile, the last one short; and enough rows for
+    the cuda SIMT kernel."""
+    assert m > cpu_tile_rows(m, n, dtype) and m % cpu_tile_rows(m, n, dtype)
     rng = np.random.default_rng(seed)
     x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None

@@ -16,7 +16,7 @@ from hexir_runtime.cpu import CpuDevice
 
 from hexir.errors import CompileError
 
-from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, filecheck, lower
+from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, lower
 
 LINEAR_OF_M = """
 func.func @main(%arg0: tensor<{m}x8xf32>, %w: tensor<8x4xf32>) -> tensor<{m}x4xf32> {{
@@ -88,21 +88,21 @@ def test_tiles_cover_every_output_once():
 
 
 def test_linear_schedule_is_parallel_over_output_tiles():
-    """out[100, 300] in tiles of 24 rows (no larger tile leaves 32 items) x 128 float32 columns:
-    5 x 3 = 15 work items, in column order; item t covers rows [24 (t % 5), min(24 (t % 5) + 24,
-    100)) and columns from 128 (t / 5)."""
-    assert cpu_linear_tiles(100, 300, "float32") == 15
+    """out[100, 300] in tiles of 12 rows (none of 24 or more leaves 32 items: the smallest) x 128
+    float32 columns: 9 x 3 = 27 work items, in column order; item t covers rows [12 (t % 9),
+    min(12 (t % 9) + 12, 100)) and columns from 128 (t / 9)."""
+    assert cpu_linear_tiles(100, 300, "float32") == 27
     filecheck(lower(WIDE.format(m=100, enc=""), "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(
-        CHECK-SAME:      hextir.work = {extent = "15", grain = 1 : i64}
-        CHECK:       scf.for %[[T:.+]] = %c0 to %c15 step %c1 {
-        CHECK-NEXT:    %[[TR:.+]] = arith.remui %[[T]], %c5 : index
-        CHECK-NEXT:    %c24 = arith.constant 24 : index
-        CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c24 : index
-        CHECK-NEXT:    %[[TC:.+]] = arith.divui %[[T]], %c5 : index
+        CHECK-SAME:      hextir.work = {extent = "27", grain = 1 : i64}
+        CHECK:       scf.for %[[T:.+]] = %c0 to %c27 step %c1 {
+        CHECK-NEXT:    %[[TR:.+]] = arith.remui %[[T]], %c9 : index
+        CHECK-NEXT:    %c12 = arith.constant 12 : index
+        CHECK-NEXT:    %[[R0:.+]] = arith.muli %[[TR]], %c12 : index
+        CHECK-NEXT:    %[[TC:.+]] = arith.divui %[[T]], %c9 : index
         CHECK-NEXT:    %c128 = arith.constant 128 : index
         CHECK-NEXT:    %[[C0:.+]] = arith.muli %[[TC]], %c128 : index
-        CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c24 : index
+        CHECK-NEXT:    %[[R1A:.+]] = arith.addi %[[R0]], %c12 : index
         CHECK-NEXT:    %[[R1:.+]] = arith.minui %[[R1A]], %c100 : index
         CHECK:         vector.fma
         CHECK:         vector.store %{{.+}}, %arg2[%{{.+}}, %{{.+}}] : memref<100x300xf32>
@@ -203,7 +203,7 @@ def test_loops_use_memref_and_take_a_work_range():
         CHECK:       func.func public @linear_0(%arg0: memref<20x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<20x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
         CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(20, 4, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
-        CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c24 : index
+        CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c{cpu_tile_rows(20, 4, "float32")} : index
         CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<20x8xf32>
         CHECK:         vector.fma
         CHECK:         vector.store %{{{{.+}}}}, %arg2[%{{{{.+}}}}, %{{{{.+}}}}] : memref<20x4xf32>, vector<4xf32>
@@ -236,11 +236,14 @@ def test_loops_leave_no_hextir_ops_or_schedules_in_cpu_kernels():
     """)
 
 
-@pytest.mark.parametrize("m", [17, CPU_TILE_ROWS - 1, CPU_TILE_ROWS, CPU_TILE_ROWS + 1, 2 * CPU_TILE_ROWS, 137])
+@pytest.mark.parametrize("m", [17, 23, 24, 25, 12 * 32, 12 * 32 + 1, 137, 24 * 32 + 1, 50_000])
 def test_linear_work_items_are_the_output_tiles(m):
+    """One column tile: rows in tiles of the most rows that leave 32 items, else 12."""
+    rows = {17: 12, 23: 12, 24: 12, 25: 12, 384: 12, 385: 12, 137: 12, 769: 24, 50_000: 192}[m]
+    assert cpu_tile_rows(m, 4, "float32") == rows
     filecheck(lower(LINEAR_OF_M.format(m=m), "mlir-linalg"), f"""
         CHECK:      func.func public @linear_0(%arg0: memref<{m}x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<{m}x4xf32>, %arg3: index, %arg4: index)
-        CHECK-SAME: hextir.work = {{extent = "{-(-m // CPU_TILE_ROWS)}", grain = 1 : i64}}
+        CHECK-SAME: hextir.work = {{extent = "{-(-m // rows)}", grain = 1 : i64}}
         CHECK:      scf.for %[[T:.+]] = %arg3 to %arg4 step %c1
         CHECK:      arith.divui %[[T]], %{{{{.+}}}} : index
         CHECK:      arith.minui
