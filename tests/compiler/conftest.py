@@ -73,9 +73,10 @@ def cpu_tile_rows(m: int, n: int, dtype: str) -> int:
 
 
 def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
-    """The work extent of a static cpu linear with an [m, n] output: its row tiles times its column tiles."""
+    """The work extent of a static cpu linear with an [m, n] output: its row tiles times its column
+    tiles (up to 16 rows, streamed: one row tile)."""
     columns = CPU_TILE_BYTES // (4 if dtype == "float32" else 8)
-    return -(-m // cpu_tile_rows(m, n, dtype)) * -(-n // columns)
+    return (1 if m <= 16 else -(-m // cpu_tile_rows(m, n, dtype))) * -(-n // columns)
 
 
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",), k: int = 1) -> dict:

@@ -213,7 +213,7 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
         {linear_kernel_checks("arg2", "", "SUM")}
 
         CHECK:      func.func public @[[LINEAR]]_cpu(
-        CHECK-SAME: hextir.epilogues = [], hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "1", grain = 1 : i64}}
+        CHECK-SAME: hextir.epilogues = [], hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
         CHECK-NOT:  Idx
         CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return

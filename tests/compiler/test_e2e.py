@@ -72,9 +72,9 @@ def test_threads_split_the_rows_correctly(tmp_path):
     mlp, expected = two_layers("float64", k=5, hidden=130, n=3, seed=4)
     x = np.random.default_rng(5).standard_normal((101, 5))
     path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
-    # 101 rows x 130 float64 columns: 5 x 3 tiles of 24 rows and 64 columns, the last ones short;
-    # the second layer's 3 columns: 5 tiles of 24 rows
-    assert [k["work"]["extent"] for k in hexir_runtime.load(path, "reference").hxb.json["kernels"]] == [5 * 3, 5]
+    # 101 rows x 130 float64 columns: 9 x 3 tiles of 12 rows and 64 columns, the last ones short;
+    # the second layer's 3 columns: 9 tiles of 12 rows
+    assert [k["work"]["extent"] for k in hexir_runtime.load(path, "reference").hxb.json["kernels"]] == [9 * 3, 9]
     # split_bytes=0: split every launch, however small (by default only launches of 1 MiB or more
     # are, and these are a few KiB), here unevenly over 4 threads
     module = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
