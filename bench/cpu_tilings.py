@@ -39,12 +39,12 @@ SIZES = [(256, 256, 256, "float32"), (256, 256, 256, "float64"), (512, 512, 512,
 
 #: `--mlp`: the CPU issue's 64x784x512x10 MLP (weights constants) under the parallel tiles'
 #: variants: (name, the constants it changes).
-MLP_VARIANTS = {
-    "base": {},
+MLP_VARIANTS = {  # as runs 51-52 ran them: base is the table before 12-row tiles (then adopted: mc12)
+    "base": {"MC_CHOICES": (192, 96, 48, 24)},
     "mc12": {"MC_CHOICES": (192, 96, 48, 24, 12)},
     "mc12items48": {"MC_CHOICES": (192, 96, 48, 24, 12), "WORK_ITEMS": 48},
-    "nc256": {"NC_BYTES": 256},
-    "items48": {"WORK_ITEMS": 48},
+    "nc256": {"MC_CHOICES": (192, 96, 48, 24), "NC_BYTES": 256},
+    "items48": {"MC_CHOICES": (192, 96, 48, 24), "WORK_ITEMS": 48},
 }
 MLP = (64, 784, 512, 10)
 

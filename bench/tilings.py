@@ -59,8 +59,8 @@ def dmma_loads(out: Path) -> list[dict]:
     chosen, stages = gpu_schedule.dmma_tiling, gpu_schedule.DMMA_STAGES
     try:
         for index, (variant, pairs, gpu_schedule.DMMA_STAGES, tiling) in enumerate(DMMA_LOADS):
-            gpu_schedule.dmma_tiling = lambda m, n, k, tiling=tiling, pairs=pairs: (
-                tiling or chosen(m, n, k)[:5]) + (pairs,)
+            gpu_schedule.dmma_tiling = lambda m, n, k, *archs, tiling=tiling, pairs=pairs: (
+                tiling or chosen(m, n, k, *archs)[:5]) + (pairs,)
             for m, k, n in DMMA_LOAD_SIZES if index < 2 else DMMA_LOAD_SIZES[:4]:
                 name = f"linear_{m}x{k}x{n}_float64_cuda_{variant}"
                 hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec((m, k), "float64"),
@@ -83,7 +83,7 @@ def main(out: Path) -> None:
     chosen_dmma = gpu_schedule.dmma_tiling
     try:
         for tiling in DMMA_TILINGS:
-            gpu_schedule.dmma_tiling = lambda m, n, k, tiling=tiling: tiling
+            gpu_schedule.dmma_tiling = lambda m, n, k, *archs, tiling=tiling: tiling
             for m, k, n, symbolic in DMMA_SIZES:
                 label = "x".join(map(str, tiling[:5]))
                 name = f"linear_{m}x{k}x{n}_float64_cuda_dmma{label}{'_sym' if symbolic else ''}"

@@ -25,9 +25,13 @@ PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_87"
                 "sm_120": "+ptx87", "sm_121": "+ptx88"}
 CUDA_ARCHS = tuple(PTX_FEATURES)
 
-#: CUDA's limits on a launch: blocks per grid axis, threads per block.
+#: CUDA's limits on a launch: blocks per grid axis, threads per block; the shared memory a block
+#: may have (opting in past 48 KiB), by architecture (the CUDA programming guide's table).
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK_THREADS = 1024
+MAX_SHARED_BYTES = {"sm_75": 64 << 10, "sm_80": 163 << 10, "sm_86": 99 << 10, "sm_87": 163 << 10,
+                    "sm_89": 99 << 10, "sm_90": 227 << 10, "sm_100": 227 << 10, "sm_103": 227 << 10,
+                    "sm_120": 99 << 10, "sm_121": 99 << 10}
 
 
 #: What an exported module carries: AVX-512, AVX2+FMA and the portable baseline; the runtime

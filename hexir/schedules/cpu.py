@@ -197,7 +197,7 @@ def _stream(operands, m: int, k_extent: int, n: int, mr: int, nr: int, nc: int) 
 
 def _packs(m: sizes.Expr, mc: int) -> bool:
     """Whether the kernel packs w: unless every tile has too few rows for the copy to pay."""
-    return isinstance(m, str) or m >= PACK_FROM_ROWS
+    return isinstance(m, str) or (m >= PACK_FROM_ROWS and mc >= PACK_FROM_ROWS)
 
 
 def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:

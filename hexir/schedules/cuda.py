@@ -55,6 +55,7 @@ from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
 from hexir import sizes
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
+from hexir.target import MAX_SHARED_BYTES
 
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
@@ -112,7 +113,7 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
         return []
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if _uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
-        table = dmma_table(extent(types[0], 1, request), n)
+        table = dmma_table(extent(types[0], 1, request), n, request.target.cuda_archs)
         starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in table[:-1]]
         return [(_dmma_name(table[i][0]), {m: starts[i - 1]}) for i in range(len(table) - 1, 0, -1)]
     starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
@@ -274,26 +275,36 @@ def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value
 #: 0.70/0.70, 64x64 0.74/0.68; at 1024^3 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35
 #: (64x64: 1.03), 256x1024x1024 0.88 (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87
 #: (64x32 0.80, 64x64 0.65) (bench/results/2026-11-30-h200-pipelines.md). With cp.async (runs
-#: 48-49 of bench/results/2026-11-30-h200-splitk.md), 4x2 warps on 128x128 with paired loads: 8192^3
+#: 48-49 of bench/results/2026-11-30-h200-night.md), 4x2 warps on 128x128 with paired loads: 8192^3
 #: 0.81-0.82 (128x64: 0.78), 4096^3 0.81-0.82 (0.79-0.80; unpaired 0.79), 2048^3 level, 1024^3
 #: 0.54 (too few blocks); paired loads on the smaller tiles: 1-8% either way, 4096x1024x33 -13%.
-#: Tiles as wide as DMMA_EVEN_WIDTH need 16-byte copies (K and N even): with 8-byte ones 128x128
-#: was 0.62 at 2048x2046x2050 (128x64, its slices through registers: 0.85).
+#: Tiles as wide as DMMA_EVEN_WIDTH are for 16-byte copies (K and N even) only: with 8-byte ones
+#: (not measured on them) 128x64 keeps its register pipeline, measured the better there. A tiling
+#: whose buffers need more shared memory than a target's block may have is not used.
 DMMA_TILINGS = (((128, 128, 16, 4, 2, 2), 512), ((128, 64, 16, 2, 2, 1), 264), ((64, 64, 16, 2, 2, 1), 256),
                 ((64, 32, 16, 2, 2, 1), 128), ((32, 32, 16, 2, 2, 1), 0))
 DMMA_EVEN_WIDTH = 128
 
 
-def dmma_table(k: int, n: int) -> tuple[tuple[tuple[int, ...], int], ...]:
-    """The DMMA tilings a product with K = k, N = n may use (see DMMA_EVEN_WIDTH)."""
+def dmma_table(k: int, n: int, archs: Sequence[str]) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The DMMA tilings a product with K = k, N = n may use on every one of `archs`."""
     even = k % DMMA_RUN == 0 and n % DMMA_RUN == 0
-    return tuple(entry for entry in DMMA_TILINGS if even or entry[0][1] < DMMA_EVEN_WIDTH)
+    room = min(MAX_SHARED_BYTES[arch] for arch in archs)
+    return tuple((tiling, fewest) for tiling, fewest in DMMA_TILINGS
+                 if (even or tiling[1] < DMMA_EVEN_WIDTH) and _dmma_shared_bytes(tiling) <= room)
 
 
-def dmma_tiling(m: sizes.Expr, n: int, k: int) -> tuple[int, ...]:
+def _dmma_shared_bytes(tiling: tuple[int, ...]) -> int:
+    """The shared memory of a DMMA tiling's slice buffers (at most DMMA_STAGES of them)."""
+    tile_m, tile_n, step, *_, pairs = tiling
+    pad = DMMA_PAD[pairs == 2]
+    return DMMA_STAGES * (tile_m * (step + pad[0]) + step * (tile_n + pad[1])) * 8
+
+
+def dmma_tiling(m: sizes.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)) -> tuple[int, ...]:
     """The DMMA tiling of an [m, n] output over K = k: the first of its `dmma_table` that gives
     enough blocks (a symbolic m: the largest; `linear_variants` adds the smaller ones)."""
-    table = dmma_table(k, n)
+    table = dmma_table(k, n, archs)
     for tiling, fewest in table:
         if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
@@ -594,8 +605,9 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
-    tile_m, tile_n, step, warps_m, warps_n, pairs = dmma_tiling(m, n, k_extent) if request.variant is None else \
+    tiling = dmma_tiling(m, n, k_extent, request.target.cuda_archs) if request.variant is None else \
         next(t for t, _ in DMMA_TILINGS if _dmma_name(t) == request.variant)
+    tile_m, tile_n, step, warps_m, warps_n, pairs = tiling
     threads = 32 * warps_m * warps_n
     # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4 on an H200, 66 against
     # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
@@ -616,9 +628,9 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         run = DMMA_RUN if k_extent % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1
         stages = DMMA_STAGES if run > 1 or (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
         buffers = stages or 2
-        # padded rows: a warp's fragment loads (8 rows x 4 columns of x, 4 rows x 8 columns of
-        # w) then fall on distinct banks but for the pairs an 8-byte load needs anyway
+        # padded rows against bank conflicts in the warps' fragment loads (DMMA_PAD, by mode)
         paired = pairs == 2
+        assert not paired or step % 8 == 0, "paired fragment loads take the slice's k's 8 at a time"
         pad = DMMA_PAD[paired]
         x_tile = ht.alloc_local([buffers, tile_m, step + pad[0]], element, "shared")
         w_tile = ht.alloc_local([buffers, step, tile_n + pad[1]], element, "shared")

@@ -31,7 +31,7 @@ import hexir.cli
 from hexir.backend import cuda as cuda_backend
 from hexir.errors import TargetError
 from hexir.schedules import cuda as gpu_schedule
-from hexir.target import CUDA_ARCHS
+from hexir.target import CUDA_ARCHS, MAX_SHARED_BYTES
 
 from .conftest import LLVM_BIN, cpu_linear_tiles, cuda_linear_launch, filecheck, lower
 
@@ -843,3 +843,14 @@ def test_dmma_128x128_tiles_load_two_ks_of_x_a_thread_in_one_shared_load(build):
     assert len(re.findall(r"ld\.shared\.v2\.b64", ptx)) == 8 and len(re.findall(r"ld\.shared\.b64", ptx)) == 32
     smaller = images_of(build("linear", "float64", 2048, 64, 2048))["compute_90"].decode()
     assert "ld.shared.v2.b64" not in smaller
+
+
+@pytest.mark.parametrize(("target", "block", "shared"), [
+    ("cuda:sm_90", 256, 3 * (128 * 24 + 16 * 130) * 8), ("cuda:sm_80", 256, 3 * (128 * 24 + 16 * 130) * 8),
+    ("cuda:sm_86", 128, 3 * (128 * 20 + 16 * 72) * 8), ("cuda:sm_89,cuda:sm_90", 128, 3 * (128 * 20 + 16 * 72) * 8)])
+def test_dmma_tiles_fit_the_shared_memory_of_every_target(build, target, block, shared):
+    """128x128 f64 tiles take 121 KiB of shared memory, more than a block of sm_86, sm_89 or sm_120
+    may have (99 KiB): a module for any of them keeps 128x64 tiles (87 KiB)."""
+    (kernel,) = read(build("linear", "float64", 4096, 64, 4096, target=f"cpu:host,{target}"))[0]["kernels"]
+    assert (kernel["launch"]["block"][0], kernel["launch"]["shared_bytes"]) == (block, shared)
+    assert shared <= min(MAX_SHARED_BYTES[arch.split(":")[1]] for arch in target.split(","))

@@ -193,7 +193,7 @@ class FakeTorch:
 
 
 def test_a_torch_tensor_is_read_through_its_methods_and_follows_torchs_current_stream(monkeypatch):
-    """A torch CUDA tensor is read through data_ptr/shape/stride/dtype/get_device (its interface
+    """A torch CUDA tensor is read through data_ptr/shape/is_contiguous/stride/dtype/get_device (its interface
     costs more); its stream is torch's current one on its device (a side stream's handle; None for
     the legacy default, 0), as its __dlpack__ would wait for."""
     current = {"stream": 0}
