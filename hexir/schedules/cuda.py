@@ -326,10 +326,15 @@ DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 #: slower than 3.
 DMMA_STAGES, DMMA_RUN, DMMA_REGISTER_TILE = 3, 2, (128, 64)
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts, for
-#: fragment loads of one k a thread, and of two (x's in one 16-byte load, DMMA_TILINGS): then x's
-#: rows are 16 banks apart (a quarter warp's 8 loads, 2 rows x 4 pairs, on 32 banks) and w's row
-#: 2 in_group 8 banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32).
-DMMA_PAD = ((4, 8), (8, 2))
+#: fragment loads of one k a thread, and of two (x's in one 16-byte load, DMMA_TILINGS). One k:
+#: a half warp's 16 8-byte loads, x's from 4 rows (group) 8 banks apart, w's from 4 rows
+#: (in_group) 24 banks apart, each 4 columns, fall on 32 distinct banks. Two: x's rows are 16
+#: banks apart (a quarter warp's 8 loads, 2 rows x 4 pairs, on 32 banks) and w's row 2 in_group 8
+#: banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32). On the H200 (run 56
+#: of bench/results/2026-11-30-h200-night.md, kernels alone), w's one-k padding 12 against 8,
+#: whose rows 0 and 2 shared banks: 256x1024x1024 0.59 -> 0.72 of cuBLAS, 512^3 0.67 -> 0.79,
+#: 4096x1024x33 0.76 -> 0.85, 1024^3-4096x1024x1024 +3%; 4: as 12 but for 4096x1024x33 (0.69).
+DMMA_PAD = ((4, 12), (8, 2))
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
 DMMA_FROM = 80
 #: Split-K: a (static) product over SPLIT_MIN_K or more k's whose tiles give the GPU fewer than
