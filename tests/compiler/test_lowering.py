@@ -15,6 +15,7 @@ from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice
 
 from hexir.errors import CompileError
+from hexir.target import parse_target
 
 from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, lower
 
@@ -341,3 +342,22 @@ def test_llvm_of_a_graph_without_kernels_says_so():
     }
     """
     assert lower(text, "llvm") == "; no cpu kernels\n"
+
+
+@pytest.mark.parametrize(("target", "n", "together"), [
+    ("cpu:x86-64-v4", 33, True), ("cpu:x86-64-v4", 47, False), ("cpu:x86-64-v3", 17, False)])
+def test_a_narrow_last_panel_runs_with_the_last_full_one_where_the_registers_hold_both(target, n, together):
+    """out[100, n] f32: the 33rd column's lane is summed in the same k loop as columns 1-32 (one
+    broadcast of x a row), 6 rows x 3 vectors of sums in AVX-512's 32 registers; 47 columns (15
+    lanes: 8 + 4 + 2 + 1 vectors) or AVX2's 16 registers keep the narrow panel's own loop."""
+    program = f"""
+    func.func @main(%x: tensor<100x64xf32>, %w: tensor<64x{n}xf32>) -> tensor<100x{n}xf32> {{
+      %y = "hexir.linear"(%x, %w) {{device = "auto"}} : (tensor<100x64xf32>, tensor<64x{n}xf32>) -> tensor<100x{n}xf32>
+      return %y : tensor<100x{n}xf32>
+    }}"""
+    nr = {"cpu:x86-64-v4": 32, "cpu:x86-64-v3": 16}[target]
+    loops = re.findall(r"-> \((vector<[^)]*)\)", lower(program, "mlir-tir", target=parse_target(target)))
+    # the k loops' sums: a row's full panel then its narrow one, six rows over, in one loop
+    merged = ", ".join([f"vector<{nr}xf32>, vector<{n % nr}xf32>"] * 6)
+    assert (merged in loops) == together, loops
+    assert f"vector<{n % nr}xf32>" in ", ".join(loops)  # (apart: a loop of its own)

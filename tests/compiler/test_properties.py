@@ -99,6 +99,8 @@ N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
 @example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2)  # the most streamed rows, KS + 1
 @example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3)     # the most rows of the smaller KS, + 1
 @example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4)  # the fewest tiled rows
+@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3)  # packed, the narrow panel with the last full
+@example(m=53, k=131, n=17, dtype="float64", bias=False, threads=2)  # unpacked, the same (AVX-512 hosts)
 def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads):
     """The cpu linear (streamed or tiled, packed or not) on shapes at and around every tile
     size, each launch split in chunks over `threads` threads, against numpy."""
