@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from mlir import ir
@@ -288,17 +289,24 @@ DMMA_EVEN_WIDTH = 128
 
 def dmma_table(k: int, n: int, archs: Sequence[str]) -> tuple[tuple[tuple[int, ...], int], ...]:
     """The DMMA tilings a product with K = k, N = n may use on every one of `archs`."""
-    even = k % DMMA_RUN == 0 and n % DMMA_RUN == 0
     room = min(MAX_SHARED_BYTES[arch] for arch in archs)
     return tuple((tiling, fewest) for tiling, fewest in DMMA_TILINGS
-                 if (even or tiling[1] < DMMA_EVEN_WIDTH) and _dmma_shared_bytes(tiling) <= room)
+                 if (_copy_run(k, n) > 1 or tiling[1] < DMMA_EVEN_WIDTH)
+                 and 8 * sum(map(math.prod, _dmma_tiles(tiling, DMMA_STAGES))) <= room)
 
 
-def _dmma_shared_bytes(tiling: tuple[int, ...]) -> int:
-    """The shared memory of a DMMA tiling's slice buffers (at most DMMA_STAGES of them)."""
+def _copy_run(k: int, n: int) -> int:
+    """Elements a cp.async copy of the DMMA kernel's slices takes: DMMA_RUN (16 bytes) where K and N
+    are even (every row then starts 16-byte aligned), else one."""
+    return DMMA_RUN if k % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1
+
+
+def _dmma_tiles(tiling: tuple[int, ...], buffers: int) -> tuple[list[int], list[int]]:
+    """The shapes of the DMMA kernel's x and w slice buffers, rows padded against bank conflicts
+    in the warps' fragment loads (DMMA_PAD, by the fragment loads' mode)."""
     tile_m, tile_n, step, *_, pairs = tiling
     pad = DMMA_PAD[pairs == 2]
-    return DMMA_STAGES * (tile_m * (step + pad[0]) + step * (tile_n + pad[1])) * 8
+    return [buffers, tile_m, step + pad[0]], [buffers, step, tile_n + pad[1]]
 
 
 def dmma_tiling(m: sizes.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)) -> tuple[int, ...]:
@@ -510,9 +518,6 @@ def _splits_loop(splits: int):
     return ht.loop(0, splits, "parallel", "blockIdx.z") if splits > 1 else contextlib.nullcontext()
 
 
-
-
-
 def _k_range(k_extent: int, step: int, splits: int, split: ir.Value | None) -> tuple[int, ir.Value, ir.Value]:
     """This block's part of K: (its length, where it starts, where K or it ends)."""
     if split is None:
@@ -628,17 +633,13 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     with _splits_loop(splits) as split, \
             ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
-        # slices by cp.async, 16 bytes a copy where K and N are even (every row then starts
-        # 16-byte aligned); else 8, or through registers on the big tiles (see DMMA_STAGES)
-        run = DMMA_RUN if k_extent % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1
+        # slices by cp.async (`_copy_run` elements a copy), or through registers on the big
+        # tiles when a copy takes one element (see DMMA_STAGES)
+        run = _copy_run(k_extent, n)
         stages = DMMA_STAGES if run > 1 or (tile_m, tile_n) != DMMA_REGISTER_TILE else 0
-        buffers = stages or 2
-        # padded rows against bank conflicts in the warps' fragment loads (DMMA_PAD, by mode)
         paired = pairs == 2
         assert not paired or step % 8 == 0, "paired fragment loads take the slice's k's 8 at a time"
-        pad = DMMA_PAD[paired]
-        x_tile = ht.alloc_local([buffers, tile_m, step + pad[0]], element, "shared")
-        w_tile = ht.alloc_local([buffers, step, tile_n + pad[1]], element, "shared")
+        x_tile, w_tile = (ht.alloc_local(shape, element, "shared") for shape in _dmma_tiles(tiling, stages or 2))
         k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = _zeros([frags_m, frags_n, sums_per], element)
