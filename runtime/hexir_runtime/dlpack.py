@@ -180,8 +180,8 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     strides = None if obj.is_contiguous() else tuple(obj.stride())  # None: C order, nothing to check
     result = DeviceTensor(obj.data_ptr(), tuple(obj.shape), dtype, (CUDA, device_id), strides, None)
     result.owner = obj  # held for the call, as a capsule would hold it
-    stream = _torch_stream(obj, device_id)
-    result.stream = None if stream in (None, 0, 1) else stream
+    stream = _torch_current_stream(torch, device_id)  # (a torch tensor: what _torch_stream would find)
+    result.stream = None if stream in (0, 1) else stream
     return result
 
 
@@ -195,6 +195,11 @@ def _torch_stream(obj: Any, device_id: int) -> int | None:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
+    return _torch_current_stream(torch, device_id)
+
+
+def _torch_current_stream(torch: Any, device_id: int) -> int:
+    """torch's current stream's handle on a device."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle, without a Stream object
     return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 

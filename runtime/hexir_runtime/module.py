@@ -255,23 +255,18 @@ def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.
     """InputError unless a CUDA tensor is one the entry can read in place: on the module's GPU,
     of the expected dtype and shape (`shape` where it has no symbol), C-contiguous."""
     gpu = executor.gpus[0].device if executor.gpus else None
-    if gpu is not None and tensor.device == (dlpack.CUDA, gpu.ordinal) and tensor.dtype == dtype and (
-            tensor.shape == shape or (shape is None and _fits(expected, tensor.shape))) and \
-            index in executor.device_inputs and tensor.contiguous:
-        return  # the common case, in a few comparisons
-    where = f"{entry}(): argument {name!r}"
+    problem = None  # (before, after the tensor's description); each check a comparison or two
     if index not in executor.device_inputs or gpu is None:
-        raise InputError(f"{where} is read on the host: expects a host (numpy or CPU DLPack) {expected}, "
-                         f"got {dlpack.describe(tensor)}")
-    if tensor.device != (dlpack.CUDA, gpu.ordinal):
-        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal} (the module's GPU), "
-                         f"got {dlpack.describe(tensor)}")
-    if tensor.dtype != dtype or not _fits(expected, tensor.shape):
-        raise InputError(f"{where} expects {expected} on cuda:{gpu.ordinal}, got {dlpack.describe(tensor)}")
-    if not tensor.contiguous:
-        raise InputError(f"{where} expects a C-contiguous tensor, got {dlpack.describe(tensor)} "
-                         f"with strides {tensor.strides} "
-                         "(in elements; .contiguous() makes one)")
+        problem = f"is read on the host: expects a host (numpy or CPU DLPack) {expected}, got", ""
+    elif tensor.device != (dlpack.CUDA, gpu.ordinal):
+        problem = f"expects {expected} on cuda:{gpu.ordinal} (the module's GPU), got", ""
+    elif tensor.dtype != dtype or (tensor.shape != shape if shape is not None else not _fits(expected, tensor.shape)):
+        problem = f"expects {expected} on cuda:{gpu.ordinal}, got", ""
+    elif not tensor.contiguous:
+        problem = "expects a C-contiguous tensor, got", f" with strides {tensor.strides} (in elements; " \
+                                                        ".contiguous() makes one)"
+    if problem is not None:
+        raise InputError(f"{entry}(): argument {name!r} {problem[0]} {dlpack.describe(tensor)}{problem[1]}")
 
 
 def _check_out(entry: str, out: Any, outputs: str, executor: Executor) -> Sequence[np.ndarray]:
