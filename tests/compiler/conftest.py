@@ -55,6 +55,16 @@ def lower(ir_text: str, stage: str, **options) -> str | bytes:
     return result if isinstance(result, bytes) else str(result)
 
 
+def linear_program(m: int, k: int, n: int, dtype: str = "f32") -> str:
+    """`main(x[m, k], w[k, n])`, one hexir.linear of the two, as IR text."""
+    x, w, y = (f"tensor<{a}x{b}x{dtype}>" for a, b in ((m, k), (k, n), (m, n)))
+    return f"""
+    func.func @main(%x: {x}, %w: {w}) -> {y} {{
+      %y = "hexir.linear"(%x, %w) {{device = "auto"}} : ({x}, {w}) -> {y}
+      return %y : {y}
+    }}"""
+
+
 def manifest(data: bytes) -> dict:
     """The manifest of an .hxb, read (and checked) the way the runtime reads it."""
     return hxb.decode(data).json

@@ -33,7 +33,7 @@ from hexir.errors import TargetError
 from hexir.schedules import cuda as gpu_schedule
 from hexir.target import CUDA_ARCHS, MAX_SHARED_BYTES
 
-from .conftest import LLVM_BIN, cpu_linear_tiles, cuda_linear_launch, filecheck, lower
+from .conftest import LLVM_BIN, cpu_linear_tiles, cuda_linear_launch, filecheck, linear_program, lower
 
 ON_CUDA = (("hexir.linear", "cuda"), ("hexir.relu", "cuda"))
 EM_CUDA = 190
@@ -748,12 +748,7 @@ def test_dmma_blocks_inside_the_matrices_load_their_slices_without_a_test_per_el
     """(128x64 tiles over an odd K, so through registers:) one test per block and slice (its
     last row and k inside x, its last k and column inside w) picks loads without the per-element
     guard; the blocks at the edges keep it."""
-    program = """
-    func.func @main(%x: tensor<2048x63xf64>, %w: tensor<63x2048xf64>) -> tensor<2048x2048xf64> {
-      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<2048x63xf64>, tensor<63x2048xf64>) -> tensor<2048x2048xf64>
-      return %y : tensor<2048x2048xf64>
-    }"""
-    filecheck(lower(program, "mlir-tir", placement=ON_CUDA), """
+    filecheck(lower(linear_program(2048, 63, 2048, "f64"), "mlir-tir", placement=ON_CUDA), """
         CHECK:      %[[ROWS:.+]] = arith.cmpi ule, %{{.+}}, %c2048 : index
         CHECK-NEXT: %[[DEPTH:.+]] = arith.cmpi ule, %{{.+}}, %c63 : index
         CHECK-NEXT: %[[WHOLE:.+]] = arith.andi %[[ROWS]], %[[DEPTH]] : i1
@@ -772,12 +767,7 @@ def test_a_product_of_few_tiles_splits_k_and_its_last_block_adds_the_parts_in_or
     block writes its 4 sums per thread to a module global [7 parts, 32 tiles, 4, 256 threads],
     fences, and thread 0 counts the block in the tile's arrivals; the block that arrives 7th adds
     parts 0..6 in order, stores, and zeroes the count."""
-    program = """
-    func.func @main(%x: tensor<64x784xf32>, %w: tensor<784x512xf32>) -> tensor<64x512xf32> {
-      %y = "hexir.linear"(%x, %w) {device = "auto"} : (tensor<64x784xf32>, tensor<784x512xf32>) -> tensor<64x512xf32>
-      return %y : tensor<64x512xf32>
-    }"""
-    filecheck(lower(program, "mlir-tir", placement=ON_CUDA), """
+    filecheck(lower(linear_program(64, 784, 512), "mlir-tir", placement=ON_CUDA), """
         CHECK:      func.func public @linear_0(
         CHECK-SAME: grid = ["16", "2", "7"]
         CHECK:      scf.for %[[SPLIT:arg[0-9]+]] = %c0 to %c7 step %c1 {
@@ -854,3 +844,4 @@ def test_dmma_tiles_fit_the_shared_memory_of_every_target(build, target, block, 
     (kernel,) = read(build("linear", "float64", 4096, 64, 4096, target=f"cpu:host,{target}"))[0]["kernels"]
     assert (kernel["launch"]["block"][0], kernel["launch"]["shared_bytes"]) == (block, shared)
     assert shared <= min(MAX_SHARED_BYTES[arch.split(":")[1]] for arch in target.split(","))
+    assert set(MAX_SHARED_BYTES) == set(CUDA_ARCHS)  # every architecture a target may name has its room

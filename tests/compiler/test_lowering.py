@@ -17,7 +17,7 @@ from hexir_runtime.cpu import CpuDevice
 from hexir.errors import CompileError
 from hexir.target import parse_target
 
-from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, lower
+from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, linear_program, lower
 
 LINEAR_OF_M = """
 func.func @main(%arg0: tensor<{m}x8xf32>, %w: tensor<8x4xf32>) -> tensor<{m}x4xf32> {{
@@ -350,13 +350,9 @@ def test_a_narrow_last_panel_runs_with_the_last_full_one_where_the_registers_hol
     """out[100, n] f32: the 33rd column's lane is summed in the same k loop as columns 1-32 (one
     broadcast of x a row), 6 rows x 3 vectors of sums in AVX-512's 32 registers; 47 columns (15
     lanes: 8 + 4 + 2 + 1 vectors) or AVX2's 16 registers keep the narrow panel's own loop."""
-    program = f"""
-    func.func @main(%x: tensor<100x64xf32>, %w: tensor<64x{n}xf32>) -> tensor<100x{n}xf32> {{
-      %y = "hexir.linear"(%x, %w) {{device = "auto"}} : (tensor<100x64xf32>, tensor<64x{n}xf32>) -> tensor<100x{n}xf32>
-      return %y : tensor<100x{n}xf32>
-    }}"""
     nr = {"cpu:x86-64-v4": 32, "cpu:x86-64-v3": 16}[target]
-    loops = re.findall(r"-> \((vector<[^)]*)\)", lower(program, "mlir-tir", target=parse_target(target)))
+    loops = re.findall(r"-> \((vector<[^)]*)\)", lower(linear_program(100, 64, n), "mlir-tir",
+                                                        target=parse_target(target)))
     # the k loops' sums: a row's full panel then its narrow one, six rows over, in one loop
     merged = ", ".join([f"vector<{nr}xf32>, vector<{n % nr}xf32>"] * 6)
     assert (merged in loops) == together, loops
