@@ -10,6 +10,7 @@ Builds the same products once per variant of the table, by overriding the schedu
 constants for the duration of the build (the compile cache is off: its key cannot see them).
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -49,21 +50,28 @@ MLP_VARIANTS = {  # as runs 51-52 ran them: base is the table before 12-row tile
 MLP = (64, 784, 512, 10)
 
 
+@contextlib.contextmanager
+def _patched(changes: dict):
+    """The cpu schedule's constants set to `changes` for the duration of the block."""
+    saved = {name: getattr(cpu_schedule, name) for name in changes}
+    try:
+        for name, value in changes.items():
+            setattr(cpu_schedule, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cpu_schedule, name, value)
+
+
 def build_mlps(out: Path) -> None:
     from mlp import mlp_of, weights  # bench/mlp.py, beside this script
 
     m, k, h, n = MLP
     for variant, changes in MLP_VARIANTS.items():
-        saved = {name: getattr(cpu_schedule, name) for name in changes}
-        try:
-            for name, value in changes.items():
-                setattr(cpu_schedule, name, value)
+        with _patched(changes):
             for dtype in ("float32", "float64"):
                 hexir.export(mlp_of(weights(k, h, n, dtype)), out / f"mlp_{dtype}_{variant}.hxb",
                              hexir.TensorSpec((m, k), dtype), placement={"hexir.linear": "cpu", "hexir.relu": "cpu"})
-        finally:
-            for name, value in saved.items():
-                setattr(cpu_schedule, name, value)
     print(f"built {2 * len(MLP_VARIANTS)} modules in {out}")
 
 
@@ -104,19 +112,13 @@ def main(out: Path) -> None:
         return run_mlps(out)
     rows = []
     for variant, changes in VARIANTS.items():
-        saved = {name: getattr(cpu_schedule, name) for name in changes}
-        try:
-            for name, value in changes.items():
-                setattr(cpu_schedule, name, value)
+        with _patched(changes):
             for m, k, n, dtype in SIZES:
                 name = f"linear_{m}x{k}x{n}_{dtype}_cpu_{variant}"
                 hexir.export(lambda x, w: hexir.linear(x, w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
                              hexir.TensorSpec((k, n), dtype), target="cpu:x86-64-v4")
                 rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cpu",
                              "variant": variant})
-        finally:
-            for name, value in saved.items():
-                setattr(cpu_schedule, name, value)
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
 
