@@ -50,6 +50,17 @@ static inline void relax(void) {
 #endif
 }
 
+/* Run `function` on its `count` arguments and the bounds [first, last). */
+static void call(kernel function, const word *args, int count, int64_t first, int64_t last) {
+    word a[MAX_ARGS] = {0};
+    memcpy(a, args, sizeof(word) * count);
+    a[count] = first;
+    a[count + 1] = last;
+    function(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+             a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28], a[29], a[30],
+             a[31]);
+}
+
 /* Run chunks of launch `generation` until none is left. */
 static void run_chunks(uint32_t generation) {
     for (;;) {
@@ -60,13 +71,7 @@ static void run_chunks(uint32_t generation) {
         } while (!atomic_compare_exchange_weak_explicit(&pool.claim, &claim, claim + 1, memory_order_acq_rel,
                                                         memory_order_acquire));
         uint64_t chunk = claim & 0xffff;
-        word a[MAX_ARGS] = {0};
-        memcpy(a, pool.args, sizeof(word) * pool.count);
-        a[pool.count] = pool.bounds[chunk];
-        a[pool.count + 1] = pool.bounds[chunk + 1];
-        pool.function(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14],
-                      a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27],
-                      a[28], a[29], a[30], a[31]);
+        call(pool.function, pool.args, pool.count, pool.bounds[chunk], pool.bounds[chunk + 1]);
         atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
     }
 }
@@ -112,4 +117,17 @@ void hexir_pool_run(kernel function, const word *args, int count, const int64_t 
     run_chunks(generation);
     while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0)
         relax();
+}
+
+/* Run `count` launches in order, each five words: function, args, its count, bounds, chunks (as
+   hexir_pool_run takes them). A launch of one chunk runs on this thread alone, without the pool:
+   a host program's kernels in one foreign call (the runtime holds the pool if any has more). */
+void hexir_pool_sequence(const word *launches, int count) {
+    for (const word *l = launches; l < launches + 5 * count; l += 5) {
+        const int64_t *bounds = (const int64_t *)l[3];
+        if (l[4] == 1)
+            call((kernel)l[0], (const word *)l[1], (int)l[2], bounds[0], bounds[1]);
+        else
+            hexir_pool_run((kernel)l[0], (const word *)l[1], (int)l[2], bounds, (int)l[4]);
+    }
 }

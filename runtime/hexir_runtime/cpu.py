@@ -87,6 +87,9 @@ class NativePool:
         self.run, work, limit = functions["run"], functions["work"], functions["max_args"]
         self.run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         self.run.restype = work.restype = None
+        self.sequence = library.function("hexir_pool_sequence")  # (libraries built before it: None)
+        if self.sequence is not None:
+            self.sequence.argtypes, self.sequence.restype = [ctypes.c_void_p, ctypes.c_int], None
         work.argtypes = limit.argtypes = []
         limit.restype = ctypes.c_int
         self.max_args = limit()
@@ -383,12 +386,12 @@ class CpuProgram:
         self.device = device
         self.library = library  # the generated kernels' library, whose thread pool splits launches
 
-    def launcher(self, kernel: int, buffers: Sequence[np.ndarray],
-                 sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
-        """A function running kernels[kernel] on C-contiguous `buffers` for a call shape's
-        `sizes`, its arguments and chunks computed here, once (None: the loop has no iteration);
-        given (argument, array) pairs that replace some buffers in a call. A big launch runs in
-        chunks of its parallel loop (never of fewer than its `grain` iterations) on the pool."""
+    def prepare(self, kernel: int, buffers: Sequence[np.ndarray],
+                sizes: Mapping[str, int]) -> tuple[Any, list[int], int, list[tuple[int, ...]]] | None:
+        """A launch of kernels[kernel] on C-contiguous `buffers` for a call shape's `sizes`: its
+        function, argument words, parallel extent and chunks (bounds; `()` for a custom kernel,
+        called once); None when the loop has no iteration. A big launch is cut in chunks of its
+        parallel loop (never of fewer than its `grain` iterations) for the pool."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
         function, work, integers = self.kernels[kernel]
@@ -397,7 +400,7 @@ class CpuProgram:
         if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
             raise KernelError(f"kernels[{kernel}]: a size or extent of this call does not fit in int64")
         base = [buffer.ctypes.data for buffer in buffers] + values
-        ranges: list[tuple[int, ...]] = [()]  # a custom kernel: called once, its scalars after the pointers
+        ranges: list[tuple[int, ...]] = [()]
         if work is not None:
             if extent == 0:
                 return None
@@ -405,6 +408,16 @@ class CpuProgram:
             if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
                 chunks = max(1, min(self.device.threads, extent // work.grain, MAX_CHUNKS))
             ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
+        return function, base, extent, ranges
+
+    def launcher(self, kernel: int, buffers: Sequence[np.ndarray],
+                 sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
+        """A function running the launch `prepare` makes (None: nothing to run), given (argument,
+        array) pairs that replace some buffers in a call; its chunks on the pool."""
+        prepared = self.prepare(kernel, buffers, sizes)
+        if prepared is None:
+            return None
+        function, base, extent, ranges = prepared
         native = native_pool(self.library) if len(ranges) > 1 else None
         if native is not None and len(base) <= native.max_args:
             return self._native_launcher(native, function, base, extent, ranges)
@@ -442,6 +455,14 @@ class CpuProgram:
                 native.busy.release()
         return go
 
+    def sequence(self, launches: list[tuple[Any, list[int], int, list[tuple[int, ...]]]]) -> Batch | None:
+        """`prepare`d launches run in order by one foreign call; None where the process's native
+        pool cannot (none, or a library built before `hexir_pool_sequence`, or too many arguments)."""
+        native = native_pool(self.library)
+        if native is None or native.sequence is None or any(len(base) > native.max_args for _, base, *_ in launches):
+            return None
+        return Batch(native, launches)
+
     def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
         """Run kernels[kernel] on C-contiguous `buffers` (see `launcher`); not at all if its loop
         has no iteration."""
@@ -451,3 +472,33 @@ class CpuProgram:
 
     def close(self) -> None:
         """Nothing to unload: a library stays loaded for the process (ctypes cannot unload it)."""
+
+
+class Batch:
+    """Launches run in order by one call of `hexir_pool_sequence` (pool.c): each one's argument
+    words and chunk bounds in C arrays built once, which a call may patch (`words`) before `run`."""
+
+    def __init__(self, native: NativePool, launches: list[tuple[Any, list[int], int, list[tuple[int, ...]]]]) -> None:
+        self.native = native
+        self.words = [(ctypes.c_int64 * len(base))(*base) for _, base, _, _ in launches]
+        self.bounds = [(ctypes.c_int64 * (len(ranges) + 1))(*(r[0] if r else 0 for r in ranges), extent)
+                       for _, _, extent, ranges in launches]
+        table = []
+        for (function, base, _, ranges), words, bounds in zip(launches, self.words, self.bounds, strict=True):
+            table += [ctypes.cast(function, ctypes.c_void_p).value, ctypes.addressof(words), len(base),
+                      ctypes.addressof(bounds), len(ranges)]
+        self.table, self.count = (ctypes.c_int64 * len(table))(*table), len(launches)
+        self.pooled = any(len(ranges) > 1 for *_, ranges in launches)  # holds the pool while it runs
+
+    def run(self) -> bool:
+        """Run the launches; False (nothing run) if another thread's launch holds the pool."""
+        if not self.pooled:
+            self.native.sequence(self.table, self.count)
+            return True
+        if not self.native.busy.acquire(blocking=False):
+            return False
+        try:
+            self.native.sequence(self.table, self.count)
+        finally:
+            self.native.busy.release()
+        return True

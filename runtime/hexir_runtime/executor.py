@@ -8,6 +8,8 @@ outputs stay on the device) a `Plan` is built the first time: buffers sized for 
 program as a list of steps bound to that shape's buffer views, with each kernel's launcher (its
 arguments, or CUDA parameter block, built there). A repeated call shape then only looks its plan
 up and runs the steps: no allocation, no size evaluation. A static entry is planned at load.
+A plan of host kernels alone (no GPU, print or transfer) also gets `fast`: its kernels in one
+foreign call (`_batched`), which the steps stand in for while another thread holds the pool.
 
 Buffers are reused across calls: each keeps one flat allocation, and a plan views it with its
 shape. An allocation grows (is replaced by a larger one) only when a call needs more elements
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import CpuProgram
+from .cpu import CpuProgram, address
 from .device import Device, Program
 from .dlpack import DeviceTensor
 from .errors import InputError
@@ -99,6 +101,7 @@ class Plan:
         self.views, self.steps = views, steps
         self.outputs = outputs  # per returned buffer: (handle index or -1, its view, who copies it out)
         self.stages = stages  # whether the host writes a staging buffer (an input bound for the GPU)
+        self.fast: Callable[[Sequence[np.ndarray]], bool] | None = None  # a host program in one call: _batched
 
 
 class Executor:
@@ -201,6 +204,10 @@ class Executor:
         program computes them on the GPU."""
         key = (tuple([array.shape for array in arrays]), device)
         plan = self.plans.get(key) or self._plan(key)
+        if plan.fast is not None and plan.fast(arrays):  # host memory: a copy is the view's
+            if out is None:
+                return [view.copy() for _, view, _ in plan.outputs]
+            return [self._into(view, out, position, runner) for position, (_, view, runner) in enumerate(plan.outputs)]
         for gpu in self.gpus:
             gpu.begin()
             if gpu.staged and plan.stages:  # the last call returned without waiting for its copies
@@ -224,14 +231,18 @@ class Executor:
             if handle >= 0:
                 results.append(handles[handle])
             elif out is not None:
-                if out[position].shape != view.shape:
-                    raise InputError(f"{self.entry.name}(): out[{position}] has shape {out[position].shape}, "
-                                     f"this call's output {position} {view.shape}")
-                runner.copy_out_into(view, out[position])
-                results.append(out[position])
+                results.append(self._into(view, out, position, runner))
             else:
                 results.append(runner.copy_out(view))
         return results
+
+    def _into(self, view: Any, out: Sequence[np.ndarray], position: int, runner: Any) -> np.ndarray:
+        """Copy output `position` (`view`) into the caller's `out[position]`, of its shape."""
+        if out[position].shape != view.shape:
+            raise InputError(f"{self.entry.name}(): out[{position}] has shape {out[position].shape}, "
+                             f"this call's output {position} {view.shape}")
+        runner.copy_out_into(view, out[position])
+        return out[position]
 
     def _plan(self, key: tuple) -> Plan:
         """Size the buffers for the call shape `key` and bind the program's steps to their views."""
@@ -252,6 +263,7 @@ class Executor:
             if device or position in sent_back:
                 skipped.add(host)
         steps: list[Step] = []
+        launches: list[tuple[Any, tuple, list[tuple[int, int]]]] = []  # (program, prepared launch, patches)
         for command in self.entry.program:
             op = command.op
             if op == "input":
@@ -265,11 +277,18 @@ class Executor:
                 if go is not None:
                     patches = [(position, bound[arg]) for position, arg in enumerate(command.args) if arg in bound]
                     steps.append(_call(go, patches))
+                    program = self.programs[command.kernel]
+                    if launches is not None and isinstance(program, CpuProgram) and "launch" not in vars(program):
+                        launches.append((program, program.prepare(command.kernel, buffers, sizes), patches))
+                    else:
+                        launches = None
             elif op == "transfer" and command.dst not in skipped:
+                launches = None
                 source = next((index for index, gpu in self.device_inputs.items() if gpu == command.dst), None)
                 steps.append(_transfer(views[command.src], views[command.dst], runners[command.src],
                                        runners[command.dst], source))
             elif op == "print":
+                launches = None
                 steps.append(_print(views[command.src], runners[command.src]))
         outputs = []
         for position, src in enumerate(self.returns):
@@ -282,6 +301,9 @@ class Executor:
                 outputs.append((-1, views[src], runners[src]))
         stages = any(command.op == "input" and command.dst in self.pinned for command in self.entry.program)
         plan = self.plans[key] = Plan(views, steps, outputs, stages)
+        if launches is not None and not self.gpus and launches:
+            plan.fast = _batched(launches, [(c.index, views[c.dst], runners[c.dst].copy_in)
+                                            for c in self.entry.program if c.op == "input"])
         return plan
 
     def _size_buffers(self, sizes: Mapping[str, int]) -> bool:
@@ -376,6 +398,35 @@ def _transfer(source: Any, destination: Any, src: Any, dst: Any, input_index: in
         elif handles[input_index] is None:
             copy()
     return step
+
+
+def _batched(launches: list[tuple[CpuProgram, tuple, list[tuple[int, int]]]],
+             inputs: list[tuple[int, np.ndarray, Callable]]) -> Callable[[Sequence[np.ndarray]], bool] | None:
+    """A host program's steps for one call shape in one foreign call (`CpuProgram.sequence`):
+    the small inputs copied into their buffers, the others' addresses written into the launches'
+    words where they are read in place, then every kernel in order. It returns False, having run
+    nothing, when another thread holds the pool; None: the program cannot be batched."""
+    batch = launches[0][0].sequence([prepared for _, prepared, _ in launches])
+    if batch is None:
+        return None
+    slots: dict[int, list[tuple[Any, int]]] = {}  # input -> where its address goes
+    for (_, _, patches), words in zip(launches, batch.words, strict=True):
+        for position, index in patches:
+            slots.setdefault(index, []).append((words, position))
+    steps = [(index, view, copy, slots.get(index, []) if view.nbytes >= IN_PLACE_BYTES else [], view.ctypes.data)
+             for index, view, copy in inputs]
+
+    def run(arrays: Sequence[np.ndarray]) -> bool:
+        for index, view, copy, places, at in steps:
+            array = arrays[index]
+            if places and array.flags.c_contiguous and array.flags.aligned:
+                at = address(array)  # read in place
+            else:
+                copy(view, array)
+            for words, position in places:
+                words[position] = at
+        return batch.run()
+    return run
 
 
 def _print(view: Any, runner: Any) -> Step:

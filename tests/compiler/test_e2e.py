@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hexir_runtime import cpu as cpu_runtime
 from hexir_runtime.cpu import CpuDevice
+from hexir_runtime.executor import IN_PLACE_BYTES
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -121,6 +122,50 @@ def test_a_forked_child_runs_split_launches_without_the_parents_workers(tmp_path
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
+
+
+def test_a_host_program_runs_its_kernels_in_one_foreign_call(tmp_path):
+    """A call shape whose kernels are all host kernels runs them in one call of pool.c's
+    hexir_pool_sequence (split launches on the pool): a small input copied into its buffer, a big
+    contiguous one read where it is (its buffer never written), a strided one copied; while
+    another thread holds the pool, the call runs its Python steps instead. Each gives the answer."""
+    mlp, expected = two_layers("float64", k=64, hidden=300, n=40, seed=10)
+    path = hexir.export(mlp, tmp_path / "mlp.hxb", hexir.TensorSpec(("batch", 64), "float64"))
+    module = hexir_runtime.load(path, device=CpuDevice(threads=4, split_bytes=0))
+    executor = module._executors["main"]
+    buffer = next(command.dst for command in executor.entry.program if command.op == "input")
+    rng = np.random.default_rng(11)
+    for rows in (1, 3, 150):  # 512 bytes a row: from 32 rows on, read in place
+        x = rng.standard_normal((rows, 64))
+        whole = hexir_runtime.load(path, device=CpuDevice(threads=1)).main(x)
+        plan = executor.plans.get((((rows, 64),), False)) or executor._plan((((rows, 64),), False))
+        assert plan.fast is not None
+        executor.allocations[buffer][0][:] = np.nan  # (only the call shape's part of it is read)
+        steps, plan.steps = plan.steps, []  # the batch alone computes the answer
+        np.testing.assert_array_equal(module.main(x), whole)
+        plan.steps = steps
+        assert np.isnan(executor.allocations[buffer][0]).all() == (x.nbytes >= IN_PLACE_BYTES)
+        np.testing.assert_array_equal(module.main(np.asfortranarray(x)), whole)
+        out = np.empty((rows, 40))
+        assert module.main(x, out=out) is out
+        np.testing.assert_array_equal(out, whole)
+        with cpu_runtime._native.busy:  # another thread's launch: the steps run, in one piece each
+            np.testing.assert_array_equal(module.main(x), whole)
+        np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
+
+
+def test_a_program_that_prints_is_not_batched(capfd):
+    w = np.eye(2, dtype=np.float32)
+
+    @hexir.jit
+    def f(x):
+        hexir.print(x)
+        return hexir.linear(x, w)
+
+    module = hexir_runtime.load(f.compile(np.ones((1, 2), np.float32)))
+    assert [plan.fast for plan in module._executors["main"].plans.values()] == [None]
+    np.testing.assert_array_equal(module.main(np.ones((1, 2), np.float32)), np.ones((1, 2)))
+    assert capfd.readouterr().out == "1.000000 1.000000 \n"
 
 
 def test_print_uses_the_c_format(capfd):
