@@ -41,8 +41,9 @@ else
   python3 bench/linear.py run modules --device cuda --repeats 20 2>&1 | tee "$out/linear_cuda.txt" || status=1
   echo "== linear on the host cpu vs numpy ($(nproc) cores)"
   python3 bench/linear.py run modules --device cpu --repeats 5 --max-gflop 40 2>&1 | tee "$out/linear_cpu.txt" || status=1
-  echo "== thread scaling"
-  for t in 1 4; do python3 bench/linear.py run modules --device cpu --repeats 3 --max-gflop 3 --threads $t 2>&1; done \
+  echo "== thread scaling (hexir and numpy on as many threads)"
+  for t in 1 2 4 8 16; do python3 bench/linear.py run modules --device cpu --repeats 5 --threads $t \
+    --sizes 512x512x512,1024x1024x1024,2048x2048x2048,16x4096x4096 2>&1; done \
     | tee "$out/linear_cpu_threads.txt" || status=1
   echo "== MLP call path vs torch eager"
   python3 bench/mlp.py run bench/mlp_modules.tar.gz 2>&1 | tee "$out/mlp_cuda.txt" || status=1

@@ -150,9 +150,14 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
     return timed
 
 
-def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None) -> None:
+def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None,
+        sizes: list[str] | None = None) -> None:
     rows = [r for r in json.loads((modules / "modules.json").read_text())
-            if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9]
+            if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
+            and (not sizes or f"{r['m']}x{r['k']}x{r['n']}" in sizes)]
+    if threads and device == "cpu":  # numpy on as many threads (its BLAS's), for a scaling table
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(threads, "blas")
     rng = np.random.default_rng(0)
     if device == "cuda":
         import torch
@@ -170,7 +175,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         except ImportError:
             pass
     if threads:
-        where += f", hexir on {threads} threads"
+        where += f", hexir and numpy on {threads} threads"
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
@@ -227,14 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     run_parser.add_argument("--repeats", type=int, default=20)
-    run_parser.add_argument("--threads", type=int, help="cpu: hexir's threads (default: every core)")
+    run_parser.add_argument("--threads", type=int, help="cpu: hexir's and numpy's BLAS threads (default: every core)")
+    run_parser.add_argument("--sizes", help="only these products, e.g. 1024x1024x1024,1x4096x4096")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out)
     else:
-        run(args.modules, args.device, args.repeats, args.max_gflop, args.threads)
+        run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
+            args.sizes.split(",") if args.sizes else None)
     return 0
 
 
