@@ -87,9 +87,7 @@ class NativePool:
         self.run, work, limit = functions["run"], functions["work"], functions["max_args"]
         self.run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         self.run.restype = work.restype = None
-        self.sequence = library.function("hexir_pool_sequence")  # (libraries built before it: None)
-        if self.sequence is not None:
-            self.sequence.argtypes, self.sequence.restype = [ctypes.c_void_p, ctypes.c_int], None
+        self.sequence = _sequence(library)
         work.argtypes = limit.argtypes = []
         limit.restype = ctypes.c_int
         self.max_args = limit()
@@ -108,6 +106,16 @@ def native_pool(library: Library | None) -> NativePool | None:
         if _native is None and library is not None and library.function("hexir_pool_run") is not None:
             _native = NativePool(library)
         return _native or None
+
+
+def _sequence(library: Library) -> tuple[Any, int] | None:
+    """A library's `hexir_pool_sequence` and the most argument words it passes a kernel (None:
+    a library built without pool.c, or before it had one)."""
+    run, limit = library.function("hexir_pool_sequence"), library.function("hexir_pool_max_args")
+    if run is None or limit is None:
+        return None
+    run.argtypes, run.restype, limit.argtypes, limit.restype = [ctypes.c_void_p, ctypes.c_int], None, [], ctypes.c_int
+    return run, limit()
 
 
 def _cores() -> int:
@@ -456,12 +464,16 @@ class CpuProgram:
         return go
 
     def sequence(self, launches: list[tuple[Any, list[int], int, list[tuple[int, ...]]]]) -> Batch | None:
-        """`prepare`d launches run in order by one foreign call; None where the process's native
-        pool cannot (none, or a library built before `hexir_pool_sequence`, or too many arguments)."""
-        native = native_pool(self.library)
-        if native is None or native.sequence is None or any(len(base) > native.max_args for _, base, *_ in launches):
+        """`prepare`d launches run in order by one foreign call: the native pool's
+        `hexir_pool_sequence` where a launch is split, else this library's own (launches of one
+        chunk start no pool); None where there is none, or a launch has too many arguments."""
+        pooled = any(len(ranges) > 1 for *_, ranges in launches)
+        native = native_pool(self.library) if pooled else None
+        found = native.sequence if native is not None else None if pooled or self.library is None \
+            else _sequence(self.library)
+        if found is None or any(len(base) > found[1] for _, base, *_ in launches):
             return None
-        return Batch(native, launches)
+        return Batch(found[0], native, launches)
 
     def launch(self, kernel: int, buffers: Sequence[np.ndarray], sizes: Mapping[str, int]) -> None:
         """Run kernels[kernel] on C-contiguous `buffers` (see `launcher`); not at all if its loop
@@ -475,11 +487,13 @@ class CpuProgram:
 
 
 class Batch:
-    """Launches run in order by one call of `hexir_pool_sequence` (pool.c): each one's argument
-    words and chunk bounds in C arrays built once, which a call may patch (`words`) before `run`."""
+    """Launches run in order by one call of `hexir_pool_sequence` (pool.c), the pool's (`native`)
+    when one is split: each one's argument words and chunk bounds in C arrays built once, which a
+    call may patch (`words`) before `run`."""
 
-    def __init__(self, native: NativePool, launches: list[tuple[Any, list[int], int, list[tuple[int, ...]]]]) -> None:
-        self.native = native
+    def __init__(self, sequence: Any, native: NativePool | None,
+                 launches: list[tuple[Any, list[int], int, list[tuple[int, ...]]]]) -> None:
+        self.sequence, self.native = sequence, native
         self.words = [(ctypes.c_int64 * len(base))(*base) for _, base, _, _ in launches]
         self.bounds = [(ctypes.c_int64 * (len(ranges) + 1))(*(r[0] if r else 0 for r in ranges), extent)
                        for _, _, extent, ranges in launches]
@@ -488,17 +502,16 @@ class Batch:
             table += [ctypes.cast(function, ctypes.c_void_p).value, ctypes.addressof(words), len(base),
                       ctypes.addressof(bounds), len(ranges)]
         self.table, self.count = (ctypes.c_int64 * len(table))(*table), len(launches)
-        self.pooled = any(len(ranges) > 1 for *_, ranges in launches)  # holds the pool while it runs
 
     def run(self) -> bool:
         """Run the launches; False (nothing run) if another thread's launch holds the pool."""
-        if not self.pooled:
-            self.native.sequence(self.table, self.count)
+        if self.native is None:
+            self.sequence(self.table, self.count)
             return True
         if not self.native.busy.acquire(blocking=False):
             return False
         try:
-            self.native.sequence(self.table, self.count)
+            self.sequence(self.table, self.count)
         finally:
             self.native.busy.release()
         return True

@@ -6,9 +6,12 @@ second oracle; a multi-threaded cpu device checks the kernels' [first, last) wor
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -152,6 +155,29 @@ def test_a_host_program_runs_its_kernels_in_one_foreign_call(tmp_path):
         with cpu_runtime._native.busy:  # another thread's launch: the steps run, in one piece each
             np.testing.assert_array_equal(module.main(x), whole)
         np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
+
+
+def test_launches_of_one_chunk_are_batched_without_starting_the_pool(tmp_path):
+    """Unsplit launches run in one call of the module's own library: loading and calling it (in a
+    fresh process) starts no worker thread; a split launch then starts the pool."""
+    mlp, expected = two_layers("float32")
+    path = hexir.export(mlp, tmp_path / "mlp.hxb", hexir.TensorSpec((3, 8), "float32"))
+    big = hexir.export(two_layers("float64", k=64, hidden=300, n=40)[0], tmp_path / "big.hxb",
+                       hexir.TensorSpec((200, 64), "float64"))
+    script = tmp_path / "call.py"
+    script.write_text(f"""
+import json, threading, numpy as np, hexir_runtime
+from hexir_runtime.cpu import CpuDevice
+module, x = hexir_runtime.load({str(path)!r}, "cpu"), np.arange(24, dtype=np.float32).reshape(3, 8)
+y, plan = module.main(x), module._executors["main"].plans[(((3, 8),), False)]
+alone = threading.active_count()
+hexir_runtime.load({str(big)!r}, CpuDevice(threads=2, split_bytes=0)).main(np.ones((200, 64)))
+print(json.dumps([alone, plan.fast is not None, threading.active_count() > 1, y.tolist()]))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=300)
+    alone, batched, pooled, y = json.loads(done.stdout)
+    assert (alone, batched, pooled) == (1, True, True)
+    np.testing.assert_allclose(y, expected(np.arange(24, dtype=np.float32).reshape(3, 8)), **TOLERANCE["float32"])
 
 
 def test_a_program_that_prints_is_not_batched(capfd):
