@@ -151,13 +151,16 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
 
 
 def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None,
-        sizes: list[str] | None = None) -> None:
+        sizes: list[str] | None = None, interleave: bool = False) -> None:
     rows = [r for r in json.loads((modules / "modules.json").read_text())
             if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
             and (not sizes or f"{r['m']}x{r['k']}x{r['n']}" in sizes)]
     if threads and device == "cpu":  # numpy on as many threads (its BLAS's), for a scaling table
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(threads, "blas")
+        try:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(threads, "blas")
+        except ImportError:
+            print("(no threadpoolctl: numpy's threads are as OPENBLAS_NUM_THREADS leaves them)")
     rng = np.random.default_rng(0)
     if device == "cuda":
         import torch
@@ -180,6 +183,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}{queued}")
+    if interleave:
+        return _interleaved(rows, modules, repeats, threads)
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
         x = rng.standard_normal((m, k)).astype(dtype)
@@ -224,6 +229,34 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
               f"{queued}", flush=True)
 
 
+def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None) -> None:
+    """cpu: the variants of one product timed in turns (A, B, C, A, B, C, ...), so that the
+    host's drift, which moves single rows by up to 1.5x on a shared 16-core host, falls on all
+    alike; numpy timed once per product, before them (its threads spin after each call)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["m"], row["k"], row["n"], row["dtype"]), []).append(row)
+    for (m, k, n, dtype), group in groups.items():
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+        out = np.empty((m, n), dtype)
+        base = _median_seconds(_host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out)), repeats)
+        time.sleep(0.3)
+        runners = [_kernel_runner(modules / f"{row['name']}.hxb", "cpu", [x, w], m, threads) for row in group]
+        for runner in runners:  # warm-up
+            runner()
+        seen: list[list[float]] = [[] for _ in runners]
+        for _ in range(repeats):
+            for runner, times in zip(runners, seen, strict=True):
+                times.append(runner())
+        flops = 2.0 * m * k * n
+        for row, times in zip(group, seen, strict=True):
+            ours = statistics.median(times)
+            label = f"{m} x {k} x {n} {row.get('variant', '')}"
+            print(f"{label:>22} {dtype:>8} {ours * 1e3:10.3f} {base * 1e3:10.3f} {flops / ours / 1e9:11.1f} "
+                  f"{flops / base / 1e9:10.1f} {base / ours:7.3f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -234,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--repeats", type=int, default=20)
     run_parser.add_argument("--threads", type=int, help="cpu: hexir's and numpy's BLAS threads (default: every core)")
     run_parser.add_argument("--sizes", help="only these products, e.g. 1024x1024x1024,1x4096x4096")
+    run_parser.add_argument("--interleave", action="store_true",
+                            help="cpu: time a product's variants (bench/cpu_tilings.py) in turns")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
@@ -241,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         build(args.out)
     else:
         run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
-            args.sizes.split(",") if args.sizes else None)
+            args.sizes.split(",") if args.sizes else None, args.interleave)
     return 0
 
 
