@@ -2,7 +2,7 @@
 KS, STREAM_ROWS), measured on a many-core host against numpy in the same run.
 
     PYTHONPATH=runtime:. python bench/cpu_tilings.py DIR                          # here: build
-    PYTHONPATH=runtime python bench/linear.py run DIR --device cpu --repeats 5    # there
+    PYTHONPATH=runtime python bench/linear.py run DIR --device cpu --repeats 9 --interleave  # there
     PYTHONPATH=runtime:. python bench/cpu_tilings.py DIR --mlp                    # the CPU issue's MLPs
     PYTHONPATH=runtime python bench/cpu_tilings.py DIR --run-mlp                  # there: 3 passes
 

@@ -3,6 +3,8 @@
     python bench/linear.py build bench/modules            # here: compile the modules (needs hexir)
     python bench/linear.py run bench/modules --device cpu --max-gflop 20  # hexir cpu vs numpy
     python bench/linear.py run bench/modules --device cuda # hexir cuda kernels vs cuBLAS (torch)
+    python bench/linear.py run DIR --device cpu --threads 1 --sizes 1024x1024x1024  # hexir and numpy on 1 thread
+    python bench/linear.py run DIR --device cpu --interleave  # bench/cpu_tilings.py's variants, timed in turns
 
 Weights are arguments, so the modules are small and the data is drawn where it runs. Each row
 times one kernel launch on buffers already on the device (warm-up first, then the median of
