@@ -34,6 +34,7 @@ from hexir.dialects import hextir as ht
 from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError
 from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
+from hexir.passes.pack_weights import pack_weights
 from hexir.passes.partition import partition, placeable_ops
 from hexir.passes.tir_to_loops import tir_to_loops
 from hexir.passes.to_gpu import cuda_kernels_to_gpu
@@ -116,6 +117,7 @@ STAGES: list[tuple[str, Step]] = [
     ("mlir", _passes(("hexir-verify", lambda m, o: verify(m)))),
     ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
     ("mlir-tir", _passes(("hexir-fuse", lambda m, o: fuse(m)),
+                         ("hexir-pack-weights", lambda m, o: pack_weights(m)),
                          ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse")),
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
     ("mlir-gpu", _outline_gpu),

@@ -43,6 +43,7 @@ MAX_CALL_ARGS = 4
 ARG_NAMES = "hexir.arg_names"      # on @main: the traced function's parameter names
 RESULT_FORM = "hexir.result_form"  # on @main: how the function returned ("none", "single", "tuple", "list")
 EPILOGUES = "hexir.epilogues"      # on a linear: the element-wise ops fused into it, in order
+W_PANELS = "hexir.w_panels"        # on a cpu linear: its w is a constant packed in panels (pack-weights)
 
 _DEVICE = one_of("device", ("auto", *DEVICES))
 _compute_ops: dict[str, tuple[str, ...]] = {}
@@ -299,6 +300,14 @@ def epilogues_of(op: ir.Operation) -> tuple[str, ...]:
 
 def set_epilogues(op: ir.Operation, epilogues: Sequence[str]) -> None:
     op.attributes[EPILOGUES] = ir.ArrayAttr.get([_str(e) for e in epilogues])
+
+
+def set_w_panels(op: ir.Operation) -> None:
+    op.attributes[W_PANELS] = ir.UnitAttr.get()
+
+
+def has_w_panels(op: ir.Operation) -> bool:
+    return W_PANELS in op.attributes
 
 
 def constant_array(op: ir.Operation) -> np.ndarray:

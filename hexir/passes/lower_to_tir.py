@@ -6,7 +6,8 @@ memrefs in destination-passing style (inputs, then the destination, then one `in
 symbol its buffers use), and the graph op replaced by `hexir.call @kernel(...)`. constant,
 transfer and print stay: they are the host program's business.
 
-This pass only dispatches: the op's registration (`hexir/ops.py`) names a schedule per device
+This pass only dispatches (a linear whose w pack-weights packed gets the op `linear_panels`
+and a request saying so): the op's registration (`hexir/ops.py`) names a schedule per device
 (`hexir/schedules/`), which builds the body and returns the kernel's work (cpu) or launch
 (cuda) record, kept on the kernel as `hextir.work` / `hextir.launch` for the packager. Each
 cuda kernel also gets a cpu twin `<name>_cpu` (`hextir.fallback_of = @<name>`), so a GPU
@@ -66,7 +67,8 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 epilogues = (*optional, *hx.epilogues_of(op))
                 scalars = {n: ops.REGISTRY[n].scalar for n in (definition.name, *epilogues)
                            if n in ops.REGISTRY and ops.REGISTRY[n].scalar is not None}
-                request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars)
+                request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars,
+                                  panels=hx.has_w_panels(op))
                 if device == "cuda":
                     kernel = _kernel(name, arg_types, device, definition, request)
                     launch = ht.record_of(kernel)  # what can be checked before run time: the static axes
@@ -94,7 +96,8 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
 def _kernel(name: str, arg_types: list[ir.Type], device: str, definition: ops.OpDef,
             request: Request) -> ir.Operation:
     kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
-    ht.tag_kernel(kernel.operation, device, definition.name, request.epilogues, request.symbols)
+    op = definition.name + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
+    ht.tag_kernel(kernel.operation, device, op, request.epilogues, request.symbols)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
     buffers = list(block.arguments)[:len(arg_types) - len(request.symbols)]

@@ -36,6 +36,7 @@ class Request:
     symbols: tuple[str, ...] = ()
     scalars: dict[str, Callable[[ir.Value], ir.Value]] = field(default_factory=dict)
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
+    panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
 
     def fused(self) -> list[Callable[[ir.Value], ir.Value]]:
         """The per-element functions of the epilogues after the bias, in order."""

@@ -21,6 +21,10 @@ broadcast x[i, k] and the row w[k, j:j+NR]), loading nothing else in its k loop.
 The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR fills about
 12 vector registers with sums (16 registers on every level, 32 on AVX-512).
 
+A constant w comes packed at compile time (passes/pack_weights.py: panels of PANEL_BYTES
+columns, K-major; `request.panels`): no tile copies it, and every micro-kernel reads its panel
+slice contiguously, w[k, j] at panels[j / L, k, j % L].
+
 Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel loop is bound to
 `chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time (KS by
 the row count, `stream_ks`):
@@ -55,6 +59,9 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
+#: A constant w comes packed in panels this wide (passes/pack_weights.py): every level's NR divides it.
+PANEL_BYTES = 128
+assert all(PANEL_BYTES % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items())
 #: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time, KS the
 #: first of STREAM_KS whose rows bound the product's. Of numpy, 8 against 16 (2 passes each): on
 #: a 2-core AVX-512 machine 1 row 0.81-0.96 against 0.58-0.68, 2-8 rows 10-100% ahead, 12-16 rows
@@ -121,7 +128,7 @@ def _i(value: int | ir.Value) -> ir.Value:
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
     mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n)
     nc = min(nc, -(-n // nr) * nr)
     if isinstance(m, int) and m <= STREAM_ROWS:
@@ -132,7 +139,8 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     element = ir.MemRefType(out.type).element_type
     # w's block of the tile, KC rows x the tile's columns, copied panel by panel (NR columns, k
     # rows, contiguous): each call of the kernel (a thread's share) has its own, on its stack
-    packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) if _packs(m, mc) else None
+    packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) \
+        if _packs(m, mc) and not request.panels else None
     operands = (x, w, out, bias, request)
     row_tiles = ht.size_value(sizes.ceildiv(m, mc), symbols)
     with ht.loop(0, ht.size_value(tiles, symbols), "parallel") as tile:
@@ -310,7 +318,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     with ir.InsertionPoint(loop.body):
         k = loop.induction_variable
         if packed is None:
-            b = [vector.LoadOp(t, w, [k, j0]).result for (j0, *_), t in zip(pieces, types, strict=True)]
+            b = [_w_row(w, k, j0, t, request) for (j0, *_), t in zip(pieces, types, strict=True)]
         else:
             kk = arith.SubIOp(k, block.k0).result
             b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
@@ -330,6 +338,14 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     for (i, j0, _), value in zip(slots, _choose(block.last, finished, lambda: results, [t for *_, t in slots]),
                                  strict=True):
         vector.StoreOp(value, out, [i, j0])
+
+
+def _w_row(w: ir.Value, k: ir.Value, j0: ir.Value, type_: ir.VectorType, request: Request) -> ir.Value:
+    """w[k, j0 : j0 + width] as a vector: from w's row, or from the panel holding column j0."""
+    if not request.panels:
+        return vector.LoadOp(type_, w, [k, j0]).result
+    lanes = _i(ir.MemRefType(w.type).shape[2])
+    return vector.LoadOp(type_, w, [arith.DivUIOp(j0, lanes).result, k, arith.RemUIOp(j0, lanes).result]).result
 
 
 def _choose(condition, then, otherwise, types):

@@ -42,10 +42,10 @@ ALIGNMENT = 64
 DTYPES = {"float32": 4, "float64": 8}
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
-# The ops the runtime knows are linear and relu (checked by their shapes); any other identifier
-# is an op the runtime runs only as native code (no numpy reference). A linear's epilogues are
-# an optional "bias" first, then the element-wise ops fused into it (relu, or ops the runtime
-# does not know, which the reference device then refuses).
+# The ops the runtime knows are linear (linear_panels: its w packed) and relu (checked by their
+# shapes); any other identifier is an op the runtime runs only as native code (no numpy
+# reference). A linear's epilogues are an optional "bias" first, then the element-wise ops fused
+# into it (relu, or ops the runtime does not know, which the reference device then refuses).
 COMMANDS = {  # host program op -> its other fields
     "input": ("index", "dst"),
     "constant": ("constant", "dst"),
@@ -761,11 +761,12 @@ def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str
         expected = ["x", "out of the same shape"]
         if epilogues:
             _fail(f"{path}.epilogues", f"relu has none, got {_json(list(epilogues))}")
-    elif op == "linear":
+    elif op in ("linear", "linear_panels"):
         if "bias" in epilogues[1:]:  # (an element-wise op may repeat: relu(relu(x @ w)) fuses twice)
             _fail(f"{path}.epilogues", f"expected [bias] then fused element-wise ops, got "
                                        f"{_json(list(epilogues))}")
-        expected = ["x[M, K]", "w[K, N]", *(["bias[N]"] if "bias" in epilogues else []), "out[M, N]"]
+        expected = ["x[M, K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
+                    *(["bias[N]"] if "bias" in epilogues else []), "out[M, N]"]
     else:  # an op the runtime does not know: native code only
         return args
     if len(args) != len(expected):
@@ -775,8 +776,13 @@ def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str
         consistent = shapes[0] == shapes[1]
     else:
         x, w, out = shapes[0], shapes[1], shapes[-1]
-        consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
-        consistent = consistent and (len(args) == 3 or shapes[2] == w[1:])
+        n = out[1] if len(out) == 2 else None
+        if op == "linear":
+            consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
+        else:  # the panels' columns, static, cover N with fewer than L to spare
+            consistent = len(x) == 2 and len(w) == 3 and x[1] == w[1] and out == (x[0], n) and all(
+                type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
+        consistent = consistent and (len(args) == 3 or shapes[2] == (n,))
     if not consistent:
         _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
     return args

@@ -18,10 +18,13 @@ from .errors import KernelError
 from .format import Hxb, Kernel
 
 
-def _linear(epilogues: tuple[str, ...]) -> Callable[..., None]:
-    """x @ w, then its epilogues in order: + bias, max(., 0)."""
+def _linear(epilogues: tuple[str, ...], panels: bool = False) -> Callable[..., None]:
+    """x @ w, then its epilogues in order: + bias, max(., 0); w given as panels[p, k, j] =
+    w[k, p * L + j] for `linear_panels`."""
     def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
         out = rest[-1]
+        if panels:
+            w = w.transpose(1, 0, 2).reshape(w.shape[1], -1)[:, :out.shape[1]]
         np.matmul(x, w, out=out)
         for epilogue in epilogues:
             if epilogue == "bias":
@@ -37,8 +40,9 @@ def _relu(x: np.ndarray, out: np.ndarray) -> None:
 
 def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
     """What computes `kernel` in numpy, or None for an op without a numpy version (custom, unknown)."""
-    if kernel.op == "linear":
-        return _linear(kernel.epilogues) if set(kernel.epilogues) <= {"bias", "relu"} else None
+    if kernel.op in ("linear", "linear_panels"):
+        return _linear(kernel.epilogues, kernel.op == "linear_panels") if set(kernel.epilogues) <= {"bias", "relu"} \
+            else None
     return _relu if kernel.op == "relu" else None
 
 

@@ -65,14 +65,17 @@ KERNEL = re.compile(r'func\.func public @(\w+)\(.*hextir\.epilogues = \[(.*?)\].
 
 def kernel_ops(text: str) -> list[tuple[str, str, str]]:
     """(name, device, op) of each kernel of a printed mlir-tir module, in order; the name with
-    its number left out (`linear`, `linear_cpu`), the op with its epilogues (`linear_bias_relu`)."""
-    return [(re.sub(r"_[0-9]+", "", name), device, "_".join([op, *re.findall(r'"(\w+)"', epilogues)]))
+    its number left out (`linear`, `linear_cpu`), the op with its epilogues (`linear_bias_relu`;
+    a cpu linear reading a constant w in panels, `linear_panels`, is a linear here: fusing is
+    the same for both, and test_lowering.py checks the panels)."""
+    return [(re.sub(r"_[0-9]+", "", name), device,
+             "_".join([op.replace("linear_panels", "linear"), *re.findall(r'"(\w+)"', epilogues)]))
             for name, epilogues, device, op in KERNEL.findall(text)]
 
 
 def manifest_op(kernel: dict) -> str:
-    """A manifest kernel's op with its epilogues: `linear_bias_relu`."""
-    return "_".join([kernel["op"], *kernel["epilogues"]])
+    """A manifest kernel's op with its epilogues: `linear_bias_relu` (`linear_panels`: a linear, as above)."""
+    return "_".join([kernel["op"].replace("linear_panels", "linear"), *kernel["epilogues"]])
 
 
 # ---- fused: the relu is the linear's only user, on the linear's device ---------------------------
@@ -104,14 +107,15 @@ def test_fuse_again_changes_nothing():
 
 @pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
 def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias):
-    epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
-        if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
+    # (w, a constant, comes in one panel of 32 columns: pack-weights)
+    epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<1x5x32xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
+        if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<1x5x32xf32>, %arg2: memref<3x7xf32>")
     # the sums start from the bias row, or from zeros
     start = "vector.load %arg2[%c0] : memref<7xf32>, vector<7xf32>" if bias else \
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear_panels">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[START:[0-9a-z_]+]] = {start}
         CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[START]], {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hexir_runtime
 import numpy as np
+from hexir_runtime import DeviceError
 from hexir_runtime.cpu import CpuDevice
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import hexir
@@ -47,8 +48,10 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
 
     kernels = found["kernels"]
     linear = kernels[0]
-    expected_linear = [[m, k], [k, n]] + ([[n]] if bias else []) + [[m, n]]
-    assert linear["op"] == "linear"
+    lanes = cpu_schedule.PANEL_BYTES // np.dtype(dtype).itemsize  # w, a constant, comes in panels
+    panels = [-(-n // lanes), k, lanes]
+    expected_linear = [[m, k], panels] + ([[n]] if bias else []) + [[m, n]]
+    assert linear["op"] == "linear_panels"
     assert linear["epilogues"] == (["bias"] if bias else []) + (["relu"] if fused else [])
     assert [a["shape"] for a in linear["args"]] == expected_linear
     # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu row by row
@@ -66,7 +69,7 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     entry = found["entries"][0]
     assert entry["inputs"] == [{"name": "x", "shape": [m, k], "dtype": dtype}]
     assert entry["outputs"] == [{"shape": [m, n], "dtype": dtype}]
-    assert [c["shape"] for c in found["constants"]] == [[k, n]] + ([[n]] if bias else [])
+    assert [c["shape"] for c in found["constants"]] == [panels] + ([[n]] if bias else [])
     calls = [c for c in entry["program"] if c["op"] == "call"]
     assert [c["kernel"] for c in calls] == list(range(len(kernels)))
     assert [entry["buffers"][call["args"][-1]]["shape"] for call in calls] == [[m, n]] * len(kernels)
@@ -94,23 +97,42 @@ N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(m=st.sampled_from(M_EDGES), k=st.sampled_from(K_EDGES), n=st.sampled_from(N_EDGES),
-       dtype=st.sampled_from(["float32", "float64"]), bias=st.booleans(), threads=st.integers(1, 5))
-@example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3)   # one row: chunks of several tiles
-@example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2)  # the most streamed rows, KS + 1
-@example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3)     # the most rows of the smaller KS, + 1
-@example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4)  # the fewest tiled rows
-@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3)  # packed, the narrow panel with the last full
-@example(m=53, k=131, n=17, dtype="float64", bias=False, threads=2)  # unpacked, the same (AVX-512 hosts)
-def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads):
-    """The cpu linear (streamed or tiled, packed or not) on shapes at and around every tile
-    size, each launch split in chunks over `threads` threads, against numpy."""
+       dtype=st.sampled_from(["float32", "float64"]), bias=st.booleans(), threads=st.integers(1, 5),
+       constant=st.booleans(), level=st.sampled_from(["host", "x86-64-v3", "x86-64"]))
+# one row: chunks of several tiles; the most streamed rows, KS + 1; the most rows of the smaller
+# KS, + 1; the fewest tiled rows; the narrow panel with the last full one, packed per tile,
+# unpacked (AVX-512 hosts) and in panels; panels read by narrower NR (AVX2, SSE)
+@example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3, constant=True, level="host")
+@example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2, constant=False, level="host")
+@example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3, constant=True, level="host")
+@example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4, constant=False, level="host")
+@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=False, level="host")
+@example(m=53, k=131, n=17, dtype="float64", bias=False, threads=2, constant=False, level="host")
+@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=True, level="host")
+@example(m=29, k=37, n=61, dtype="float64", bias=True, threads=2, constant=True, level="x86-64-v3")
+@example(m=97, k=131, n=17, dtype="float32", bias=False, threads=3, constant=True, level="x86-64")
+def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads, constant, level):
+    """The cpu linear (streamed or tiled; w a constant, in panels, or an argument, packed per
+    tile or read as it is) on shapes at and around every tile size, each launch split in chunks
+    over `threads` threads, built for this host's level or a lower one (whose NR is narrower than
+    a panel), against numpy."""
     rng = np.random.default_rng(m * 1_000_000 + k * 1000 + n)
     w = rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None
-    data = compile_module(hexir.jit(lambda x: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype)),
-                          Options(target=parse_target("cpu:host")))
+    options = Options(target=parse_target(f"cpu:{level}"))
+    if constant:
+        traced = hexir.jit(lambda x: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype))
+    else:
+        traced = hexir.jit(lambda x, w: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype),
+                                                                               hexir.TensorSpec((k, n), dtype))
+    data = compile_module(traced, options)
+    assert [kernel["op"] for kernel in manifest(data)["kernels"]] == ["linear_panels" if constant else "linear"]
     x = rng.standard_normal((m, k)).astype(dtype)
     expected = np.maximum(x.astype(np.float64) @ w + (0 if b is None else b), 0)
-    actual = hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0)).main(x)
+    try:
+        module = hexir_runtime.load(data, device=CpuDevice(threads=threads, split_bytes=0))
+    except DeviceError:  # a level this machine cannot run (x86-64-v3 on an older one)
+        assume(False)
+    actual = module.main(x) if constant else module.main(x, w)
     tolerance = {"float32": 1e-5, "float64": 1e-12}[dtype]
     np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance * np.sqrt(k))

@@ -261,3 +261,27 @@ def test_every_device_has_the_same_shape():
             assert callable(getattr(device, method)), (device, method)
         assert isinstance(device.name, str) and set(device.kinds) == {"cpu", "cuda"}
     assert CpuDevice(fallbacks=False).kinds == ("cpu",)
+
+
+def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(modules):
+    """`linear_panels` (docs/hxb-format.md): w's 40 columns in 2 panels of 32, K-major, zeros
+    past N; the reference device unpacks them; a panel count that does not cover N, or covers it
+    with a panel to spare, is refused when the file is read."""
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 8), (8, 40), (40,)))
+    padded = np.zeros((8, 64), np.float32)
+    padded[:, :40] = w
+    builder = modules.Builder()
+    constants = builder.constant("W.panels", padded.reshape(8, 2, 32).transpose(1, 0, 2)), builder.constant("b", b)
+    kernel = builder.kernel("linear_bias", [[3, 8], [2, 8, 32], [40], [3, 40]])
+    builder.kernels[kernel]["op"] = "linear_panels"
+    entry = builder.entry()
+    entry.ret(entry.call(kernel, entry.input("x", [3, 8]), *(entry.constant(c) for c in constants)))
+    manifest, blobs = builder.build()
+    np.testing.assert_allclose(load(hxb.encode(manifest, blobs), "reference").main(x), x @ w + b, rtol=1e-5, atol=1e-5)
+    for panels in ([1, 8, 32], [3, 8, 32], [2, 8, 0], [2, 7, 32]):
+        bad = copy.deepcopy(manifest)
+        bad["kernels"][kernel]["args"][1]["shape"] = panels
+        with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: linear_panels expects x\[M, K\], "
+                                                 r"w\[P, K, L\] \(P = ceil\(N / L\)\), bias\[N\], out\[M, N\]"):
+            hxb.encode(bad, blobs)

@@ -1,0 +1,48 @@
+"""pack-weights: a cpu linear whose weights are a constant reads them in panels, packed here
+once, so that its kernel neither copies nor strides through w at run time.
+
+Input: a partitioned, fused hexir module. Each `hexir.linear` on the cpu whose `w[K, N]` is a
+`hexir.constant` takes instead a constant of w's columns cut in panels of `PANEL_BYTES` (the
+widest micro-kernel's NR, on every x86-64 level: 32 float32 or 16 float64 columns), each one
+K-major: panels[p, k, j] = w[k, p * L + j], zeros past N. A micro-kernel of NR columns (NR
+divides L) then streams its slice of a panel contiguously, 128 bytes a k; no tile copies w's
+block any more. The linear is marked `hexir.w_panels`, and lower-to-tir makes its kernel's op
+`linear_panels` (docs/hxb-format.md). A weight no other op uses is dropped; a cuda linear's
+(its cpu twin's too) stays as it is.
+
+    %w = "hexir.constant"() {name = "W1", value = dense<...> : tensor<784x512xf64>, device = "cpu"}
+    %y = "hexir.linear"(%x, %w) {device = "cpu"}
+  =>
+    %p = "hexir.constant"() {name = "W1.panels", value = dense<...> : tensor<32x784x16xf64>, device = "cpu"}
+    %y = "hexir.linear"(%x, %p) {device = "cpu", hexir.w_panels}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mlir import ir
+
+from hexir.dialects import hexir as hx
+from hexir.schedules.cpu import PANEL_BYTES
+
+
+def pack_weights(module: ir.Module) -> None:
+    """Give every cpu linear with a constant w a packed copy of it (see the module's docstring)."""
+    for op in list(hx.main_function(module).regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name != "hexir.linear" or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
+            continue
+        source = op.operands[1].owner.operation
+        if source.name != "hexir.constant":
+            continue
+        w = hx.constant_array(source)
+        lanes = PANEL_BYTES // w.itemsize
+        count = -(-w.shape[1] // lanes)
+        panels = np.zeros((w.shape[0], count * lanes), w.dtype)
+        panels[:, :w.shape[1]] = w
+        with ir.InsertionPoint(source), source.location:  # where w was: the program keeps its order
+            op.operands[1] = hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
+                                         hx.string_attr(source, "name") + ".panels", "cpu")
+        hx.set_w_panels(op)
+        if not list(source.result.uses):
+            source.erase()
