@@ -59,6 +59,12 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
+#: k's a trip of a tile's micro-kernel loop (LLVM leaves the loop as it is). On the H200's
+#: 16-core Intel host, variants timed in turns (runs 70-72 of bench/results/2026-11-30-h200-late.md),
+#: 4 against 1: 256^3-2048^3 3-26% faster on one thread (both runs), on 16 threads 5-13% in run
+#: 70 and level within the host's noise in run 71; 4096x1024x33 0-13%; 64x1024^2 mixed. On a
+#: 2-core AMD machine within 2%. A streamed product keeps 1 (16x4096^2 7-13% slower in run 70).
+UNROLL = 4
 #: A constant w comes packed in panels this wide (passes/pack_weights.py): every level's NR divides it.
 PANEL_BYTES = 128
 assert all(PANEL_BYTES % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items())
@@ -234,10 +240,11 @@ def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:
                                                   for start, size in together]
                     with ht.loop(0, full_groups, "serial") as group:
                         i0 = arith.AddIOp(r0, arith.MulIOp(group, _i(mr)).result).result
-                        _micro(operands, source, block, i0, spans, mr)
+                        _micro(operands, source, block, i0, spans, mr, UNROLL)
             with ht.loop(rest, r1, "serial") as i:
                 _micro(operands, source, block, i,
-                       [(arith.AddIOp(c0, _i(start)).result, _i(start // nr), size) for start, size in pieces], 1)
+                       [(arith.AddIOp(c0, _i(start)).result, _i(start // nr), size) for start, size in pieces], 1,
+                       UNROLL)
 
         if packed is None:
             body(None)
@@ -295,10 +302,10 @@ class _KBlock:
 
 
 def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, ir.Value, int]],
-           rows: int) -> None:
+           rows: int, unroll: int = 1) -> None:
     """out[i0:i0+rows, piece] (+)= x[i0:i0+rows, k block] @ w[k block, piece] for each column
     piece (j0, panel, width), w read from `packed` (its panel) when given: rows x pieces
-    vectors of sums, loop-carried through k (registers)."""
+    vectors of sums, loop-carried through k (registers), `unroll` k's a trip then one by one."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
     types = [ir.VectorType.get([width], element) for *_, width in pieces]
@@ -313,10 +320,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     def running() -> list[ir.Value]:
         return [vector.LoadOp(t, out, [i, j0]).result for i, j0, t in slots]
 
-    loop = scf.ForOp(block.k0, block.k1, _i(1), _choose(block.first, start, running, [t for *_, t in slots]))
-    loop.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
-    with ir.InsertionPoint(loop.body):
-        k = loop.induction_variable
+    def step(k: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:  # one k: rows x pieces FMAs
         if packed is None:
             b = [_w_row(w, k, j0, t, request) for (j0, *_), t in zip(pieces, types, strict=True)]
         else:
@@ -324,9 +328,25 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
             b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
                                                                                                  strict=True)]
         a = {i: ht.load(x, [i, k]) for i in row_index}
-        sums = [vector.FMAOp(vector.BroadcastOp(t, a[i]).result, b[p % len(pieces)], acc).result
-                for p, ((i, _, t), acc) in enumerate(zip(slots, loop.inner_iter_args, strict=True))]
-        scf.YieldOp(sums)
+        return [vector.FMAOp(vector.BroadcastOp(t, a[i]).result, b[p % len(pieces)], acc).result
+                for p, ((i, _, t), acc) in enumerate(zip(slots, sums, strict=True))]
+
+    sums, k0 = _choose(block.first, start, running, [t for *_, t in slots]), block.k0
+    if unroll > 1:
+        whole = arith.MulIOp(arith.DivUIOp(arith.SubIOp(block.k1, k0).result, _i(unroll)).result, _i(unroll)).result
+        unrolled = scf.ForOp(k0, arith.AddIOp(k0, whole).result, _i(unroll), sums)
+        unrolled.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
+        with ir.InsertionPoint(unrolled.body):
+            values = list(unrolled.inner_iter_args)
+            for u in range(unroll):
+                k = unrolled.induction_variable
+                values = step(arith.AddIOp(k, _i(u)).result if u else k, values)
+            scf.YieldOp(values)
+        sums, k0 = list(unrolled.results), arith.AddIOp(k0, whole).result
+    loop = scf.ForOp(k0, block.k1, _i(1), sums)
+    loop.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp(step(loop.induction_variable, list(loop.inner_iter_args)))
     results = list(loop.results)
 
     def finished() -> list[ir.Value]:

@@ -15,6 +15,7 @@ from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice
 
 from hexir.errors import CompileError
+from hexir.schedules import cpu as cpu_schedule
 from hexir.target import parse_target
 
 from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, linear_program, lower
@@ -392,3 +393,26 @@ def test_a_narrow_last_panel_runs_with_the_last_full_one_where_the_registers_hol
     merged = ", ".join([f"vector<{nr}xf32>, vector<{n % nr}xf32>"] * 6)
     assert (merged in loops) == together, loops
     assert f"vector<{n % nr}xf32>" in ", ".join(loops)  # (apart: a loop of its own)
+
+
+def test_a_tiles_k_loop_takes_unroll_ks_a_trip_then_the_rest_one_by_one():
+    """A tiled product's micro-kernel (6 rows x 32 f32 columns: 6 vectors of sums): a loop
+    stepping UNROLL k's (UNROLL copies of the broadcasts and FMAs), then one for the k's left,
+    both carrying the sums; a streamed product (few rows) keeps one loop of one k a trip."""
+    tiled = lower(linear_program(100, 64, 64), "mlir-tir", target=parse_target("cpu:x86-64-v4"))
+    unroll = cpu_schedule.UNROLL
+    filecheck(tiled, f"""
+        CHECK-LABEL: func.func public @linear_0(
+        CHECK:       %[[W:[0-9]+]] = arith.muli %{{{{[0-9]+}}}}, %c{unroll} : index
+        CHECK-NEXT:  %[[MID:[0-9]+]] = arith.addi %[[K0:[0-9]+]], %[[W]] : index
+        CHECK-NEXT:  %[[U:[0-9]+]]:6 = scf.for %{{{{arg[0-9]+}}}} = %[[K0]] to %[[MID]] step %c{unroll} iter_args(
+        CHECK-COUNT-{6 * unroll}: vector.fma
+        CHECK:       scf.yield
+        CHECK-NEXT:  }} {{hextir.schedule = #hextir.loop<"serial", "">}}
+        CHECK-NEXT:  %{{{{[0-9]+}}}}:6 = scf.for %{{{{arg[0-9]+}}}} = %[[MID]] to %{{{{[0-9]+}}}} step %c1 iter_args(%{{{{arg[0-9]+}}}} = %[[U]]#0,
+        CHECK-COUNT-6: vector.fma
+        CHECK:       scf.yield
+    """)
+    assert unroll > 1
+    streamed = lower(linear_program(4, 64, 64), "mlir-tir", target=parse_target("cpu:x86-64-v4"))
+    assert f"step %c{unroll} iter_args" not in streamed and "step %c1 iter_args" in streamed
