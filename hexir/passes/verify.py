@@ -79,6 +79,8 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
             _check_tensor(value.type)
         except TraceError as error:
             raise TraceError(f"{short_name}: {what}: {error.message}") from None
+    if hx.W_PANELS in op.attributes:  # (the pass runs after this check: no input carries it)
+        raise TraceError(f"{short_name}: {hx.W_PANELS} is set by the compiler (pack-weights), not by its input")
     specs = [(hx.shape_of(v.type), hx.dtype_of(v.type)) for v in op.operands]
     definition = ops.lookup(op.name)
     if definition is not None:

@@ -24,7 +24,7 @@ def _linear(epilogues: tuple[str, ...], panels: bool = False) -> Callable[..., N
     def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
         out = rest[-1]
         if panels:
-            w = w.transpose(1, 0, 2).reshape(w.shape[1], -1)[:, :out.shape[1]]
+            w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[1]]  # (K may be 0)
         np.matmul(x, w, out=out)
         for epilogue in epilogues:
             if epilogue == "bias":

@@ -346,3 +346,7 @@ def test_an_unknown_epilogue_in_an_mlir_file_is_refused():
         lower(text, "mlir")
     with pytest.raises(TraceError, match=r"^-:3:8: linear: epilogue 'linear' is not an element-wise op a linear can fuse$"):
         lower(text.replace('"gelu"', '"linear"'), "mlir")
+    # the compiler's own attribute for a packed weight is not an input's (its w would be 2-D here)
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: hexir.w_panels is set by the compiler \(pack-weights\), "
+                                         r"not by its input$"):
+        lower(text.replace('hexir.epilogues = ["gelu"]', "hexir.w_panels"), "hxb")

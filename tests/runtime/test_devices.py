@@ -279,6 +279,16 @@ def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(module
     entry.ret(entry.call(kernel, entry.input("x", [3, 8]), *(entry.constant(c) for c in constants)))
     manifest, blobs = builder.build()
     np.testing.assert_allclose(load(hxb.encode(manifest, blobs), "reference").main(x), x @ w + b, rtol=1e-5, atol=1e-5)
+    empty = copy.deepcopy(manifest)  # K = 0: the bias alone
+    empty["kernels"][kernel]["args"][:2] = [{**arg, "shape": shape} for arg, shape in
+                                            zip(empty["kernels"][kernel]["args"], ([3, 0], [2, 0, 32]), strict=False)]
+    empty["constants"][0]["shape"] = [2, 0, 32]
+    for buffer in empty["entries"][0]["buffers"][:2]:
+        buffer["shape"] = [3, 0] if buffer["shape"] == [3, 8] else [2, 0, 32]
+    empty["entries"][0]["inputs"][0]["shape"] = [3, 0]
+    blobs_empty = [(name, b"" if name == "constant:W.panels" else data) for name, data in blobs]
+    result = load(hxb.encode(empty, blobs_empty), "reference").main(np.ones((3, 0), np.float32))
+    np.testing.assert_array_equal(result, np.broadcast_to(b, (3, 40)))
     for panels in ([1, 8, 32], [3, 8, 32], [2, 8, 0], [2, 7, 32]):
         bad = copy.deepcopy(manifest)
         bad["kernels"][kernel]["args"][1]["shape"] = panels
