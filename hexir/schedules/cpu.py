@@ -15,7 +15,8 @@ broadcast x[i, k] and the row w[k, j:j+NR]), loading nothing else in its k loop.
                                                       registers hold both: `_merges_edge`)
           for each MR rows of the tile's rows         (then the left-over rows one by one)
             acc[MR] = bias or 0 (first k block) or out[rows, panel]
-            for k in kb's KC: b = w[k, panel]; acc[r] = fma(broadcast x[row r, k], b, acc[r])
+            for k in kb's KC (UNROLL k's a trip, then the rest):
+                b = w[k, panel]; acc[r] = fma(broadcast x[row r, k], b, acc[r])
             out[rows, panel] = epilogues(acc) (last k block) or acc
 
 The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR fills about
