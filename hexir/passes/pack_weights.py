@@ -8,7 +8,9 @@ K-major: panels[p, k, j] = w[k, p * L + j], zeros past N. A micro-kernel of NR c
 divides L) then streams its slice of a panel contiguously, 128 bytes a k; no tile copies w's
 block any more. The linear is marked `hexir.w_panels`, and lower-to-tir makes its kernel's op
 `linear_panels` (docs/hxb-format.md). A weight no other op uses is dropped; a cuda linear's
-(its cpu twin's too) stays as it is.
+(its cpu twin's too) stays as it is, and so does a weight of L columns or fewer: its rows,
+at most 128 bytes, are one contiguous stream already, which panels would only pad (an N = 1
+weight 32 times over, in f32).
 
     %w = "hexir.constant"() {name = "W1", value = dense<...> : tensor<784x512xf64>, device = "cpu"}
     %y = "hexir.linear"(%x, %w) {device = "cpu"}
@@ -37,6 +39,8 @@ def pack_weights(module: ir.Module) -> None:
             continue
         w = hx.constant_array(source)
         lanes = PANEL_BYTES // w.itemsize
+        if w.shape[1] <= lanes:  # its rows lie side by side already: one panel, without the padding
+            continue
         count = -(-w.shape[1] // lanes)
         panels = np.zeros((w.shape[0], count * lanes), w.dtype)
         panels[:, :w.shape[1]] = w

@@ -22,8 +22,8 @@ broadcast x[i, k] and the row w[k, j:j+NR]), loading nothing else in its k loop.
 The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR fills about
 12 vector registers with sums (16 registers on every level, 32 on AVX-512).
 
-A constant w comes packed at compile time (passes/pack_weights.py: panels of PANEL_BYTES
-columns, K-major; `request.panels`): no tile copies it, and every micro-kernel reads its panel
+A constant w wider than a panel comes packed at compile time (passes/pack_weights.py: panels
+of PANEL_BYTES columns, K-major; `request.panels`): no tile copies it, and every micro-kernel reads its panel
 slice contiguously, w[k, j] at panels[j / L, k, j % L].
 
 Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel loop is bound to

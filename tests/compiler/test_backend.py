@@ -76,8 +76,7 @@ def test_libraries_are_elf_shared_objects_for_x86_64(baseline):
 
 def test_every_library_exports_every_kernel_symbol(baseline, tmp_path):
     kernels = [k["symbol"] for k in baseline.json["kernels"]]
-    # the relu is fused into the first; both read their constant weights in panels
-    assert [k["op"] for k in baseline.json["kernels"]] == ["linear_panels", "linear_panels"]
+    assert [k["op"] for k in baseline.json["kernels"]] == ["linear", "linear"]  # the relu is fused into the first
     assert len(set(kernels)) == 2
     for level in _libraries(baseline):
         library = _library(baseline, tmp_path, level)
@@ -155,14 +154,14 @@ def test_manifest_describes_the_host_program(baseline):
 
 
 def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
-    linear_relu, linear_bias = baseline.json["kernels"]  # (their constant weights in panels of 32 columns)
-    assert linear_relu["op"] == "linear_panels" and linear_relu["device"] == "cpu"
+    linear_relu, linear_bias = baseline.json["kernels"]
+    assert linear_relu["op"] == "linear" and linear_relu["device"] == "cpu"
     assert linear_relu["epilogues"] == ["relu"] and linear_relu["sizes"] == []
-    assert [a["shape"] for a in linear_relu["args"]] == [[2, 8], [1, 8, 32], [2, 16]]
+    assert [a["shape"] for a in linear_relu["args"]] == [[2, 8], [8, 16], [2, 16]]
     assert [a["access"] for a in linear_relu["args"]] == ["read", "read", "write"]
-    assert linear_bias["op"] == "linear_panels" and linear_bias["device"] == "cpu"
+    assert linear_bias["op"] == "linear" and linear_bias["device"] == "cpu"
     assert linear_bias["epilogues"] == ["bias"] and linear_bias["sizes"] == []
-    assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [1, 16, 32], [4], [2, 4]]
+    assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [16, 4], [4], [2, 4]]
     assert [a["access"] for a in linear_bias["args"]] == ["read", "read", "read", "write"]
     # a relu of an input has no linear to fuse into: it stays a kernel of its own
     relu_of_input = hexir.jit(lambda h: hexir.relu(h))
@@ -179,14 +178,11 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
 
 
 def test_constants_hold_the_weights_by_name(baseline):
-    """The bias as it is; a cpu linear's weights in panels of 32 columns, K-major, zeros past N."""
     stored = {c["name"]: np.frombuffer(bytes(baseline.blob(c["blob"])), dtype=c["dtype"]).reshape(c["shape"])
               for c in baseline.json["constants"]}
-    assert set(stored) == {"W1.panels", "W2.panels", "B2"}
-    for panels, w in ((stored["W1.panels"], W1), (stored["W2.panels"], W2)):
-        assert panels.shape == (1, w.shape[0], 32)
-        np.testing.assert_array_equal(panels[0, :, :w.shape[1]], w)
-        assert not panels[0, :, w.shape[1]:].any()
+    assert set(stored) == {"W1", "W2", "B2"}
+    np.testing.assert_array_equal(stored["W1"], W1)
+    np.testing.assert_array_equal(stored["W2"], W2)
     np.testing.assert_array_equal(stored["B2"], B2)
 
 
@@ -213,8 +209,7 @@ def test_weights_with_equal_bytes_but_other_shapes_are_stored_apart():
     def f(x):
         return hexir.linear(hexir.linear(x, tall), wide)
 
-    module = hxb.decode(compile_module(f.trace(hexir.TensorSpec((3, 4), "float32")), Options(placement=(
-        ("hexir.linear", "cuda"),))))  # on the cpu they would come in panels, whose bytes differ
+    module = hxb.decode(compile_module(f.trace(hexir.TensorSpec((3, 4), "float32")), Options()))
     assert sorted(c["shape"] for c in module.json["constants"]) == [[2, 4], [4, 2]]
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(hexir_runtime.load(module, device="cpu").main(x), x @ tall @ wide)

@@ -82,10 +82,8 @@ def test_hxb_is_written_with_its_magic(source, program, tmp_path, capsys):
     assert data.startswith(MAGIC)
     assert f"wrote {output}" in capsys.readouterr().err
     kernels = manifest(data)["kernels"]
-    # both programs' relu is the only user of a linear on its device: fused into it (the weights,
-    # constants, come in panels)
-    expected = [("linear_panels", ["relu"]), ("linear_panels", [])] if source == "python" \
-        else [("linear_panels", ["relu"])]
+    # both programs' relu is the only user of a linear on its device: fused into it
+    expected = [("linear", ["relu"]), ("linear", [])] if source == "python" else [("linear", ["relu"])]
     assert [(k["op"], k["epilogues"]) for k in kernels] == expected
 
 
@@ -115,9 +113,8 @@ def test_compilation_resumes_from_a_saved_stage(saved, tmp_path, capsys):
     assert main([*PYTHON_INPUT, f"-emit={saved}", "-o", str(middle)]) == 0
     assert main([str(middle), "-emit=hxb", "-o", str(tmp_path / "m.hxb")]) == 0, capsys.readouterr().err
     kernels = manifest((tmp_path / "m.hxb").read_bytes())["kernels"]
-    # examples/mlp.py: relu(linear(x, W1)) is one fused kernel, then the second linear (both
-    # reading their constant weights in panels)
-    assert [(k["op"], k["epilogues"]) for k in kernels] == [("linear_panels", ["relu"]), ("linear_panels", [])]
+    # examples/mlp.py: relu(linear(x, W1)) is one fused kernel, then the second linear
+    assert [(k["op"], k["epilogues"]) for k in kernels] == [("linear", ["relu"]), ("linear", [])]
     assert [re.fullmatch(r"linear_[0-9]+", k["name"]) is not None for k in kernels] == [True, True]
 
 

@@ -107,15 +107,14 @@ def test_fuse_again_changes_nothing():
 
 @pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
 def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias):
-    # (w, a constant, comes in one panel of 32 columns: pack-weights)
-    epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<1x5x32xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
-        if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<1x5x32xf32>, %arg2: memref<3x7xf32>")
+    epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
+        if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
     # the sums start from the bias row, or from zeros
     start = "vector.load %arg2[%c0] : memref<7xf32>, vector<7xf32>" if bias else \
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear_panels">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[START:[0-9a-z_]+]] = {start}
         CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[START]], {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{

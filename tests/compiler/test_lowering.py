@@ -117,11 +117,10 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
     """The sums of a row start as the bias row (bias[j0:j0+width], not zeros), through the k
     loop as loop-carried vectors, and are stored to out[i, j0:...]. Three rows stream w: one
     chunk loop, its end from hextir.chunk_end, the 7 columns a narrow panel of the last chunk.
-    w, a constant, comes packed (pack-weights): one panel of 16 columns, 7 of them w's, read at
-    [column / 16, k, column % 16]."""
+    (w, a constant of 7 columns, stays as it is: pack-weights leaves weights of one panel or less.)"""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
-        CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<1x5x16xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
-        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear_panels">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64}}}}
+        CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
+        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64}}}}
         CHECK:       %[[END:[0-9]+]] = "hextir.chunk_end"() : () -> index
         CHECK:       %[[C1:[0-9]+]] = arith.minui %{{{{[0-9]+}}}}, %c7 : index
         CHECK:       %[[LAST:[0-9]+]] = arith.cmpi eq, %[[C1]], %c7 : index
@@ -129,9 +128,7 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
         CHECK-NEXT:    %[[I1:[0-9]+]] = arith.addi %c0, %c1 : index
         CHECK:         %[[B:[0-9]+]] = vector.load %arg2[%c0] : memref<7xf64>, vector<7xf64>
         CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[A0:arg[0-9]+]] = %[[B]], %[[A1:arg[0-9]+]] = %[[B]], %{{{{arg[0-9]+}}}} = %[[B]]) -> (vector<7xf64>, vector<7xf64>, vector<7xf64>) {{
-        CHECK-NEXT:      %[[P:[0-9]+]] = arith.divui %c0, %c16 : index
-        CHECK-NEXT:      %[[L:[0-9]+]] = arith.remui %c0, %c16 : index
-        CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[P]], %[[K]], %[[L]]] : memref<1x5x16xf64>, vector<7xf64>
+        CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[K]], %c0] : memref<5x7xf64>, vector<7xf64>
         CHECK-NEXT:      %[[X0:[0-9]+]] = "hextir.load"(%arg0, %c0, %[[K]]) : (memref<3x5xf64>, index, index) -> f64
         CHECK-NEXT:      %[[X1:[0-9]+]] = "hextir.load"(%arg0, %[[I1]], %[[K]]) : (memref<3x5xf64>, index, index) -> f64
         CHECK-NEXT:      %{{{{[0-9]+}}}} = "hextir.load"(%arg0, %{{{{[0-9]+}}}}, %[[K]])
@@ -147,7 +144,7 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
         CHECK:       func.func public @[[RELU:relu_[0-9]+]](%arg0: memref<3x7xf64>, %arg1: memref<3x7xf64>)
         CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "relu">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "3", grain = 1 : i64}}}}
         CHECK-LABEL: func.func @main
-        CHECK:         %[[W:.+]] = "hexir.constant"() {{device = "cpu", name = "W.panels", value = dense<{{{{.+}}}}> : tensor<1x5x16xf64>}}
+        CHECK:         %[[W:.+]] = "hexir.constant"() {{device = "cpu", name = "W"
         CHECK:         %[[BIAS:.+]] = "hexir.constant"() {{device = "cpu", name = "b"
         CHECK:         %[[Y:.+]] = "hexir.call"(%arg0, %[[W]], %[[BIAS]]) {{callee = @[[LINEAR]], device = "cpu", operandSegmentSizes = array<i32: 1, 1, 1, 0>}}
         CHECK-NEXT:    %[[R:.+]] = "hexir.call"(%[[Y]]) {{callee = @[[RELU]], device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}}
@@ -169,7 +166,8 @@ func.func @main(%arg0: tensor<768x8xf32>) -> (tensor<768x40xf32>, tensor<768x40x
 def test_a_constant_weight_comes_in_panels_to_a_cpu_linear_only():
     """pack-weights: the cpu linear reads its constant w as 2 panels of 32 columns (40 of them
     w's) and copies no block of it (768 rows: 24-row tiles, which would pack w on their stack);
-    the cuda linear, and its cpu twin, read W as it is."""
+    the cuda linear, and its cpu twin, read W as it is; so does a cpu linear whose weight has no
+    more columns than a panel (32 f32)."""
     filecheck(lower(SHARED_WEIGHT, "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(%arg0: memref<768x8xf32>, %arg1: memref<2x8x32xf32>, %arg2: memref<768x40xf32>)
         CHECK-SAME:      hextir.kernel = #hextir.kernel<"cpu", "linear_panels">
@@ -185,6 +183,8 @@ def test_a_constant_weight_comes_in_panels_to_a_cpu_linear_only():
         CHECK-NEXT:  "hexir.call"(%arg0, %[[W]]) {callee = @linear_0, device = "cpu"
         CHECK:       "hexir.call"(%{{.+}}, %[[WD]]) {callee = @linear_1, device = "cuda"
     """)
+    narrow = lower(SHARED_WEIGHT.replace("40", "32"), "mlir-tir")
+    assert "W.panels" not in narrow and "linear_panels" not in narrow and "memref<8x32xf32>" in narrow
 
 
 def test_relu_of_rank_1_is_one_parallel_loop():

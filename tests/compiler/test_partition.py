@@ -100,8 +100,8 @@ def test_constant_shared_by_two_devices_gets_a_copy_on_each():
         CHECK-NEXT: return %[[A]], %[[BH]]
         CHECK-NOT: hexir.transfer
     """)
-    blobs = manifest(lower(text, "hxb"))  # the two copies share one stored weight until the cpu's is
-    assert [c["name"] for c in blobs["constants"]] == ["W", "W.panels"]  # packed for its kernel (pack-weights)
+    blobs = manifest(lower(text, "hxb"))
+    assert [c["name"] for c in blobs["constants"]] == ["W"]  # the two copies share one stored weight
 
 
 def test_one_transfer_serves_every_user_on_a_device():

@@ -155,16 +155,12 @@ def _shared_weight(x):
     return hexir.linear(h, W_SHARED)
 
 
-def test_a_weight_used_on_two_devices_is_stored_once_per_layout():
-    """As it is for the cuda linear, in panels for the cpu one (pack-weights); each bound once, on
-    its device, and no weight crosses devices on a call."""
+def test_a_weight_used_on_two_devices_is_stored_once():
     compiled = hexir.jit(_shared_weight).compile(hexir.TensorSpec((2, 3), "float32"))
     data = manifest(compiled)
     (entry,) = data["entries"]
     bound = [c for c in entry["program"] if c["op"] == "constant"]
-    stored = [(c["name"], c["shape"]) for c in data["constants"]]
-    assert stored == [("W_SHARED", [3, 3]), ("W_SHARED.panels", [1, 3, 32])]
-    assert {(entry["buffers"][c["dst"]]["device"], c["constant"]) for c in bound} == {("cuda", 0), ("cpu", 1)}
+    assert len(data["constants"]) == 1 and {entry["buffers"][c["dst"]]["device"] for c in bound} == {"cpu", "cuda"}
     assert not [c for c in entry["program"] if c["op"] == "transfer" and c["src"] in {b["dst"] for b in bound}]
     for device in ("auto", "cpu", "reference"):  # auto: the GPU, where there is one
         with warnings.catch_warnings():
