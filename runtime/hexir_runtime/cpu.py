@@ -420,9 +420,13 @@ class CpuProgram:
 
     def launcher(self, kernel: int, buffers: Sequence[np.ndarray],
                  sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
-        """A function running the launch `prepare` makes (None: nothing to run), given (argument,
-        array) pairs that replace some buffers in a call; its chunks on the pool."""
-        prepared = self.prepare(kernel, buffers, sizes)
+        """`launcher_of` the launch `prepare` makes."""
+        return self.launcher_of(self.prepare(kernel, buffers, sizes))
+
+    def launcher_of(self, prepared: tuple[Any, list[int], int, list[tuple[int, ...]]] | None
+                    ) -> Callable[[Sequence[tuple[int, np.ndarray]]], None] | None:
+        """A function running a `prepare`d launch (None: nothing to run), given (argument, array)
+        pairs that replace some buffers in a call; its chunks on the pool."""
         if prepared is None:
             return None
         function, base, extent, ranges = prepared
