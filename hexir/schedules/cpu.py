@@ -42,7 +42,7 @@ elementwise (relu, ...): the outermost axis parallel, the others serial.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, scf, vector
@@ -321,9 +321,11 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     def running() -> list[ir.Value]:
         return [vector.LoadOp(t, out, [i, j0]).result for i, j0, t in slots]
 
+    rows_of_w = [_w_at(w, j0, request) for j0, *_ in pieces] if packed is None else []
+
     def step(k: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:  # one k: rows x pieces FMAs
         if packed is None:
-            b = [_w_row(w, k, j0, t, request) for (j0, *_), t in zip(pieces, types, strict=True)]
+            b = [vector.LoadOp(t, w, at(k)).result for at, t in zip(rows_of_w, types, strict=True)]
         else:
             kk = arith.SubIOp(k, block.k0).result
             b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
@@ -335,15 +337,15 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     sums, k0 = _choose(block.first, start, running, [t for *_, t in slots]), block.k0
     if unroll > 1:
         whole = arith.MulIOp(arith.DivUIOp(arith.SubIOp(block.k1, k0).result, _i(unroll)).result, _i(unroll)).result
-        unrolled = scf.ForOp(k0, arith.AddIOp(k0, whole).result, _i(unroll), sums)
+        middle = arith.AddIOp(k0, whole).result
+        unrolled = scf.ForOp(k0, middle, _i(unroll), sums)
         unrolled.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
         with ir.InsertionPoint(unrolled.body):
-            values = list(unrolled.inner_iter_args)
+            k, values = unrolled.induction_variable, list(unrolled.inner_iter_args)
             for u in range(unroll):
-                k = unrolled.induction_variable
                 values = step(arith.AddIOp(k, _i(u)).result if u else k, values)
             scf.YieldOp(values)
-        sums, k0 = list(unrolled.results), arith.AddIOp(k0, whole).result
+        sums, k0 = list(unrolled.results), middle
     loop = scf.ForOp(k0, block.k1, _i(1), sums)
     loop.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
     with ir.InsertionPoint(loop.body):
@@ -361,12 +363,14 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
         vector.StoreOp(value, out, [i, j0])
 
 
-def _w_row(w: ir.Value, k: ir.Value, j0: ir.Value, type_: ir.VectorType, request: Request) -> ir.Value:
-    """w[k, j0 : j0 + width] as a vector: from w's row, or from the panel holding column j0."""
+def _w_at(w: ir.Value, j0: ir.Value, request: Request) -> Callable[[ir.Value], list[ir.Value]]:
+    """Where w[k, j0:] starts, as a function of k: [k, j0] in w's rows, or [panel, k, lane] in the
+    panel holding column j0 (its panel and lane computed here, once, outside the k loops)."""
     if not request.panels:
-        return vector.LoadOp(type_, w, [k, j0]).result
+        return lambda k: [k, j0]
     lanes = _i(ir.MemRefType(w.type).shape[2])
-    return vector.LoadOp(type_, w, [arith.DivUIOp(j0, lanes).result, k, arith.RemUIOp(j0, lanes).result]).result
+    panel, lane = arith.DivUIOp(j0, lanes).result, arith.RemUIOp(j0, lanes).result
+    return lambda k: [panel, k, lane]
 
 
 def _choose(condition, then, otherwise, types):
