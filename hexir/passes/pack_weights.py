@@ -29,7 +29,9 @@ from hexir.schedules.cpu import PANEL_BYTES
 
 
 def pack_weights(module: ir.Module) -> None:
-    """Give every cpu linear with a constant w a packed copy of it (see the module's docstring)."""
+    """Give every cpu linear with a constant w a packed copy of it (see the module's docstring);
+    linears sharing a weight share its copy."""
+    packed: dict[ir.Operation, ir.Value] = {}  # constant -> its panels
     for op in list(hx.main_function(module).regions[0].blocks[0].operations):
         op = op.operation
         if op.name != "hexir.linear" or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
@@ -37,16 +39,19 @@ def pack_weights(module: ir.Module) -> None:
         source = op.operands[1].owner.operation
         if source.name != "hexir.constant":
             continue
-        w = hx.constant_array(source)
-        lanes = PANEL_BYTES // w.itemsize
-        if w.shape[1] <= lanes:  # its rows lie side by side already: one panel, without the padding
-            continue
-        count = -(-w.shape[1] // lanes)
-        panels = np.zeros((w.shape[0], count * lanes), w.dtype)
-        panels[:, :w.shape[1]] = w
-        with ir.InsertionPoint(source), source.location:  # where w was: the program keeps its order
-            op.operands[1] = hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
-                                         hx.string_attr(source, "name") + ".panels", "cpu")
+        if source not in packed:
+            w = hx.constant_array(source)
+            lanes = PANEL_BYTES // w.itemsize
+            if w.shape[1] <= lanes:  # its rows lie side by side already: one panel, without the padding
+                continue
+            count = -(-w.shape[1] // lanes)
+            panels = np.zeros((w.shape[0], count * lanes), w.dtype)
+            panels[:, :w.shape[1]] = w
+            with ir.InsertionPoint(source), source.location:  # where w was: the program keeps its order
+                packed[source] = hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
+                                             hx.string_attr(source, "name") + ".panels", "cpu")
+        op.operands[1] = packed[source]
         hx.set_w_panels(op)
         if not list(source.result.uses):
+            del packed[source]
             source.erase()

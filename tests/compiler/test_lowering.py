@@ -183,6 +183,8 @@ def test_a_constant_weight_comes_in_panels_to_a_cpu_linear_only():
         CHECK-NEXT:  "hexir.call"(%arg0, %[[W]]) {callee = @linear_0, device = "cpu"
         CHECK:       "hexir.call"(%{{.+}}, %[[WD]]) {callee = @linear_1, device = "cuda"
     """)
+    both_cpu = lower(SHARED_WEIGHT.replace('device = "cuda"', 'device = "cpu"'), "mlir-tir")
+    assert both_cpu.count('name = "W.panels"') == 1 and 'name = "W"' not in both_cpu  # one copy, shared
     narrow = lower(SHARED_WEIGHT.replace("40", "32"), "mlir-tir")
     assert "W.panels" not in narrow and "linear_panels" not in narrow and "memref<8x32xf32>" in narrow
 
