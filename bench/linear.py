@@ -277,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build(args.out)
     else:
+        if args.interleave and args.device != "cpu":
+            parser.error("--interleave times cpu variants (bench/cpu_tilings.py); use it with --device cpu")
+        if args.sizes:
+            listed = {f"{r['m']}x{r['k']}x{r['n']}" for r in json.loads((args.modules / "modules.json").read_text())}
+            unknown = sorted(set(args.sizes.split(",")) - listed)
+            if unknown:
+                parser.error(f"--sizes: {', '.join(unknown)} not among the modules' products "
+                             f"({', '.join(sorted(listed))})")
         run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
             args.sizes.split(",") if args.sizes else None, args.interleave)
     return 0
