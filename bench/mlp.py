@@ -191,9 +191,20 @@ def overhead(path: Path, repeats: int, profile: bool = False) -> None:
     # the kernel alone: launches queued behind a sleeping kernel, as bench/linear.py times its rows
     kernel_us = _queued(launch, torch.cuda.ExternalStream(int(program.stream))) * 1e6
     export = median_us(lambda: x_gpu.__dlpack__(stream=1), repeats)  # what torch spends lending x
+    # what bounds it, in this run: the driver's own launch and wait for this launch (no runtime),
+    # and torch eager computing the same relu(x @ W1 + b1) on CUDA tensors, each synchronized
+    floor = median_us(lambda: (launch(), program.synchronize()), repeats)
+    w = weights(k, ONE_KERNEL[2], 1, dtype)
+    w1, b1 = torch.from_numpy(w["W1"]).cuda(), torch.from_numpy(w["b1"]).cuda()
+    torch.testing.assert_close(torch.from_dlpack(module.main(x_gpu, outputs="device")),
+                               torch.relu(torch.addmm(b1, x_gpu, w1)), rtol=1e-3, atol=1e-3)
+    eager = median_us(lambda: (torch.relu(torch.addmm(b1, x_gpu, w1)), torch.cuda.synchronize()), repeats)
     print(f"\none-kernel module {m}x{k}x{ONE_KERNEL[2]} {dtype} relu(linear), device-resident: call "
           f"{wall:.1f} µs, kernel {kernel_us:.1f} µs (CUDA events, {QUEUED} launches queued), runtime overhead "
-          f"{wall - kernel_us:.1f} µs (torch's own x.__dlpack__(stream=1), for scale: {export:.1f} µs)")
+          f"{wall - kernel_us:.1f} µs\n  for scale, same run: the driver alone (this launch + cuStreamSynchronize "
+          f"through cuda-python) {floor:.1f} µs = kernel + {floor - kernel_us:.1f}; hexir's own part "
+          f"{wall - floor:.1f} µs; torch eager relu(addmm) + synchronize {eager:.1f} µs; "
+          f"torch's x.__dlpack__(stream=1) {export:.1f} µs")
     if profile:  # where the host's time goes in those calls
         import cProfile
         import pstats

@@ -270,6 +270,7 @@ class CudaProgram:
         self.wait_event: Any = None  # what our stream waits for (a caller's tensor on its stream)
         self.staged = False  # an asynchronous copy may still read a staging buffer
         self.spare: dict[int, list[int]] = {}  # device outputs given back, by size, for later calls
+        self.frees: dict[int, Callable[[int], None]] = {}  # by size: what an output's array calls when it goes
         # Page-locked host results: kept by size (at most SPARE_SIZES sizes), lent by size, and
         # those whose arrays are gone (appended by a finalizer, on any thread, even during a
         # garbage collection on a thread inside `lock`: so without taking it), taken back by copy_out.
@@ -395,11 +396,16 @@ class CudaProgram:
         """Device memory for one output of one call, owned by the returned array until it and
         every tensor taken from it are gone; then kept for a later call's output of the same
         size (up to SPARE_OUTPUTS of each, of SPARE_SIZES sizes), else freed."""
-        nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
+        nbytes = max(math.prod(shape) * dtype.itemsize, 1)
         spare = self.spare.get(nbytes)
         pointer = spare.pop() if spare else int(check(self.driver.cuMemAllocAsync(nbytes, self.stream),
                                                       "cuMemAllocAsync"))
-        device, event, driver, spares = self.device, self.event, self.driver, self.spare
+        free = self.frees.get(nbytes) or self._free_of(nbytes)
+        return DLPackArray(pointer, shape, dtype, (CUDA, self.device.ordinal), free, self.ready)
+
+    def _free_of(self, nbytes: int) -> Callable[[int], None]:
+        """What gives back an output of `nbytes` (made once per size: see `frees`)."""
+        device, driver, spares = self.device, self.driver, self.spare
 
         def free(pointer: int) -> None:
             # a later call writes it on our stream, which (blocking) waits for the legacy stream's
@@ -409,15 +415,19 @@ class CudaProgram:
                 return
             device.make_current()  # the last reference may go on any thread
             check(driver.cuMemFreeAsync(pointer, 0), "cuMemFreeAsync")
+        if len(self.frees) >= 64:  # a caller of ever new sizes
+            self.frees.clear()
+        self.frees[nbytes] = free
+        return free
 
-        def ready(stream: int | None) -> None:
-            """Order the consumer's stream after our work. DLPack's 1 (or None) is the legacy default
-            stream, which waits for our (blocking) stream by itself; others wait for an event."""
-            if stream not in (None, 1):
-                device.make_current()
-                check(driver.cuEventRecord(event, self.stream), "cuEventRecord")
-                check(driver.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
-        return DLPackArray(pointer, shape, dtype, (CUDA, device.ordinal), free, ready)
+    def ready(self, stream: int | None) -> None:
+        """Order a consumer's stream after our work, before an output is exported to it. DLPack's 1
+        (or None) is the legacy default stream, which waits for our (blocking) stream by itself;
+        others wait for an event (none once the module is closed: its stream was drained)."""
+        if stream not in (None, 1) and self.stream is not None:
+            self.device.make_current()
+            check(self.driver.cuEventRecord(self.event, self.stream), "cuEventRecord")
+            check(self.driver.cuStreamWaitEvent(stream, self.event, 0), "cuStreamWaitEvent")
 
     def launcher(self, kernel: int, buffers: Sequence[DeviceBuffer],
                  sizes: Mapping[str, int]) -> Callable[[Sequence[tuple[int, Any]]], None] | None:

@@ -276,6 +276,17 @@ _NEW_CAPSULE = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_cha
 _INCREF = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", _api))
 
 
+#: The int64 arrays of the shapes exported lately, shared by their DLPackArrays (never written).
+_SHAPES: dict[tuple[int, ...], Any] = {}
+
+
+def _shape_of(shape: tuple[int, ...]) -> Any:
+    if len(_SHAPES) >= 64:  # a caller of ever new sizes: start again (each array keeps its own)
+        _SHAPES.clear()
+    made = _SHAPES[shape] = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    return made
+
+
 class DLPackArray:
     """Memory we own, lent through DLPack: `torch.from_dlpack(array)` and the like take it as is.
 
@@ -285,10 +296,11 @@ class DLPackArray:
 
     def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
                  free: Callable[[int], None] | None = None, ready: Callable[[int | None], None] | None = None) -> None:
-        self.pointer, self.shape, self.dtype, self.device = pointer, tuple(shape), np.dtype(dtype), device
+        self.pointer, self.shape, self.device = pointer, tuple(shape), device
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self._free, self._ready = free, ready
         # What the DLManagedTensors point at: kept with the array, which outlives them all.
-        self._shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self._shape = _SHAPES.get(self.shape) or _shape_of(self.shape)
         self._exports: list[Any] = []
         self._managed = (pointer, device[0], device[1], len(self.shape), FLOAT, self.dtype.itemsize * 8, 1,
                          ctypes.addressof(self._shape), 0, 0, id(self), _DELETE_AT)
