@@ -5,8 +5,13 @@
     python bench/linear.py run bench/modules --device cuda # hexir cuda kernels vs cuBLAS (torch)
     python bench/linear.py run DIR --device cpu --threads 1 --sizes 1024x1024x1024  # hexir and numpy on 1 thread
     python bench/linear.py run DIR --device cpu --interleave  # bench/cpu_tilings.py's variants, timed in turns
+    python bench/linear.py build DIR --const              # the CPU rows with w a constant, packed in DIR.tar.xz
+    python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
 
-Weights are arguments, so the modules are small and the data is drawn where it runs. Each row
+Weights are arguments, so the modules are small and the data is drawn where it runs; except
+with `--const`: the CPU issue's products with w a compile-time constant (packed in panels by the
+compiler, as a model's weights are; numpy gets the same w as an array already in memory), drawn
+as small integers times a power of two so that the modules compress for the trip. Each row
 times one kernel launch on buffers already on the device (warm-up first, then the median of
 repeated runs): on the GPU with CUDA events on the module's stream around the launch, on the CPU
 with the host clock around the call. On the GPU each row also gives the kernels' own time
@@ -41,10 +46,23 @@ SYMBOLIC = [(64, 1024, 1024), (256, 1024, 1024), (4096, 1024, 1024)]
 FUSED = [(4096, 4096, 4096)]
 
 
-def build(out: Path) -> None:
+#: `build --const`: the cpu products compiled with w a constant (rows "w const").
+CONST = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1, 4096, 4096),
+         (16, 4096, 4096), (4096, 1024, 33)]
+
+
+def const_weight(k: int, n: int, dtype: str) -> np.ndarray:
+    """A `--const` module's w, drawn again identically where it runs: integers -3..3 times a
+    power of two near 1/sqrt(k) (exact in both dtypes; compressible)."""
+    return (np.random.default_rng(7).integers(-3, 4, (k, n)) * 2.0 ** -round(np.log2(k) / 2 + 1)).astype(dtype)
+
+
+def build(out: Path, const: bool = False) -> None:
     import hexir
 
     out.mkdir(parents=True, exist_ok=True)
+    if const:
+        return build_const(out)
 
     def linear(x, w):
         return hexir.linear(x, w)
@@ -71,6 +89,43 @@ def build(out: Path) -> None:
                                  "symbolic": False, "variant": "+bias+relu", "fused": True})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
+
+
+def build_const(out: Path) -> None:
+    import tarfile
+
+    import hexir
+
+    rows = []
+    for m, k, n in CONST:
+        for dtype in ("float32", "float64"):
+            name, w = f"linear_{m}x{k}x{n}_{dtype}_cpu_const", const_weight(k, n, dtype)
+            hexir.export(_times(w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype))
+            rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cpu", "symbolic": False,
+                         "variant": "w const", "const": True})
+    (out / "modules.json").write_text(json.dumps(rows, indent=1))
+    with tarfile.open(f"{out}.tar.xz", "w:xz") as archive:  # what travels (the weights: < 64 MiB packed)
+        archive.add(out, arcname=out.name)
+    print(f"built {len(rows)} modules in {out}, packed in {out}.tar.xz")
+
+
+def _times(w: np.ndarray):
+    """x -> x @ w, w a constant of the traced function (not a parameter: a default would be an input)."""
+    import hexir
+
+    return lambda x: hexir.linear(x, w)
+
+
+def unpacked(path: Path) -> Path:
+    """The module directory `path`, or the one packed in `path` (a .tar.gz or .tar.xz), extracted beside it."""
+    import tarfile
+
+    if path.is_dir():
+        return path
+    with tarfile.open(path) as archive:
+        name = archive.getnames()[0].split("/")[0]
+        archive.extractall(path.parent, filter="data")
+    return path.parent / name
 
 
 QUEUED = 20  # launches per queued measurement
@@ -114,11 +169,16 @@ def _host_timed(fn):
 
 
 def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, threads: int | None = None):
-    """A function timing one launch of the module's one kernel on buffers already on `device`."""
+    """A function timing one launch of the module's one kernel on buffers already on `device`
+    (a module's constant, its w as the compiler stored it, in place of arrays[1])."""
     from hexir_runtime.format import read
 
     hxb = read(path)
     kernel = hxb.manifest.kernels[0]
+    n = arrays[1].shape[1]
+    if hxb.manifest.constants:
+        constant = hxb.manifest.constants[0]
+        arrays = [arrays[0], np.frombuffer(hxb.blob(constant.blob), constant.type.dtype).reshape(constant.type.shape)]
     if device == "cuda":
         from hexir_runtime.cuda import CudaDevice, check
         place = CudaDevice()
@@ -127,12 +187,14 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         place = CpuDevice(threads=threads)
     program = place.load(hxb)
     sizes = {symbol: m for symbol in kernel.integers if isinstance(symbol, str)}
-    shapes = [a.shape for a in arrays] + [(m, arrays[1].shape[1])]  # the inputs (x, w[, bias]), then out
+    shapes = [a.shape for a in arrays] + [(m, n)]  # the inputs (x, w[, bias]), then out
     buffers = [place.alloc(shape, arrays[0].dtype.name) for shape in shapes]
     for buffer, array in zip(buffers[:-1], arrays, strict=True):
         place.copy_in(buffer, array)
     if device == "cpu":
-        return _host_timed(lambda: program.launch(0, buffers, sizes))
+        timed = _host_timed(lambda: program.launch(0, buffers, sizes))
+        timed.result = lambda: place.copy_out(buffers[-1])
+        return timed
     driver = place.driver
     start, end = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
 
@@ -190,7 +252,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
         x = rng.standard_normal((m, k)).astype(dtype)
-        w = rng.standard_normal((k, n)).astype(dtype)
+        w = const_weight(k, n, dtype) if row.get("const") else rng.standard_normal((k, n)).astype(dtype)
         inputs = [x, w, rng.standard_normal(n).astype(dtype)] if row.get("fused") else [x, w]
         runner = _kernel_runner(modules / f"{row['name']}.hxb", device, inputs, m, threads)
         if device == "cpu":  # OpenBLAS's threads spin for a while after each call (~0.1 s): the last
@@ -213,6 +275,10 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
             out = np.empty((m, n), dtype)
             baseline = _host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out))
         base_time = _median_seconds(baseline, repeats)
+        if device == "cpu":  # ours against numpy's, relative to the largest
+            error = float(np.abs(runner.result() - out).max() / max(np.abs(out).max(), 1e-30))
+            if not error < (1e-4 if dtype == "float32" else 1e-10):
+                print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
         flops = 2.0 * m * k * n
         if device == "cuda" and not row.get("fused"):  # ours against cuBLAS's, relative to the largest
             ours, theirs = runner.result(), tout.cpu().numpy()
@@ -262,7 +328,10 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build").add_argument("out", type=Path)
+    build_parser = commands.add_parser("build")
+    build_parser.add_argument("out", type=Path)
+    build_parser.add_argument("--const", action="store_true",
+                              help="only the CPU rows with w a compile-time constant, packed in OUT.tar.xz")
     run_parser = commands.add_parser("run")
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -275,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out)
+        build(args.out, args.const)
     else:
+        args.modules = unpacked(args.modules)
         if args.interleave and args.device != "cpu":
             parser.error("--interleave times cpu variants (bench/cpu_tilings.py); use it with --device cpu")
         if args.sizes:

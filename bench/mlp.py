@@ -88,16 +88,6 @@ def build(out: Path) -> None:
     print(f"built {len(rows) + 1} modules in {out}, packed in {out}.tar.gz")
 
 
-def unpacked(path: Path) -> Path:
-    """The module directory `path`, or the one packed in `path` (a .tar.gz), extracted beside it."""
-    if path.is_dir():
-        return path
-    with tarfile.open(path) as archive:
-        name = archive.getnames()[0].split("/")[0]
-        archive.extractall(path.parent, filter="data")
-    return path.parent / name
-
-
 def median_us(fn, repeats: int, warmup: int = 20) -> float:
     for _ in range(warmup):
         fn()
@@ -255,8 +245,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the one-kernel module's calls")
     args = parser.parse_args()
     if args.command == "build":
-        build(args.directory)
-    elif args.device == "cuda":
+        return build(args.directory)
+    from linear import unpacked  # bench/linear.py, beside this script
+    if args.device == "cuda":
         run_cuda(unpacked(args.directory), args.repeats, args.profile)
     else:
         run_cpu(unpacked(args.directory), max(args.repeats, 10000))
