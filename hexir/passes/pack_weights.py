@@ -7,7 +7,13 @@ widest micro-kernel's NR, on every x86-64 level: 32 float32 or 16 float64 column
 K-major: panels[p, k, j] = w[k, p * L + j], zeros past N. A micro-kernel of NR columns (NR
 divides L) then streams its slice of a panel contiguously, 128 bytes a k; no tile copies w's
 block any more. The linear is marked `hexir.w_panels`, and lower-to-tir makes its kernel's op
-`linear_panels` (docs/hxb-format.md). A weight no other op uses is dropped; a cuda linear's
+`linear_panels` (docs/hxb-format.md). A weight that only 1-row products read comes in panels of a
+column tile's width instead (`NC_BYTES`, 512 bytes): a tile's share of w is then one contiguous
+stream, where its four 128-byte panels were four (it reads each panel once: there are no row
+groups to share its slices, which a wider panel would spread over more cache sets). On the
+H200's 16-core host (run 79 of bench/results/2026-12-01-h200.md) 1x4096x4096 took 0.87-0.91 of
+the 128-byte panels' time, f32 and f64, on 16 threads and on one; 8 and 16 rows 5-25% slower,
+so they keep 128. A weight no other op uses is dropped; a cuda linear's
 (its cpu twin's too) stays as it is, and so does a weight of L columns or fewer: its rows,
 at most 128 bytes, are one contiguous stream already, which panels would only pad (an N = 1
 weight 32 times over, in f32).
@@ -25,7 +31,7 @@ import numpy as np
 from mlir import ir
 
 from hexir.dialects import hexir as hx
-from hexir.schedules.cpu import PANEL_BYTES
+from hexir.schedules.cpu import NC_BYTES, PANEL_BYTES
 
 
 def pack_weights(module: ir.Module) -> None:
@@ -41,7 +47,7 @@ def pack_weights(module: ir.Module) -> None:
             continue
         if source not in packed:
             w = hx.constant_array(source)
-            lanes = PANEL_BYTES // w.itemsize
+            lanes = (NC_BYTES if _one_row_only(source) else PANEL_BYTES) // w.itemsize
             if w.shape[1] <= lanes:  # its rows lie side by side already: one panel, without the padding
                 continue
             count = -(-w.shape[1] // lanes)
@@ -55,3 +61,10 @@ def pack_weights(module: ir.Module) -> None:
         if not list(source.result.uses):
             del packed[source]
             source.erase()
+
+
+def _one_row_only(constant: ir.Operation) -> bool:
+    """Whether every cpu linear reading `constant` as its w (the readers of its panels) has one (static) row."""
+    readers = [use.owner for use in constant.result.uses
+               if use.owner.name == "hexir.linear" and use.operand_number == 1 and hx.device_of(use.owner) == "cpu"]
+    return all(ir.RankedTensorType(reader.operands[0].type).shape[0] == 1 for reader in readers)

@@ -24,9 +24,15 @@ The tile sizes, per x86-64 level and dtype, are the table `MICRO` below: MR x NR
 
 A constant w wider than a panel comes packed at compile time (passes/pack_weights.py: panels
 of PANEL_BYTES columns, K-major; `request.panels`): no tile copies it, and every micro-kernel reads its panel
-slice contiguously, w[k, j] at panels[j / L, k, j % L].
+slice contiguously, w[k, j] at panels[j / L, k, j % L]. Such a product takes tiles whatever its
+rows: each tile's KC x NR slices are contiguous already, where streaming them KS rows at a time
+reads a few hundred bytes of each panel per step. On the H200's 16-core host, timed in turns
+against the streamed kernels (run 78 of bench/results/2026-12-01-h200.md, two passes): faster in
+27 of 28 pairs of 1-16 rows (by up to 2.9x: 16x784x512 f32), one level (1x4096^2 f64); on one
+thread 1-row products the same or faster, 4-16 rows up to 30% slower.
 
-Up to STREAM_ROWS static rows, w is streamed instead (`_stream`): the parallel loop is bound to
+Up to STREAM_ROWS static rows of a w in rows (an argument, or a constant of one panel or less),
+w is streamed instead (`_stream`): the parallel loop is bound to
 `chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time (KS by
 the row count, `stream_ks`):
 
@@ -66,9 +72,11 @@ KC = 256
 #: 70 and level within the host's noise in run 71; 4096x1024x33 0-13%; 64x1024^2 mixed. On a
 #: 2-core AMD machine within 2%. A streamed product keeps 1 (16x4096^2 7-13% slower in run 70).
 UNROLL = 4
-#: A constant w comes packed in panels this wide (passes/pack_weights.py): every level's NR divides it.
+#: A constant w comes packed in panels this wide (passes/pack_weights.py; one a 1-row product alone
+#: reads, NC_BYTES wide): every level's NR divides both.
 PANEL_BYTES = 128
-assert all(PANEL_BYTES % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items())
+assert all(size % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items()
+           for size in (PANEL_BYTES, 512))  # (and NC_BYTES, a 1-row product's panels: passes/pack_weights.py)
 #: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time, KS the
 #: first of STREAM_KS whose rows bound the product's. Of numpy, 8 against 16 (2 passes each): on
 #: a 2-core AVX-512 machine 1 row 0.81-0.96 against 0.58-0.68, 2-8 rows 10-100% ahead, 12-16 rows
@@ -138,7 +146,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
     mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n)
     nc = min(nc, -(-n // nr) * nr)
-    if isinstance(m, int) and m <= STREAM_ROWS:
+    if isinstance(m, int) and m <= STREAM_ROWS and not request.panels:
         return _stream((x, w, out, bias, request), m, k_extent, n, mr, nr, nc)
     column_tiles = -(-n // nc)
     tiles = sizes.mul(sizes.ceildiv(m, mc), column_tiles)

@@ -82,11 +82,11 @@ def cpu_tile_rows(m: int, n: int, dtype: str) -> int:
     return next((rows for rows in (192, 96, 48, 24, 12) if -(-m // rows) * columns >= 32), 12)
 
 
-def cpu_linear_tiles(m: int, n: int, dtype: str) -> int:
+def cpu_linear_tiles(m: int, n: int, dtype: str, panels: bool = False) -> int:
     """The work extent of a static cpu linear with an [m, n] output: its row tiles times its column
-    tiles (up to 16 rows, streamed: one row tile)."""
+    tiles (up to 16 rows of a w in rows, streamed: one row tile; w in panels is always tiled)."""
     columns = CPU_TILE_BYTES // (4 if dtype == "float32" else 8)
-    return (1 if m <= 16 else -(-m // cpu_tile_rows(m, n, dtype))) * -(-n // columns)
+    return (1 if m <= 16 and not panels else -(-m // cpu_tile_rows(m, n, dtype))) * -(-n // columns)
 
 
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",), k: int = 1) -> dict:

@@ -48,14 +48,15 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
 
     kernels = found["kernels"]
     linear = kernels[0]
-    lanes = cpu_schedule.PANEL_BYTES // np.dtype(dtype).itemsize  # w, a constant wider than a panel,
-    panels = [-(-n // lanes), k, lanes] if n > lanes else [k, n]  # comes in panels
+    # w, a constant wider than a panel, comes in panels (a column tile wide for a 1-row product)
+    lanes = (cpu_schedule.NC_BYTES if m == 1 else cpu_schedule.PANEL_BYTES) // np.dtype(dtype).itemsize
+    panels = [-(-n // lanes), k, lanes] if n > lanes else [k, n]
     expected_linear = [[m, k], panels] + ([[n]] if bias else []) + [[m, n]]
     assert linear["op"] == ("linear_panels" if n > lanes else "linear")
     assert linear["epilogues"] == (["bias"] if bias else []) + (["relu"] if fused else [])
     assert [a["shape"] for a in linear["args"]] == expected_linear
     # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu row by row
-    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype), "grain": 1}
+    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype, n > lanes), "grain": 1}
     assert len(kernels) == (1 if fused else 2)
     if not fused:
         relu = kernels[1]
@@ -101,8 +102,12 @@ N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
        constant=st.booleans(), level=st.sampled_from(["host", "x86-64-v3", "x86-64"]))
 # one row: chunks of several tiles; the most streamed rows, KS + 1; the most rows of the smaller
 # KS, + 1; the fewest tiled rows; the narrow panel with the last full one, packed per tile,
-# unpacked (AVX-512 hosts) and in panels; panels read by narrower NR (AVX2, SSE)
+# unpacked (AVX-512 hosts) and in panels; panels read by narrower NR (AVX2, SSE); one row's
+# tile-wide panels (a narrow last one, f64; read by SSE); the most rows that take tiles in panels
 @example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3, constant=True, level="host")
+@example(m=1, k=131, n=97, dtype="float64", bias=False, threads=2, constant=True, level="host")
+@example(m=1, k=37, n=389, dtype="float32", bias=True, threads=4, constant=True, level="x86-64")
+@example(m=16, k=257, n=61, dtype="float32", bias=True, threads=3, constant=True, level="host")
 @example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2, constant=False, level="host")
 @example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3, constant=True, level="host")
 @example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4, constant=False, level="host")
@@ -126,7 +131,8 @@ def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threa
         traced = hexir.jit(lambda x, w: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype),
                                                                                hexir.TensorSpec((k, n), dtype))
     data = compile_module(traced, options)
-    panels = constant and n > cpu_schedule.PANEL_BYTES // np.dtype(dtype).itemsize  # (a constant wider than a panel)
+    lanes = (cpu_schedule.NC_BYTES if m == 1 else cpu_schedule.PANEL_BYTES) // np.dtype(dtype).itemsize
+    panels = constant and n > lanes  # (a constant wider than a panel: a column tile for one row)
     assert [kernel["op"] for kernel in manifest(data)["kernels"]] == ["linear_panels" if panels else "linear"]
     x = rng.standard_normal((m, k)).astype(dtype)
     expected = np.maximum(x.astype(np.float64) @ w + (0 if b is None else b), 0)
