@@ -109,17 +109,24 @@ PACK_FROM_ROWS = 24
 #: passes); the rest within the host's noise, as on the 2-core machine. A symbolic batch's
 #: tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
 MC_CHOICES, NC_BYTES, WORK_ITEMS, MC_SYMBOLIC = (192, 96, 48, 24, 12), 512, 32, 24
+#: A w in panels (a constant) is copied by no tile, so a tile's rows buy no reuse of a copy: its
+#: tiles take at most 48 rows, whose x block (48 x KC) the panel loop re-reads from nearer
+#: caches. On the H200's 16-core host, timed in turns against 192 and 96 (run 80 of
+#: bench/results/2026-12-01-h200.md): on one thread 512^3-2048^3 3-18% faster but for 512^3 f32
+#: (level); on 16 threads 2048^3 f32 +16%, f64 +6%, 1024^3 f32 +13%, f64 -10%, 512^3 level.
+MC_PANELS = (48, 24, 12)
 
 
-def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0) -> tuple[int, int, int, int]:
-    """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output (a symbolic m: MC_SYMBOLIC
-    rows, for the small batches)."""
+def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool = False) -> tuple[int, int, int, int]:
+    """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output, w in `panels` or not (a
+    symbolic m: MC_SYMBOLIC rows, for the small batches)."""
     mr, nr = MICRO[level, dtype]
     nc = NC_BYTES // (4 if dtype == "float32" else 8)
     column_tiles = max(1, -(-n // nc))
     if isinstance(m, str):
         return mr, nr, MC_SYMBOLIC, nc
-    mc = next((mc for mc in MC_CHOICES if -(-m // mc) * column_tiles >= WORK_ITEMS), MC_CHOICES[-1])
+    choices = MC_PANELS if panels else MC_CHOICES
+    mc = next((mc for mc in choices if -(-m // mc) * column_tiles >= WORK_ITEMS), choices[-1])
     return mr, nr, mc, nc
 
 
@@ -144,7 +151,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if "bias" in request.epilogues else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
-    mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n)
+    mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n, request.panels)
     nc = min(nc, -(-n // nr) * nr)
     if isinstance(m, int) and m <= STREAM_ROWS and not request.panels:
         return _stream((x, w, out, bias, request), m, k_extent, n, mr, nr, nc)

@@ -76,17 +76,18 @@ def manifest(data: bytes) -> dict:
 CPU_TILE_ROWS, CPU_TILE_BYTES = 24, 512
 
 
-def cpu_tile_rows(m: int, n: int, dtype: str) -> int:
-    """The rows of a static cpu linear's tiles, for an [m, n] output."""
+def cpu_tile_rows(m: int, n: int, dtype: str, panels: bool = False) -> int:
+    """The rows of a static cpu linear's tiles, for an [m, n] output (w in panels: at most 48)."""
     columns = -(-n // (CPU_TILE_BYTES // (4 if dtype == "float32" else 8)))
-    return next((rows for rows in (192, 96, 48, 24, 12) if -(-m // rows) * columns >= 32), 12)
+    return next((rows for rows in ((48, 24, 12) if panels else (192, 96, 48, 24, 12))
+                 if -(-m // rows) * columns >= 32), 12)
 
 
 def cpu_linear_tiles(m: int, n: int, dtype: str, panels: bool = False) -> int:
     """The work extent of a static cpu linear with an [m, n] output: its row tiles times its column
     tiles (up to 16 rows of a w in rows, streamed: one row tile; w in panels is always tiled)."""
     columns = CPU_TILE_BYTES // (4 if dtype == "float32" else 8)
-    return (1 if m <= 16 and not panels else -(-m // cpu_tile_rows(m, n, dtype))) * -(-n // columns)
+    return (1 if m <= 16 and not panels else -(-m // cpu_tile_rows(m, n, dtype, panels))) * -(-n // columns)
 
 
 def cuda_linear_launch(m: int, n: int, dtype: str = "float32", archs: tuple[str, ...] = ("sm_90",), k: int = 1) -> dict:
