@@ -48,6 +48,13 @@ _libraries: dict[str, Library] = {}
 _libraries_lock = threading.Lock()
 _loads = 0  # how many libraries went through a memfd: each gets its own spelling of the path
 
+#: A split launch is cut in this many chunks per thread (at most; never below the work record's
+#: grain), which the threads take in order as each finishes its last: one a thread left the
+#: whole launch waiting for the slowest thread's share on a shared 16-core host. Timed there in
+#: turns (runs 84-85 of bench/results/2026-12-01-h200.md), 4 against 1: 512^3-2048^3 10-65%
+#: faster, w in panels or an argument (2048^3 f32 0.76-0.87 -> 1.04-1.44 of numpy). A streamed
+#: kernel's grain keeps its chunks as wide as before (hexir/schedules/cpu.py: `_stream`).
+CHUNKS_PER_THREAD = 4
 #: The most chunks a launch is split into (the native pool counts them in 16 bits).
 MAX_CHUNKS = 1 << 12
 # One pool of worker threads for the whole process, started on first use: each loaded module
@@ -301,10 +308,11 @@ def _open_from_private_file(blob: memoryview, digest: str, what: str) -> Library
 
 
 class CpuDevice(HostMemory):
-    """Host buffers; kernels from the module's shared object, split into at most `threads`
-    chunks (run by the process's `NativePool`, or `worker_pool`) of at least the work record's
-    `grain` iterations each, when a launch's arguments total at least `split_bytes` bytes (256
-    KiB: a 256x256 float32 product already gains from two threads). With
+    """Host buffers; kernels from the module's shared object, split into at most
+    CHUNKS_PER_THREAD x `threads` chunks (run by the process's `NativePool`, or `worker_pool`)
+    of at least the work record's `grain` iterations each, when a launch's arguments total at
+    least `split_bytes` bytes (256 KiB: a 256x256 float32 product already gains from two
+    threads). With
     `fallbacks`, it also runs CUDA kernels, as their `cpu_fallback` code."""
 
     name = "cpu"
@@ -413,8 +421,8 @@ class CpuProgram:
             if extent == 0:
                 return None
             chunks = 1
-            if sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
-                chunks = max(1, min(self.device.threads, extent // work.grain, MAX_CHUNKS))
+            if self.device.threads > 1 and sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
+                chunks = max(1, min(self.device.threads * CHUNKS_PER_THREAD, extent // work.grain, MAX_CHUNKS))
             ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
         return function, base, extent, ranges
 
