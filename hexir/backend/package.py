@@ -66,7 +66,8 @@ def _record(kernel: ir.Operation) -> dict:
     """The kernel's work (cpu) or launch (cuda) record, in the manifest's form."""
     record = ht.record_of(kernel)
     if isinstance(record, ht.Work):
-        return {"work": {"extent": sizes.to_json(record.extent), "grain": record.grain}}
+        return {"work": {"extent": sizes.to_json(record.extent), "grain": record.grain,
+                         **({"spans": True} if record.spans else {})}}
     if isinstance(record, ht.Launch):
         return {"launch": {"grid": [sizes.to_json(e) for e in record.grid], "block": list(record.block),
                            "shared_bytes": record.shared_bytes}}

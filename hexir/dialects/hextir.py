@@ -194,10 +194,12 @@ def barrier() -> None:
 @dataclass(frozen=True)
 class Work:
     """A cpu kernel's parallel loop: `extent` iterations, split across threads in chunks of
-    at least `grain`."""
+    at least `grain`; with `spans`, at most one chunk a thread (the loop is bound to `chunk`:
+    the kernel walks its chunk as one span)."""
 
     extent: sizes.Expr
     grain: int = 1
+    spans: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,8 @@ def _i64(value: int) -> ir.IntegerAttr:
 def set_record(kernel: ir.Operation, record: Work | Launch) -> None:
     if isinstance(record, Work):
         kernel.attributes[WORK] = ir.DictAttr.get({
-            "extent": ir.StringAttr.get(sizes.text(record.extent)), "grain": _i64(record.grain)})
+            "extent": ir.StringAttr.get(sizes.text(record.extent)), "grain": _i64(record.grain),
+            **({"spans": ir.BoolAttr.get(True)} if record.spans else {})})
     else:
         kernel.attributes[LAUNCH] = ir.DictAttr.get({
             "grid": ir.ArrayAttr.get([ir.StringAttr.get(sizes.text(e)) for e in record.grid]),
@@ -226,7 +229,8 @@ def set_record(kernel: ir.Operation, record: Work | Launch) -> None:
 def record_of(kernel: ir.Operation) -> Work | Launch | None:
     if WORK in kernel.attributes:
         work = ir.DictAttr(kernel.attributes[WORK])
-        return Work(sizes.parse(ir.StringAttr(work["extent"]).value), ir.IntegerAttr(work["grain"]).value)
+        return Work(sizes.parse(ir.StringAttr(work["extent"]).value), ir.IntegerAttr(work["grain"]).value,
+                    "spans" in work)
     if LAUNCH in kernel.attributes:
         launch = ir.DictAttr(kernel.attributes[LAUNCH])
         grid = tuple(sizes.parse(ir.StringAttr(e).value) for e in ir.ArrayAttr(launch["grid"]))

@@ -15,8 +15,8 @@ H200's 16-core host (run 79 of bench/results/2026-12-01-h200.md) 1x4096x4096 too
 the 128-byte panels' time, f32 and f64, on 16 threads and on one; 8 and 16 rows 5-25% slower,
 so they keep 128. A weight no other op uses is dropped; a cuda linear's
 (its cpu twin's too) stays as it is, and so does a weight of L columns or fewer: its rows,
-at most 128 bytes, are one contiguous stream already, which panels would only pad (an N = 1
-weight 32 times over, in f32).
+at most a panel's width (128 bytes; 512 for one only 1-row products read), are one contiguous
+stream already, which panels would only pad (an N = 1 weight 32 times over, in f32).
 
     %w = "hexir.constant"() {name = "W1", value = dense<...> : tensor<784x512xf64>, device = "cpu"}
     %y = "hexir.linear"(%x, %w) {device = "cpu"}

@@ -83,11 +83,6 @@ assert all(size % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (
 #: behind; on the H200's 16-core host 1-4 rows level within the noise, 8 rows f32 0.84-0.93
 #: against 1.21-1.26, 12-16 rows behind (bench/results/2026-11-30-local-cpu.md).
 STREAM_ROWS, STREAM_KS = 16, ((4, 8), (16, 16))
-#: A streamed kernel's chunk (the span a thread walks) is at least 1/STREAM_SPANS of its column
-#: tiles (its work record's grain): the runtime's 4 chunks a thread would cut a span in 4, each
-#: w row's piece with it (16x4096^2, w an argument, on the 16-core host: 0.57-0.86 of numpy
-#: with a chunk a thread, 0.42-0.65 with 4: run 85).
-STREAM_SPANS = 16
 
 
 def stream_ks(m: int) -> int:
@@ -229,7 +224,7 @@ def _stream(operands, m: int, k_extent: int, n: int, mr: int, nr: int, nc: int) 
                     for r0, rows in groups:
                         _micro(operands, None, block, _i(r0), [(_i(n - n % nr), None, n % nr)], rows)
                     scf.YieldOp([])
-    return ht.Work(-(-n // nc), max(1, -(-n // nc) // STREAM_SPANS))
+    return ht.Work(-(-n // nc), spans=True)  # a thread's chunk is its span: one chunk a thread
 
 
 def _packs(m: sizes.Expr, mc: int) -> bool:

@@ -52,8 +52,9 @@ _loads = 0  # how many libraries went through a memfd: each gets its own spellin
 #: grain), which the threads take in order as each finishes its last: one a thread left the
 #: whole launch waiting for the slowest thread's share on a shared 16-core host. Timed there in
 #: turns (runs 84-85 of bench/results/2026-12-01-h200.md), 4 against 1: 512^3-2048^3 10-65%
-#: faster, w in panels or an argument (2048^3 f32 0.76-0.87 -> 1.04-1.44 of numpy). A streamed
-#: kernel's grain keeps its chunks as wide as before (hexir/schedules/cpu.py: `_stream`).
+#: faster, w in panels or an argument (2048^3 f32 0.76-0.87 -> 1.04-1.44 of numpy). A kernel
+#: whose work record has `spans` walks its chunk as one span and gets one a thread (a streamed
+#: linear: 16x4096^2 with 4 was 0.42-0.65 of numpy, with 1 0.57-0.86).
 CHUNKS_PER_THREAD = 4
 #: The most chunks a launch is split into (the native pool counts them in 16 bits).
 MAX_CHUNKS = 1 << 12
@@ -422,7 +423,8 @@ class CpuProgram:
                 return None
             chunks = 1
             if self.device.threads > 1 and sum(buffer.nbytes for buffer in buffers) >= self.device.split_bytes:
-                chunks = max(1, min(self.device.threads * CHUNKS_PER_THREAD, extent // work.grain, MAX_CHUNKS))
+                most = self.device.threads * (1 if work.spans else CHUNKS_PER_THREAD)
+                chunks = max(1, min(most, extent // work.grain, MAX_CHUNKS))
             ranges = [(extent * i // chunks, extent * (i + 1) // chunks) for i in range(chunks)]
         return function, base, extent, ranges
 

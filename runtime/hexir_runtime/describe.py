@@ -108,4 +108,5 @@ def _where(code: Code, source: bool = True) -> str:
 
 
 def _work(work: Work) -> str:
-    return f"work extent {to_text(work.extent)}" + (f", grain {work.grain}" if work.grain != 1 else "")
+    return (f"work extent {to_text(work.extent)}" + (f", grain {work.grain}" if work.grain != 1 else "")
+            + (", one span a thread" if work.spans else ""))

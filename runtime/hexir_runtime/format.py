@@ -34,8 +34,8 @@ from typing import Any, NoReturn
 from .errors import HxbFormatError
 
 MAGIC = b"\x89HXB\r\n\x1a\n"
-VERSION = 2  # what encode writes
-READABLE = (1, 2)  # what decode reads (version 1 is upgraded to 2)
+VERSION = 3  # what encode writes
+READABLE = (1, 2, 3)  # what decode reads (version 1 is upgraded to 2; 3 is 2 with work records' `spans`)
 # magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, reserved
 HEADER = struct.Struct("<8sIIQQII")
 ALIGNMENT = 64
@@ -144,6 +144,7 @@ class Work:
 
     extent: Expr
     grain: int
+    spans: bool = False  # the kernel walks each chunk as one span: at most one chunk a thread
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def read(path: str | os.PathLike[str]) -> Hxb:
 
 
 def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
-    """Lay out a version-2 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
+    """Lay out a version-3 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
 
     The manifest refers to blobs by their index in `blobs`; this function computes their
     offsets, sizes and checksums and the header, then decodes the result so that an invalid
@@ -510,7 +511,7 @@ def _check_structure(data: bytes) -> tuple[int, dict[str, Any]]:
         _fail("header", f"truncated: the file has {len(data)} bytes, the header {HEADER.size}")
     _, version, header_size, offset, size, crc, reserved = HEADER.unpack_from(data)
     if version not in READABLE:
-        readable = " and ".join(map(str, READABLE))
+        readable = ", ".join(map(str, READABLE[:-1])) + f" and {READABLE[-1]}"
         _fail("header.version", f"version {version} is not supported; this runtime reads versions {readable}")
     for field, value, expected in [
         ("header_size", header_size, HEADER.size),
@@ -718,8 +719,11 @@ def _triple(launch: dict[str, Any], key: str, path: str) -> list[Any]:
 
 
 def _work(work: Any, path: str, symbols: list[str]) -> Work:
-    _object(work, path, ("extent", "grain"))
-    return Work(_expr(work["extent"], f"{path}.extent", symbols), _int(work["grain"], f"{path}.grain", 1))
+    _object(work, path, ("extent", "grain"), ("spans",))
+    if work.get("spans", True) is not True:
+        _fail(f"{path}.spans", f"expected true (or no key), got {_describe(work['spans'])}")
+    return Work(_expr(work["extent"], f"{path}.extent", symbols), _int(work["grain"], f"{path}.grain", 1),
+                "spans" in work)
 
 
 def _kernels_with(key: str) -> str:

@@ -172,8 +172,8 @@ def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
     assert [a["access"] for a in relu["args"]] == ["read", "write"]
     # linear (fused or not): tiles of its output (one here); relu: the rows
     assert [k["work"] for k in (linear_relu, relu, linear_bias)] == [
-        {"extent": cpu_linear_tiles(2, 16, "float32"), "grain": 1}, {"extent": 2, "grain": 1},
-        {"extent": cpu_linear_tiles(2, 4, "float32"), "grain": 1}]
+        {"extent": cpu_linear_tiles(2, 16, "float32"), "grain": 1, "spans": True}, {"extent": 2, "grain": 1},
+        {"extent": cpu_linear_tiles(2, 4, "float32"), "grain": 1, "spans": True}]
     assert cpu_linear_tiles(2, 16, "float32") == 1
 
 

@@ -33,10 +33,10 @@ STAGE_SHOWS = {
     "mlir": (['"hexir.linear"', 'device = "auto"'], ["hexir.call"]),
     "mlir-hetero": (['"hexir.linear"', 'device = "cpu"'], ['"auto"', "hexir.call"]),
     "mlir-tir": (["hextir.kernel", '#hextir.loop<"parallel", "chunk">', '"hextir.chunk_end"', '"hexir.call"',
-                  'hextir.work = {extent = "1", grain = 1 : i64}'], ['"hexir.linear"']),
-    "mlir-linalg": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'],
+                  'hextir.work = {extent = "1", grain = 1 : i64, spans = true}'], ['"hexir.linear"']),
+    "mlir-linalg": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64, spans = true}'],
                     ["hextir.load", "hextir.schedule", "hextir.chunk_end"]),
-    "mlir-gpu": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64}'], ["hextir.load"]),
+    "mlir-gpu": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64, spans = true}'], ["hextir.load"]),
     "llvm": (["define void @linear_", "(ptr noalias", "i64"], ["hexir"]),
 }
 

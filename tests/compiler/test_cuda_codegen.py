@@ -417,8 +417,9 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     assert blobs[linear["images"]["sm_90"]]["name"] == "cuda:sm_90.cubin"
     assert blobs[linear["images"]["compute_90"]]["name"] == "cuda:compute_90.ptx"
     # the cpu twins keep the cpu schedules: linear over tiles of its output, relu over the rows
+    streamed = {"spans": True} if m <= 16 else {}  # up to 16 rows streamed: a thread's chunk is its span
     assert linear["cpu_fallback"] == {"symbol": linear["name"] + "_cpu",
-                                      "work": {"extent": cpu_linear_tiles(m, 5, "float32"), "grain": 1}}
+                                      "work": {"extent": cpu_linear_tiles(m, 5, "float32"), "grain": 1, **streamed}}
     assert relu["cpu_fallback"] == {"symbol": relu["name"] + "_cpu", "work": {"extent": m, "grain": 1}}
     libraries = manifest["cpu"]["libraries"]
     assert [blobs[library["library"]]["name"] for library in libraries] == [

@@ -114,7 +114,7 @@ def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias)
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[START:[0-9a-z_]+]] = {start}
         CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[START]], {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{

@@ -54,7 +54,7 @@ func.func @main(%arg0: {type}) -> {type} {{
 def test_linear_becomes_a_kernel_and_a_call():
     filecheck(lower(LINEAR, "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>)
-        CHECK-SAME:      attributes {hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64}}
+        CHECK-SAME:      attributes {hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64, spans = true}}
         CHECK-NOT:   hexir.linear
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>)
         CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0>}
@@ -120,7 +120,7 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
     (w, a constant of 7 columns, stays as it is: pack-weights leaves weights of one panel or less.)"""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
-        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64, spans = true}}}}
         CHECK:       %[[END:[0-9]+]] = "hextir.chunk_end"() : () -> index
         CHECK:       %[[C1:[0-9]+]] = arith.minui %{{{{[0-9]+}}}}, %c7 : index
         CHECK:       %[[LAST:[0-9]+]] = arith.cmpi eq, %[[C1]], %c7 : index
@@ -255,7 +255,7 @@ def test_a_chunk_loop_runs_its_body_once_for_the_whole_range():
     chunk end is `last`."""
     filecheck(lower(LINEAR, "mlir-linalg"), f"""
         CHECK:       func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
-        CHECK-SAME:      hextir.work = {{extent = "{cpu_linear_tiles(2, 4, "float32")}", grain = 1 : i64}}
+        CHECK-SAME:      hextir.work = {{extent = "{cpu_linear_tiles(2, 4, "float32")}", grain = 1 : i64, spans = true}}
         CHECK:       %[[N:.+]] = arith.subi %[[LAST]], %[[FIRST]] : index
         CHECK:       %[[STEP:.+]] = arith.maxui %[[N]], %c1{{{{.*}}}} : index
         CHECK-NEXT:  scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %[[STEP]] {{

@@ -56,7 +56,8 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     assert linear["epilogues"] == (["bias"] if bias else []) + (["relu"] if fused else [])
     assert [a["shape"] for a in linear["args"]] == expected_linear
     # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu row by row
-    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype, n > lanes), "grain": 1}
+    streamed = {"spans": True} if m <= 16 and n <= lanes else {}  # a thread's chunk is the span it streams
+    assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype, n > lanes), "grain": 1, **streamed}
     assert len(kernels) == (1 if fused else 2)
     if not fused:
         relu = kernels[1]

@@ -68,6 +68,24 @@ def fresh_pool(monkeypatch):
         cpu_device._pool.shutdown()
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_split_launch_takes_four_chunks_a_thread_one_if_it_walks_spans(modules, c_library, threads):
+    """Chunks for balance (CHUNKS_PER_THREAD a thread, the threads taking them in turn); a
+    kernel whose work record has `spans` walks its chunk as one span: one a thread; one thread
+    never splits."""
+    module = load(hxb.encode(*modules.big(c_library)), CpuDevice(threads=threads, split_bytes=0))
+    program = module._executors["main"].programs[0]
+    buffers = [np.zeros(shape) for shape in ((300, 96), (96, 64), (64,), (300, 64))]
+    function, work, integers = program.kernels[0]
+    assert (work.extent, work.grain, work.spans) == (300, 1, False)
+    ranges = program.prepare(0, buffers, {})[3]
+    assert len(ranges) == (1 if threads == 1 else threads * cpu_device.CHUNKS_PER_THREAD)
+    assert [first for first, _ in ranges[1:]] == [last for _, last in ranges[:-1]]  # in order, no gap
+    assert ranges[0][0] == 0 and ranges[-1][1] == 300
+    program.kernels[0] = (function, replace(work, spans=True), integers)
+    assert len(program.prepare(0, buffers, {})[3]) == threads
+
+
 @pytest.mark.parametrize("threads", [2, 4, 7])
 def test_parallel_split_gives_identical_results(modules, c_library, threads, fresh_pool):
     data = hxb.encode(*modules.big(c_library))

@@ -40,7 +40,7 @@ def assert_format_error(data: bytes, field: str, text: str = "") -> HxbFormatErr
 def test_round_trip(parts, data):
     manifest, blobs = parts
     module = hxb.decode(data)
-    assert module.version == 2
+    assert module.version == 3
     assert {key: module.json[key] for key in manifest} == manifest
     assert module.manifest.kernels[0].epilogues == ("bias",) and module.manifest.constants[0].name == "W1"
     assert [blob["name"] for blob in module.json["blobs"]] == [name for name, _ in blobs]
@@ -53,7 +53,7 @@ def test_round_trip(parts, data):
 
 def test_header_layout(data):
     magic, version, header_size, offset, size, crc, reserved = struct.unpack_from("<8sIIQQII", data)
-    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 2, 40, 40, 0)
+    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 3, 40, 40, 0)
     assert zlib.crc32(data[40 : 40 + size]) == crc
     json.loads(data[40 : 40 + size])  # the manifest is plain JSON
 
@@ -110,9 +110,26 @@ def test_foreign_files_have_bad_magic(foreign):
 
 
 def test_unknown_version(data):
-    for version in (0, 3):
+    for version in (0, 4):
         error = assert_format_error(patch(data, 8, struct.pack("<I", version)), "header.version")
-        assert error.reason == f"version {version} is not supported; this runtime reads versions 1 and 2"
+        assert error.reason == f"version {version} is not supported; this runtime reads versions 1, 2 and 3"
+    assert hxb.decode(patch(data, 8, struct.pack("<I", 2))).version == 2  # version 3 is 2 with `spans`
+
+
+def test_work_spans(parts):
+    """A work record's optional `spans` (version 3): true, or no key; anything else is refused."""
+    manifest, blobs = copy.deepcopy(parts)
+    kernel = next(k for k in manifest["kernels"] if "work" in k)
+    assert hxb.decode(hxb.encode(manifest, blobs)).manifest.kernels[0].cpu_code.work.spans is False
+    kernel["work"]["spans"] = True
+    index = manifest["kernels"].index(kernel)
+    assert hxb.decode(hxb.encode(manifest, blobs)).manifest.kernels[index].cpu_code.work.spans is True
+    for bad in (False, 1, "yes", None):
+        kernel["work"]["spans"] = bad
+        with pytest.raises(HxbFormatError) as caught:
+            hxb.encode(manifest, blobs)
+        assert caught.value.field == f"kernels[{index}].work.spans", str(caught.value)
+        assert caught.value.reason.startswith("expected true (or no key), got"), str(caught.value)
 
 
 @pytest.mark.parametrize(
