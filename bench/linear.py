@@ -4,7 +4,7 @@
     python bench/linear.py run bench/modules --device cpu --max-gflop 20  # hexir cpu vs numpy
     python bench/linear.py run bench/modules --device cuda # hexir cuda kernels vs cuBLAS (torch)
     python bench/linear.py run DIR --device cpu --threads 1 --sizes 1024x1024x1024  # hexir and numpy on 1 thread
-    python bench/linear.py run DIR --device cpu --interleave  # bench/cpu_tilings.py's variants, timed in turns
+    python bench/linear.py run DIR --device cpu --interleave  # variants in turns, each in two runners (twins)
     python bench/linear.py build DIR --const              # the CPU rows with w a constant, packed in DIR.tar.xz
     python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
 
@@ -245,6 +245,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         where += f", hexir and numpy on {threads} threads"
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
+    queued += f" {'twins':>7}" if interleave else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}{queued}")
     if interleave:
@@ -300,7 +301,11 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
 def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None) -> None:
     """cpu: the variants of one product timed in turns (A, B, C, A, B, C, ...), so that the
     host's drift, which moves single rows by up to 1.5x on a shared 16-core host, falls on all
-    alike; numpy timed once per product, before them (its threads spin after each call)."""
+    alike; numpy timed once per product, before them (its threads spin after each call). Each
+    variant runs in two runners (twins: the same module, buffers of their own): the `twins`
+    column is the slower twin's median over the faster's, what placement alone moves a row by
+    (run 90 of bench/results/2026-12-01-h200.md: up to 1.2 on the H200's host), which a
+    difference between variants must exceed to mean anything."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["m"], row["k"], row["n"], row["dtype"]), []).append(row)
@@ -310,7 +315,8 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
         out = np.empty((m, n), dtype)
         base = _median_seconds(_host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out)), repeats)
         time.sleep(0.3)
-        runners = [_kernel_runner(modules / f"{row['name']}.hxb", "cpu", [x, w], m, threads) for row in group]
+        runners = [_kernel_runner(modules / f"{row['name']}.hxb", "cpu", [x, w], m, threads)
+                   for row in group for _ in range(2)]
         for runner in runners:  # warm-up
             runner()
         seen: list[list[float]] = [[] for _ in runners]
@@ -318,11 +324,12 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
             for runner, times in zip(runners, seen, strict=True):
                 times.append(runner())
         flops = 2.0 * m * k * n
-        for row, times in zip(group, seen, strict=True):
-            ours = statistics.median(times)
+        for index, row in enumerate(group):
+            twins = [statistics.median(times) for times in seen[2 * index: 2 * index + 2]]
+            ours = statistics.median(seen[2 * index] + seen[2 * index + 1])
             label = f"{m} x {k} x {n} {row.get('variant', '')}"
             print(f"{label:>22} {dtype:>8} {ours * 1e3:10.3f} {base * 1e3:10.3f} {flops / ours / 1e9:11.1f} "
-                  f"{flops / base / 1e9:10.1f} {base / ours:7.3f}", flush=True)
+                  f"{flops / base / 1e9:10.1f} {base / ours:7.3f} {max(twins) / min(twins):7.3f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
