@@ -75,8 +75,6 @@ UNROLL = 4
 #: A constant w comes packed in panels this wide (passes/pack_weights.py; one a 1-row product alone
 #: reads, NC_BYTES wide): every level's NR divides both.
 PANEL_BYTES = 128
-assert all(size % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items()
-           for size in (PANEL_BYTES, 512))  # (and NC_BYTES, a 1-row product's panels: passes/pack_weights.py)
 #: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time, KS the
 #: first of STREAM_KS whose rows bound the product's. Of numpy, 8 against 16 (2 passes each): on
 #: a 2-core AVX-512 machine 1 row 0.81-0.96 against 0.58-0.68, 2-8 rows 10-100% ahead, 12-16 rows
@@ -109,6 +107,8 @@ PACK_FROM_ROWS = 24
 #: passes); the rest within the host's noise, as on the 2-core machine. A symbolic batch's
 #: tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
 MC_CHOICES, NC_BYTES, WORK_ITEMS, MC_SYMBOLIC = (192, 96, 48, 24, 12), 512, 32, 24
+assert all(size % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items()
+           for size in (PANEL_BYTES, NC_BYTES))  # the widths of panels: passes/pack_weights.py
 #: A w in panels (a constant) is copied by no tile, so a tile's rows buy no reuse of a copy: its
 #: tiles take at most 48 rows, whose x block (48 x KC) the panel loop re-reads from nearer
 #: caches. On the H200's 16-core host, timed in turns against 192 and 96 (run 80 of
