@@ -37,7 +37,7 @@ from hexir.schedules.cpu import NC_BYTES, PANEL_BYTES
 def pack_weights(module: ir.Module) -> None:
     """Give every cpu linear with a constant w a packed copy of it (see the module's docstring);
     linears sharing a weight share its copy."""
-    packed: dict[ir.Operation, ir.Value] = {}  # constant -> its panels
+    packed: dict[ir.Operation, ir.Value | None] = {}  # constant -> its panels (None: left as it is)
     for op in list(hx.main_function(module).regions[0].blocks[0].operations):
         op = op.operation
         if op.name != "hexir.linear" or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
@@ -46,21 +46,30 @@ def pack_weights(module: ir.Module) -> None:
         if source.name != "hexir.constant":
             continue
         if source not in packed:
-            w = hx.constant_array(source)
-            lanes = (NC_BYTES if _one_row_only(source) else PANEL_BYTES) // w.itemsize
-            if w.shape[1] <= lanes:  # its rows lie side by side already: one panel, without the padding
-                continue
-            count = -(-w.shape[1] // lanes)
-            panels = np.zeros((w.shape[0], count * lanes), w.dtype)
-            panels[:, :w.shape[1]] = w
-            with ir.InsertionPoint(source), source.location:  # where w was: the program keeps its order
-                packed[source] = hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
-                                             hx.string_attr(source, "name") + ".panels", "cpu")
+            packed[source] = _panels(source)
+        if packed[source] is None:
+            continue
         op.operands[1] = packed[source]
         hx.set_w_panels(op)
         if not list(source.result.uses):
             del packed[source]
             source.erase()
+
+
+def _panels(source: ir.Operation) -> ir.Value | None:
+    """A constant of `source`'s panels, placed where it is (the program keeps its order); None for
+    a weight of one panel's columns or fewer, whose rows lie side by side already."""
+    _, n = hx.shape_of(source.result.type)
+    lanes = (NC_BYTES if _one_row_only(source) else PANEL_BYTES) // np.dtype(hx.dtype_of(source.result.type)).itemsize
+    if n <= lanes:
+        return None
+    w = hx.constant_array(source)
+    count = -(-n // lanes)
+    panels = np.zeros((w.shape[0], count * lanes), w.dtype)
+    panels[:, :n] = w
+    with ir.InsertionPoint(source), source.location:
+        return hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
+                           hx.string_attr(source, "name") + ".panels", "cpu")
 
 
 def _one_row_only(constant: ir.Operation) -> bool:
