@@ -481,10 +481,12 @@ class CpuProgram:
         """`prepare`d launches run in order by one foreign call: the native pool's
         `hexir_pool_sequence` where a launch is split, else this library's own (launches of one
         chunk start no pool); None where there is none, or a launch has too many arguments."""
-        pooled = any(len(ranges) > 1 for *_, ranges in launches)
-        native = native_pool(self.library) if pooled else None
-        found = native.sequence if native is not None else None if pooled or self.library is None \
-            else _sequence(self.library)
+        native = found = None
+        if any(len(ranges) > 1 for *_, ranges in launches):
+            native = native_pool(self.library)
+            found = native.sequence if native is not None else None
+        elif self.library is not None:
+            found = _sequence(self.library)
         if found is None or any(len(base) > found[1] for _, base, *_ in launches):
             return None
         return Batch(found[0], native, launches)
