@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build(args.out, args.const)
     else:
+        if not args.modules.exists():
+            parser.error(f"{args.modules}: no such directory or archive (bench/linear.py build makes them)")
         args.modules = unpacked(args.modules)
         if args.interleave and args.device != "cpu":
             parser.error("--interleave times cpu variants (bench/cpu_tilings.py); use it with --device cpu")
