@@ -32,16 +32,23 @@ against the streamed kernels (run 78 of bench/results/2026-12-01-h200.md, two pa
 thread 1-row products the same or faster, 4-16 rows up to 30% slower.
 
 Up to STREAM_ROWS static rows of a w in rows (an argument, or a constant of one panel or less),
-w is streamed instead (`_stream`): the parallel loop is bound to
-`chunk`, so a thread's run of column tiles is one span, walked KS rows of w at a time (KS by
-the row count, `stream_ks`):
+w is streamed instead (`_stream`): the parallel loop is bound to `chunk`, so a thread's run of
+column tiles is one span, walked in sub-blocks of STREAM_COLUMNS columns, STREAM_KS rows of w at
+a time. Each k block's x (m x KS) is first copied to a small contiguous buffer, and a sub-block's
+sums wait between k blocks in another (`held`), out written once, at the last block:
 
     for [first, last) of the column tiles, once    (hextir.chunk_end = last)
-      for kb in [0, ceil(K/KS)) serial
-        for each NR panel of the span (several a call when the rows are few)
-          for each MR rows: sums = bias or 0 or out; += x[rows, kb] @ w[kb, panel]; out = sums
+      for each sub-block of the span
+        for kb in [0, ceil(K/KS)) serial
+          xs = x[:, kb]
+          for each group of rows (all of them, up to STREAM_SUMS), each call of vectors:
+            sums = bias or 0 or held; += xs[rows] @ w[kb, vectors] (prefetching w 2 calls ahead)
+            out = epilogues(sums) (last k block) or held = sums
 
-(tile by tile, a 1-row product read each w row a tile's width at a time, every piece on its own page).
+x's rows and out's are often a multiple of 4 KiB apart, as w's are (K, N powers of two): reading
+x in place, a group's rows fell on one set of the L1 cache, and each sum written to out stalled
+the next call's loads of w, 4 KiB apart. On a 2-core AVX-512 machine, one thread, 16x4096^2 f32:
+15-19 ms in place (19 where out and w start alike), 10 ms through the buffers.
 
 elementwise (relu, ...): the outermost axis parallel, the others serial.
 """
@@ -51,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, scf, vector
+from mlir.dialects import arith, memref, scf, vector
 
 from hexir import sizes
 from hexir.dialects import hextir as ht
@@ -70,22 +77,22 @@ KC = 256
 #: 16-core Intel host, variants timed in turns (runs 70-72 of bench/results/2026-11-30-h200-late.md),
 #: 4 against 1: 256^3-2048^3 3-26% faster on one thread (both runs), on 16 threads 5-13% in run
 #: 70 and level within the host's noise in run 71; 4096x1024x33 0-13%; 64x1024^2 mixed. On a
-#: 2-core AMD machine within 2%. A streamed product keeps 1 (16x4096^2 7-13% slower in run 70).
+#: 2-core AMD machine within 2%. Streamed products too (runs 94-96).
 UNROLL = 4
 #: A constant w comes packed in panels this wide (passes/pack_weights.py; one a 1-row product alone
 #: reads, NC_BYTES wide): every level's NR divides both.
 PANEL_BYTES = 128
-#: A product of at most this many rows (static) streams w (`_stream`), KS rows at a time, KS the
-#: first of STREAM_KS whose rows bound the product's. Of numpy, 8 against 16 (2 passes each): on
-#: a 2-core AVX-512 machine 1 row 0.81-0.96 against 0.58-0.68, 2-8 rows 10-100% ahead, 12-16 rows
-#: behind; on the H200's 16-core host 1-4 rows level within the noise, 8 rows f32 0.84-0.93
-#: against 1.21-1.26, 12-16 rows behind (bench/results/2026-11-30-local-cpu.md).
-STREAM_ROWS, STREAM_KS = 16, ((4, 8), (16, 16))
-
-
-def stream_ks(m: int) -> int:
-    """Rows of w a streamed product of `m` rows walks at a time."""
-    return next(ks for rows, ks in STREAM_KS if m <= rows)
+#: A product of at most this many rows (static) streams w (`_stream`): its span in sub-blocks of
+#: STREAM_COLUMNS columns, STREAM_KS rows of w at a time, each call's sums at most STREAM_SUMS
+#: vectors (of 32 registers on AVX-512, else 16: `_stream_groups`), a prefetch of w STREAM_AHEAD
+#: calls ahead. On the H200's 16-core host, against the kernel before (KS 8 or 16 rows, x and the
+#: sums in place), timed in turns with twins (run 96 of bench/results/2026-12-01-h200.md, three
+#: passes, ms): 16x4096^2 f32 1.72-2.03 -> 1.00-1.23, f64 3.03-3.22 -> 1.98-2.21; 12x4096^2 f32
+#: 1.26-1.82 -> 0.74-1.10, f64 2.40-3.12 -> 1.90-2.50; 16x1024^2 2-2.5x faster; 1x1024^2 f32 25%;
+#: 1-4 rows of 4096^2 level to 20% faster. Runs 94-95: 8 rows 0-45% faster; 512 columns level,
+#: 128 slower; KS 64, or KS 16 without unrolling, slower; a prefetch 4 or 8 calls ahead, or 1-4
+#: blocks of rows ahead (run 96), slower than 2 calls ahead.
+STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32, {"x86-64-v4": 16}, 2
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
@@ -154,7 +161,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n, request.panels)
     nc = min(nc, -(-n // nr) * nr)
     if isinstance(m, int) and m <= STREAM_ROWS and not request.panels:
-        return _stream((x, w, out, bias, request), m, k_extent, n, mr, nr, nc)
+        return _stream((x, w, out, bias, request), m, k_extent, n, nr, nc)
     column_tiles = -(-n // nc)
     tiles = sizes.mul(sizes.ceildiv(m, mc), column_tiles)
     rows = ht.size_value(m, symbols)
@@ -186,45 +193,87 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     return ht.Work(tiles)
 
 
-def _stream(operands, m: int, k_extent: int, n: int, mr: int, nr: int, nc: int) -> ht.Work:
+def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Work:
     """A product of few rows: each thread's chunk of the column tiles is one span of columns,
-    which it walks KS rows of w at a time, panel by panel (KS contiguous streams of w, each
-    read once), the sums of a panel in registers for the KS rows and in `out` between blocks."""
-    groups = [(r0, mr) for r0 in range(0, m - m % mr, mr)] + ([(m - m % mr, m % mr)] if m % mr else [])
-    per_call = max(1, mr // m) if m else 1  # panels per micro-kernel call: about MR x NR sums
-    ks = stream_ks(m)
-    k_blocks = -(-k_extent // ks)
+    walked in sub-blocks of STREAM_COLUMNS, STREAM_KS rows of w at a time (KS contiguous streams of
+    w, each read once), x's k block from `xs` and the sums between k blocks in `held`, vectors of
+    one register (`lanes`: half an NR panel) in slots: held[slot, row] is the sum of columns
+    slot * lanes + [0, lanes) of the sub-block."""
+    x, w, out, bias, request = operands
+    element = ir.MemRefType(out.type).element_type
+    lanes, k_blocks = nr // 2, -(-k_extent // STREAM_KS)
+    xs = ht.alloc_local([m, min(STREAM_KS, k_extent)], element)
+    held = ht.alloc_local([-(-min(STREAM_COLUMNS, n) // lanes), m, lanes], element) if k_blocks > 1 else None
     with ht.loop(0, -(-n // nc), "parallel", "chunk") as first:
         c0 = arith.MulIOp(first, _i(nc)).result
         c1 = _min(arith.MulIOp(ht.chunk_end(), _i(nc)).result, _i(n))
-        panels = arith.DivUIOp(arith.SubIOp(c1, c0).result, _i(nr)).result if n >= nr else None
-        with ht.loop(0, k_blocks, "serial") as kb:
-            block = _KBlock(kb, k_blocks, k_extent, ks)
+        subs = arith.DivUIOp(arith.AddIOp(arith.SubIOp(c1, c0).result, _i(STREAM_COLUMNS - 1)).result,
+                             _i(STREAM_COLUMNS)).result
+        with ht.loop(0, subs, "serial") as sub:
+            s0 = arith.AddIOp(c0, arith.MulIOp(sub, _i(STREAM_COLUMNS)).result).result
+            s1 = _min(arith.AddIOp(s0, _i(STREAM_COLUMNS)).result, c1)
+            vectors = arith.DivUIOp(arith.SubIOp(s1, s0).result, _i(lanes)).result
+            with ht.loop(0, k_blocks, "serial") as kb:
+                block = _KBlock(kb, k_blocks, k_extent, STREAM_KS)
+                _copy_x(x, xs, block, m)
 
-            def columns(p: ir.Value, width: int, count: int = 1) -> list:
-                j0 = arith.AddIOp(c0, arith.MulIOp(p, _i(nr)).result).result
-                return [(arith.AddIOp(j0, _i(i * nr)).result if i else j0, None, width) for i in range(count)]
+                def call(slot: ir.Value, widths: list[int], r0: int, rows: int) -> None:
+                    j0 = arith.AddIOp(s0, arith.MulIOp(slot, _i(lanes)).result).result
+                    ahead = _min(arith.AddIOp(j0, _i(STREAM_AHEAD * sum(widths))).result, _i(n - 1))
+                    pieces = [(arith.AddIOp(j0, _i(v * lanes)).result if v else j0,
+                               arith.AddIOp(slot, _i(v)).result if v else slot, width)
+                              for v, width in enumerate(widths)]
+                    _micro(operands, None, block, _i(r0), pieces, rows, UNROLL, (xs, held, ahead))
 
-            if panels is None:  # only the narrow panel below
-                pass
-            elif per_call > 1:  # one group of rows: several panels a call
-                whole = arith.MulIOp(arith.DivUIOp(panels, _i(per_call)).result, _i(per_call)).result
-                with ht.loop(0, arith.DivUIOp(panels, _i(per_call)).result, "serial") as p:
-                    _micro(operands, None, block, _i(0), columns(arith.MulIOp(p, _i(per_call)).result, nr,
-                                                                 per_call), m)
-                with ht.loop(whole, panels, "serial") as p:
-                    _micro(operands, None, block, _i(0), columns(p, nr), m)
-            else:  # each panel's KS x NR slice of w stays in L1 for every group of rows
-                with ht.loop(0, panels, "serial") as p:
-                    for r0, rows in groups:
-                        _micro(operands, None, block, _i(r0), columns(p, nr), rows)
-            if n % nr:  # the narrow last panel, in the chunk that ends at n
-                tail = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, c1, _i(n)).result)
-                with ir.InsertionPoint(tail.then_block):
-                    for r0, rows in groups:
-                        _micro(operands, None, block, _i(r0), [(_i(n - n % nr), None, n % nr)], rows)
-                    scf.YieldOp([])
+                for r0, rows, per_call in _stream_groups(m, request.target.cpu, nc // lanes) if n >= lanes else []:
+                    whole = arith.DivUIOp(vectors, _i(per_call)).result
+                    with ht.loop(0, whole, "serial") as c:
+                        call(arith.MulIOp(c, _i(per_call)).result, [lanes] * per_call, r0, rows)
+                    if per_call > 1:  # the vectors left, one a call
+                        with ht.loop(arith.MulIOp(whole, _i(per_call)).result, vectors, "serial") as slot:
+                            call(slot, [lanes], r0, rows)
+                if n % lanes:  # the narrow last vector, in the sub-block that ends at n
+                    tail = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, s1, _i(n)).result)
+                    with ir.InsertionPoint(tail.then_block):
+                        for r0, rows, _ in _stream_groups(m, request.target.cpu, 1):
+                            call(vectors, [n % lanes], r0, rows)
+                        scf.YieldOp([])
     return ht.Work(-(-n // nc), spans=True)  # a thread's chunk is its span: one chunk a thread
+
+
+def _stream_groups(m: int, level: str, most: int) -> list[tuple[int, int, int]]:
+    """A streamed product's groups of rows (first, rows, vectors a call): as many rows a group as
+    STREAM_SUMS allows, and the vectors a call a power of two (at most `most`: a tile's) that keeps
+    rows x vectors within it."""
+    sums = STREAM_SUMS.get(level, 12)
+    group = min(m, sums) or 1  # (no rows: no groups)
+    return [(r0, min(group, m - r0), min(most, 1 << ((sums // min(group, m - r0)).bit_length() - 1)))
+            for r0 in range(0, m, group)]
+
+
+def _copy_x(x: ir.Value, xs: ir.Value, block, m: int) -> None:
+    """xs[r, 0:k1-k0] = x[r, k0:k1], r < m: a vector a row for a whole block, else element by
+    element (only the loops that K's blocks need)."""
+    ks, k_extent = ir.MemRefType(xs.type).shape[1], ir.MemRefType(x.type).shape[1]
+
+    def whole() -> None:
+        row = ir.VectorType.get([ks], ir.MemRefType(x.type).element_type)
+        for r in range(m):
+            vector.StoreOp(vector.LoadOp(row, x, [_i(r), block.k0]).result, xs, [_i(r), _i(0)])
+
+    def part() -> None:
+        with ht.loop(block.k0, block.k1, "serial") as k:
+            for r in range(m):
+                ht.store(ht.load(x, [_i(r), k]), xs, [_i(r), arith.SubIOp(k, block.k0).result])
+
+    if k_extent < ks or k_extent % ks == 0:
+        return (part if k_extent < ks else whole)()
+    choice = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(ks)).result,
+                      has_else=True)
+    for region, build in ((choice.then_block, whole), (choice.else_block, part)):
+        with ir.InsertionPoint(region):
+            build()
+            scf.YieldOp([])
 
 
 def _packs(m: sizes.Expr, mc: int) -> bool:
@@ -318,15 +367,20 @@ class _KBlock:
 
 
 def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, ir.Value, int]],
-           rows: int, unroll: int = 1) -> None:
+           rows: int, unroll: int = 1, stream: tuple | None = None) -> None:
     """out[i0:i0+rows, piece] (+)= x[i0:i0+rows, k block] @ w[k block, piece] for each column
     piece (j0, panel, width), w read from `packed` (its panel) when given: rows x pieces
-    vectors of sums, loop-carried through k (registers), `unroll` k's a trip then one by one."""
+    vectors of sums, loop-carried through k (registers), `unroll` k's a trip then one by one.
+    A streamed product's `stream` is (xs, held, ahead): x's block is xs, the sums between blocks
+    wait in held[panel, row] (`panel` is the piece's slot), and each k prefetches w[k, ahead]."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
     types = [ir.VectorType.get([width], element) for *_, width in pieces]
     row_index = [arith.AddIOp(i0, _i(r)).result if r else i0 for r in range(rows)]
     slots = [(i, j0, type_) for i in row_index for (j0, *_), type_ in zip(pieces, types, strict=True)]
+    xs, held, ahead = stream or (None, None, None)
+    between = [(held, [slot, i, _i(0)]) for i in row_index for _, slot, _ in pieces] if stream else \
+        [(out, [i, j0]) for i, j0, _ in slots]
 
     def start() -> list[ir.Value]:
         first = [vector.LoadOp(t, bias, [j0]).result if bias is not None else _splat_zero(t)
@@ -334,7 +388,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
         return first * rows
 
     def running() -> list[ir.Value]:
-        return [vector.LoadOp(t, out, [i, j0]).result for i, j0, t in slots]
+        return [vector.LoadOp(t, buffer, at).result for (buffer, at), (*_, t) in zip(between, slots, strict=True)]
 
     rows_of_w = [_w_at(w, j0, request) for j0, *_ in pieces] if packed is None else []
 
@@ -345,7 +399,12 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
             kk = arith.SubIOp(k, block.k0).result
             b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
                                                                                                  strict=True)]
-        a = {i: ht.load(x, [i, k]) for i in row_index}
+        if stream:
+            memref.prefetch(w, [k, ahead], False, 3, True)
+            kk = arith.SubIOp(k, block.k0).result
+            a = {i: ht.load(xs, [i, kk]) for i in row_index}
+        else:
+            a = {i: ht.load(x, [i, k]) for i in row_index}
         return [vector.FMAOp(vector.BroadcastOp(t, a[i]).result, b[p % len(pieces)], acc).result
                 for p, ((i, _, t), acc) in enumerate(zip(slots, sums, strict=True))]
 
@@ -373,9 +432,21 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
             values = [apply(v) for v in values]
         return values
 
-    for (i, j0, _), value in zip(slots, _choose(block.last, finished, lambda: results, [t for *_, t in slots]),
-                                 strict=True):
-        vector.StoreOp(value, out, [i, j0])
+    def store(targets, values) -> None:
+        for (buffer, at), value in zip(targets, values, strict=True):
+            vector.StoreOp(value, buffer, at)
+
+    if not stream or block.last is None:  # out, or (between blocks) the sums as they are
+        store([(out, [i, j0]) for i, j0, _ in slots],
+              _choose(block.last, finished, lambda: results, [t for *_, t in slots]))
+        return
+    last = scf.IfOp(block.last, has_else=True)  # out at the last block, else held
+    with ir.InsertionPoint(last.then_block):
+        store([(out, [i, j0]) for i, j0, _ in slots], finished())
+        scf.YieldOp([])
+    with ir.InsertionPoint(last.else_block):
+        store(between, results)
+        scf.YieldOp([])
 
 
 def _w_at(w: ir.Value, j0: ir.Value, request: Request) -> Callable[[ir.Value], list[ir.Value]]:

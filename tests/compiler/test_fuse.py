@@ -116,14 +116,17 @@ def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias)
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
         CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
-        CHECK:         %[[START:[0-9a-z_]+]] = {start}
-        CHECK-NEXT:    %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[ACC:arg[0-9]+]] = %[[START]], {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{
+        CHECK:         %[[J0:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %{{{{[0-9]+}}}} : index
+        CHECK:         %[[START:[0-9a-z_]+]] = {start.replace("%c0]", "%[[J0]]]")}
+        CHECK:         %[[U:[0-9]+]]:3 = scf.for %{{{{arg[0-9]+}}}} = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c4 iter_args(%{{{{arg[0-9]+}}}} = %[[START]], {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{
+        CHECK-NOT:       arith.maximumf
+        CHECK:         %[[S:[0-9]+]]:3 = scf.for %{{{{arg[0-9]+}}}} = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%{{{{arg[0-9]+}}}} = %[[U]]#0, {{{{.+}}}}) -> (vector<7xf32>, vector<7xf32>, vector<7xf32>) {{
         CHECK-NOT:       arith.maximumf
         CHECK:           scf.yield
         CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"serial", "">}}
         CHECK-NOT:     vector.store
         CHECK:         %[[M:[0-9]+]] = arith.maximumf %[[S]]#0, %{{{{cst[_0-9]*}}}} : vector<7xf32>
-        CHECK:         vector.store %[[M]], {out}[%c0, %c0] : memref<3x7xf32>, vector<7xf32>
+        CHECK:         vector.store %[[M]], {out}[%c0, %[[J0]]] : memref<3x7xf32>, vector<7xf32>
         CHECK:       }} {{hextir.schedule = #hextir.loop<"parallel", "chunk">}}
         CHECK-NEXT:  return
         CHECK:       func.func public @"[[LINEAR]]@x86-64-v3"(

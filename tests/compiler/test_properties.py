@@ -89,12 +89,13 @@ def _edges(*sizes: int) -> list[int]:
 
 
 # Every size where a cpu linear's loops change shape: its micro-kernel's rows (MR 4 or 6) and
-# columns (NR 4 to 32), the streamed products' row limit and k block, the tiles' rows (24, 48, 96)
-# and k block (256), a tile's columns (512 bytes: 64 or 128), and primes in between.
-STREAM_KS = [ks for _, ks in cpu_schedule.STREAM_KS]
-M_EDGES = _edges(1, 4, 6, 12, *(rows for rows, _ in cpu_schedule.STREAM_KS), 24, 48, 96) + [29, 53]
-K_EDGES = _edges(1, *STREAM_KS, *(2 * ks for ks in STREAM_KS), cpu_schedule.KC) + [37, 131]
-N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, 256, 512) + [61, 389]
+# columns (NR 4 to 32), the streamed products' rows (a group of 12 or 16, the row limit), k block
+# and sub-block of columns, the tiles' rows (24, 48, 96) and k block (256), a tile's columns (512
+# bytes: 64 or 128), and primes in between.
+KS = cpu_schedule.STREAM_KS
+M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 24, 48, 96) + [29, 53]
+K_EDGES = _edges(1, KS, 2 * KS, cpu_schedule.KC) + [37, 131]
+N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, cpu_schedule.STREAM_COLUMNS, 512) + [61, 389]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
