@@ -42,7 +42,7 @@ sums wait between k blocks in another (`held`), out written once, at the last bl
         for kb in [0, ceil(K/KS)) serial
           xs = x[:, kb]
           for each group of rows (all of them, up to STREAM_SUMS), each call of vectors:
-            sums = bias or 0 or held; += xs[rows] @ w[kb, vectors] (prefetching w 2 calls ahead)
+            sums = bias or 0 or held; += xs[rows] @ w[kb, vectors] (prefetching w: `_fetch`)
             out = epilogues(sums) (last k block) or held = sums
 
 x's rows and out's are often a multiple of 4 KiB apart, as w's are (K, N powers of two): reading
@@ -91,8 +91,12 @@ PANEL_BYTES = 128
 #: 1.26-1.82 -> 0.74-1.10, f64 2.40-3.12 -> 1.90-2.50; 16x1024^2 2-2.5x faster; 1x1024^2 f32 25%;
 #: 1-4 rows of 4096^2 level to 20% faster. Runs 94-95: 8 rows 0-45% faster; 512 columns level,
 #: 128 slower; KS 64, or KS 16 without unrolling, slower; a prefetch 4 or 8 calls ahead, or 1-4
-#: blocks of rows ahead (run 96), slower than 2 calls ahead.
+#: blocks of rows ahead (run 96), slower than 2 calls ahead; but for f32 products of up to
+#: STREAM_ROWS_AHEAD rows, whose calls prefetch their own columns of w's row k + KS instead: in
+#: runs 96, 98 and 99 (8 passes), against 2 calls ahead, 1 row 10-30% faster, 2 rows 18-20%, 4 rows
+#: 8-15%, 8 rows 5-18%; f32 16 rows and f64 1-16 rows 5-50% slower.
 STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32, {"x86-64-v4": 16}, 2
+STREAM_ROWS_AHEAD = {"float32": 8}
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
@@ -219,11 +223,11 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
 
                 def call(slot: ir.Value, widths: list[int], r0: int, rows: int) -> None:
                     j0 = arith.AddIOp(s0, arith.MulIOp(slot, _i(lanes)).result).result
-                    ahead = _min(arith.AddIOp(j0, _i(STREAM_AHEAD * sum(widths))).result, _i(n - 1))
                     pieces = [(arith.AddIOp(j0, _i(v * lanes)).result if v else j0,
                                arith.AddIOp(slot, _i(v)).result if v else slot, width)
                               for v, width in enumerate(widths)]
-                    _micro(operands, None, block, _i(r0), pieces, rows, UNROLL, (xs, held, ahead))
+                    _micro(operands, None, block, _i(r0), pieces, rows, UNROLL,
+                           (xs, held, _fetch(w, pieces, m <= STREAM_ROWS_AHEAD.get(request.dtype, 0))))
 
                 for r0, rows, per_call in _stream_groups(m, request.target.cpu, nc // lanes) if n >= lanes else []:
                     whole = arith.DivUIOp(vectors, _i(per_call)).result
@@ -239,6 +243,20 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
                             call(vectors, [n % lanes], r0, rows)
                         scf.YieldOp([])
     return ht.Work(-(-n // nc), spans=True)  # a thread's chunk is its span: one chunk a thread
+
+
+def _fetch(w: ir.Value, pieces: list, rows_ahead: bool) -> Callable[[ir.Value], None]:
+    """A streamed call's prefetch of w at each k: the row STREAM_KS ahead of each of its vectors
+    (`rows_ahead`: an L2 hint), or the line STREAM_AHEAD calls of its width ahead of its first."""
+    k_extent, n = ir.MemRefType(w.type).shape
+    if rows_ahead:
+        def fetch(k: ir.Value) -> None:
+            row = _min(arith.AddIOp(k, _i(STREAM_KS)).result, _i(k_extent - 1))
+            for j0, *_ in pieces:
+                memref.prefetch(w, [row, j0], False, 2, True)
+        return fetch
+    ahead = _min(arith.AddIOp(pieces[0][0], _i(STREAM_AHEAD * sum(width for *_, width in pieces))).result, _i(n - 1))
+    return lambda k: memref.prefetch(w, [k, ahead], False, 3, True)
 
 
 def _stream_groups(m: int, level: str, most: int) -> list[tuple[int, int, int]]:
@@ -371,14 +389,14 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     """out[i0:i0+rows, piece] (+)= x[i0:i0+rows, k block] @ w[k block, piece] for each column
     piece (j0, panel, width), w read from `packed` (its panel) when given: rows x pieces
     vectors of sums, loop-carried through k (registers), `unroll` k's a trip then one by one.
-    A streamed product's `stream` is (xs, held, ahead): x's block is xs, the sums between blocks
-    wait in held[panel, row] (`panel` is the piece's slot), and each k prefetches w[k, ahead]."""
+    A streamed product's `stream` is (xs, held, fetch): x's block is xs, the sums between blocks
+    wait in held[panel, row] (`panel` is the piece's slot), and fetch(k) prefetches w."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
     types = [ir.VectorType.get([width], element) for *_, width in pieces]
     row_index = [arith.AddIOp(i0, _i(r)).result if r else i0 for r in range(rows)]
     slots = [(i, j0, type_) for i in row_index for (j0, *_), type_ in zip(pieces, types, strict=True)]
-    xs, held, ahead = stream or (None, None, None)
+    xs, held, fetch = stream or (None, None, None)
     between = [(held, [slot, i, _i(0)]) for i in row_index for _, slot, _ in pieces] if stream else \
         [(out, [i, j0]) for i, j0, _ in slots]
 
@@ -400,7 +418,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
             b = [vector.LoadOp(t, packed, [panel, kk, _i(0)]).result for (_, panel, _), t in zip(pieces, types,
                                                                                                  strict=True)]
         if stream:
-            memref.prefetch(w, [k, ahead], False, 3, True)
+            fetch(k)
             kk = arith.SubIOp(k, block.k0).result
             a = {i: ht.load(xs, [i, kk]) for i in row_index}
         else:

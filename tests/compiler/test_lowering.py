@@ -398,7 +398,8 @@ def test_a_narrow_last_panel_runs_with_the_last_full_one_where_the_registers_hol
 def test_a_tiles_k_loop_takes_unroll_ks_a_trip_then_the_rest_one_by_one():
     """A tiled product's micro-kernel (6 rows x 32 f32 columns: 6 vectors of sums): a loop
     stepping UNROLL k's (UNROLL copies of the broadcasts and FMAs), then one for the k's left,
-    both carrying the sums; a streamed product's calls (4 rows x 4 vectors) too."""
+    both carrying the sums; a streamed product's calls (4 rows x 4 vectors) too, each k
+    prefetching (an f32 product of few rows) row k + STREAM_KS of w at each of its vectors."""
     tiled = lower(linear_program(100, 64, 64), "mlir-tir", target=parse_target("cpu:x86-64-v4"))
     unroll = cpu_schedule.UNROLL
     filecheck(tiled, f"""
@@ -418,6 +419,8 @@ def test_a_tiles_k_loop_takes_unroll_ks_a_trip_then_the_rest_one_by_one():
     filecheck(streamed, f"""
         CHECK-LABEL: func.func public @linear_0(
         CHECK:       %[[U:[0-9]+]]:16 = scf.for %{{{{arg[0-9]+}}}} = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c{unroll} iter_args(
+        CHECK:       %[[ROW:[0-9]+]] = arith.minui %{{{{[0-9]+}}}}, %c63 : index
+        CHECK-COUNT-4: memref.prefetch %arg1[%[[ROW]], %{{{{[0-9]+}}}}], read, locality<2>, data : memref<64x64xf32>
         CHECK-COUNT-{16 * unroll}: vector.fma
         CHECK:       scf.yield
         CHECK:       %{{{{[0-9]+}}}}:16 = scf.for %{{{{arg[0-9]+}}}} = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%{{{{arg[0-9]+}}}} = %[[U]]#0,
