@@ -34,8 +34,9 @@ thread 1-row products the same or faster, 4-16 rows up to 30% slower.
 Up to STREAM_ROWS static rows of a w in rows (an argument, or a constant of one panel or less),
 w is streamed instead (`_stream`): the parallel loop is bound to `chunk`, so a thread's run of
 column tiles is one span, walked in sub-blocks of STREAM_COLUMNS columns, STREAM_KS rows of w at
-a time. Each k block's x (m x KS) is first copied to a small contiguous buffer, and a sub-block's
-sums wait between k blocks in another (`held`), out written once, at the last block:
+a time (up to STREAM_FEW rows: longer sub-blocks, blocks of fewer rows). Each k block's x
+(m x KS) is first copied to a small contiguous buffer, and a sub-block's sums wait between k
+blocks in another (`held`), out written once, at the last block:
 
     for [first, last) of the column tiles, once    (hextir.chunk_end = last)
       for each sub-block of the span
@@ -91,12 +92,18 @@ PANEL_BYTES = 128
 #: 1.26-1.82 -> 0.74-1.10, f64 2.40-3.12 -> 1.90-2.50; 16x1024^2 2-2.5x faster; 1x1024^2 f32 25%;
 #: 1-4 rows of 4096^2 level to 20% faster. Runs 94-95: 8 rows 0-45% faster; 512 columns level,
 #: 128 slower; KS 64, or KS 16 without unrolling, slower; a prefetch 4 or 8 calls ahead, or 1-4
-#: blocks of rows ahead (run 96), slower than 2 calls ahead; but for f32 products of up to
-#: STREAM_ROWS_AHEAD rows, whose calls prefetch their own columns of w's row k + KS instead: in
-#: runs 96, 98 and 99 (8 passes), against 2 calls ahead, 1 row 10-30% faster, 2 rows 18-20%, 4 rows
-#: 8-15%, 8 rows 5-18%; f32 16 rows and f64 1-16 rows 5-50% slower.
+#: blocks of rows ahead (run 96), slower than 2 calls ahead.
 STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32, {"x86-64-v4": 16}, 2
-STREAM_ROWS_AHEAD = {"float32": 8}
+#: A product of up to STREAM_FEW rows reads w from memory more than it computes: blocks of
+#: STREAM_FEW_KS rows of w (fewer concurrent streams of w), sub-blocks of up to STREAM_FEW_BYTES of
+#: sums (w's rows read in long runs where a thread's span is wide), and a prefetch of w's row
+#: k + STREAM_FEW_AHEAD at each vector of a call. On a 2-core AVX-512 machine (w from DRAM, spans of
+#: 8-16 KiB a row), in turns with twins, two passes (bench/results/2026-11-30-local-cpu.md): 1 and
+#: 4 rows of 4096^2 1.4-1.9x faster than blocks of 32 rows in 256-column sub-blocks (f64 4 rows
+#: 8.3 -> 4.2-4.4 ms), and 5-15% faster than the kernel before this one. On the H200's 16-core
+#: host (run 101 of bench/results/2026-12-01-h200.md, three passes; spans of 1-2 KiB): f64 1-8 rows
+#: 5-12% faster, f32 1 row 8% slower, 2-8 rows level.
+STREAM_FEW, STREAM_FEW_KS, STREAM_FEW_BYTES, STREAM_FEW_AHEAD = 8, 8, 65536, {"float32": 32, "float64": 8}
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
@@ -205,20 +212,23 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
     slot * lanes + [0, lanes) of the sub-block."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
-    lanes, k_blocks = nr // 2, -(-k_extent // STREAM_KS)
-    xs = ht.alloc_local([m, min(STREAM_KS, k_extent)], element)
-    held = ht.alloc_local([-(-min(STREAM_COLUMNS, n) // lanes), m, lanes], element) if k_blocks > 1 else None
+    few = m <= STREAM_FEW
+    ks, ahead = (STREAM_FEW_KS, STREAM_FEW_AHEAD[request.dtype]) if few else (STREAM_KS, 0)
+    columns = max(STREAM_COLUMNS, STREAM_FEW_BYTES // (max(m, 1) * (4 if request.dtype == "float32" else 8))
+                  // STREAM_COLUMNS * STREAM_COLUMNS) if few else STREAM_COLUMNS
+    lanes, k_blocks = nr // 2, -(-k_extent // ks)
+    xs = ht.alloc_local([m, min(ks, k_extent)], element)
+    held = ht.alloc_local([-(-min(columns, n) // lanes), m, lanes], element) if k_blocks > 1 else None
     with ht.loop(0, -(-n // nc), "parallel", "chunk") as first:
         c0 = arith.MulIOp(first, _i(nc)).result
         c1 = _min(arith.MulIOp(ht.chunk_end(), _i(nc)).result, _i(n))
-        subs = arith.DivUIOp(arith.AddIOp(arith.SubIOp(c1, c0).result, _i(STREAM_COLUMNS - 1)).result,
-                             _i(STREAM_COLUMNS)).result
+        subs = arith.DivUIOp(arith.AddIOp(arith.SubIOp(c1, c0).result, _i(columns - 1)).result, _i(columns)).result
         with ht.loop(0, subs, "serial") as sub:
-            s0 = arith.AddIOp(c0, arith.MulIOp(sub, _i(STREAM_COLUMNS)).result).result
-            s1 = _min(arith.AddIOp(s0, _i(STREAM_COLUMNS)).result, c1)
+            s0 = arith.AddIOp(c0, arith.MulIOp(sub, _i(columns)).result).result
+            s1 = _min(arith.AddIOp(s0, _i(columns)).result, c1)
             vectors = arith.DivUIOp(arith.SubIOp(s1, s0).result, _i(lanes)).result
             with ht.loop(0, k_blocks, "serial") as kb:
-                block = _KBlock(kb, k_blocks, k_extent, STREAM_KS)
+                block = _KBlock(kb, k_blocks, k_extent, ks)
                 _copy_x(x, xs, block, m)
 
                 def call(slot: ir.Value, widths: list[int], r0: int, rows: int) -> None:
@@ -227,7 +237,7 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
                                arith.AddIOp(slot, _i(v)).result if v else slot, width)
                               for v, width in enumerate(widths)]
                     _micro(operands, None, block, _i(r0), pieces, rows, UNROLL,
-                           (xs, held, _fetch(w, pieces, m <= STREAM_ROWS_AHEAD.get(request.dtype, 0))))
+                           (xs, held, _fetch(w, pieces, ahead)))
 
                 for r0, rows, per_call in _stream_groups(m, request.target.cpu, nc // lanes) if n >= lanes else []:
                     whole = arith.DivUIOp(vectors, _i(per_call)).result
@@ -245,13 +255,13 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
     return ht.Work(-(-n // nc), spans=True)  # a thread's chunk is its span: one chunk a thread
 
 
-def _fetch(w: ir.Value, pieces: list, rows_ahead: bool) -> Callable[[ir.Value], None]:
-    """A streamed call's prefetch of w at each k: the row STREAM_KS ahead of each of its vectors
-    (`rows_ahead`: an L2 hint), or the line STREAM_AHEAD calls of its width ahead of its first."""
+def _fetch(w: ir.Value, pieces: list, rows_ahead: int) -> Callable[[ir.Value], None]:
+    """A streamed call's prefetch of w at each k: the row `rows_ahead` ahead of each of its
+    vectors (an L2 hint), or (none) the line STREAM_AHEAD calls of its width ahead of its first."""
     k_extent, n = ir.MemRefType(w.type).shape
     if rows_ahead:
         def fetch(k: ir.Value) -> None:
-            row = _min(arith.AddIOp(k, _i(STREAM_KS)).result, _i(k_extent - 1))
+            row = _min(arith.AddIOp(k, _i(rows_ahead)).result, _i(k_extent - 1))
             for j0, *_ in pieces:
                 memref.prefetch(w, [row, j0], False, 2, True)
         return fetch

@@ -118,8 +118,8 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
     loop as loop-carried vectors, and are stored to out[i, j0:...]. Three rows stream w: one
     chunk loop, its end from hextir.chunk_end; each k block of x first copied to a local buffer
     (the whole of K = 5, one vector a row), which the FMAs' broadcasts read; the 7 columns a
-    narrow vector of the last chunk, w prefetched at each k. (w, a constant of 7 columns, stays as
-    it is: pack-weights leaves weights of one panel or less.)"""
+    narrow vector of the last chunk, w's row k + 8 prefetched at each k (a few-row f64 product).
+    (w, a constant of 7 columns, stays as it is: pack-weights leaves weights of one panel or less.)"""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
         CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64, spans = true}}}}
@@ -136,7 +136,9 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
         CHECK:         %[[U:[0-9]+]]:3 = scf.for %{{{{arg[0-9]+}}}} = %[[K0]] to %{{{{[0-9]+}}}} step %c4 iter_args(%{{{{arg[0-9]+}}}} = %[[B]], %{{{{arg[0-9]+}}}} = %[[B]], %{{{{arg[0-9]+}}}} = %[[B]]) -> (vector<7xf64>, vector<7xf64>, vector<7xf64>) {{
         CHECK:         %[[S:[0-9]+]]:3 = scf.for %[[K:arg[0-9]+]] = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%[[A0:arg[0-9]+]] = %[[U]]#0, %[[A1:arg[0-9]+]] = %[[U]]#1, %{{{{arg[0-9]+}}}} = %[[U]]#2) -> (vector<7xf64>, vector<7xf64>, vector<7xf64>) {{
         CHECK-NEXT:      %[[WV:[0-9]+]] = vector.load %arg1[%[[K]], %[[J0]]] : memref<5x7xf64>, vector<7xf64>
-        CHECK-NEXT:      memref.prefetch %arg1[%[[K]], %{{{{[0-9]+}}}}], read, locality<3>, data : memref<5x7xf64>
+        CHECK-NEXT:      %[[AHEAD:[0-9]+]] = arith.addi %[[K]], %c8 : index
+        CHECK-NEXT:      %[[ROW:[0-9]+]] = arith.minui %[[AHEAD]], %c4 : index
+        CHECK-NEXT:      memref.prefetch %arg1[%[[ROW]], %[[J0]]], read, locality<2>, data : memref<5x7xf64>
         CHECK-NEXT:      %[[KK:[0-9]+]] = arith.subi %[[K]], %[[K0]] : index
         CHECK-NEXT:      %[[X0:[0-9]+]] = "hextir.load"(%[[XS]], %c0, %[[KK]]) : (memref<3x5xf64>, index, index) -> f64
         CHECK-NEXT:      %[[X1:[0-9]+]] = "hextir.load"(%[[XS]], %[[I1]], %[[KK]]) : (memref<3x5xf64>, index, index) -> f64
@@ -399,7 +401,7 @@ def test_a_tiles_k_loop_takes_unroll_ks_a_trip_then_the_rest_one_by_one():
     """A tiled product's micro-kernel (6 rows x 32 f32 columns: 6 vectors of sums): a loop
     stepping UNROLL k's (UNROLL copies of the broadcasts and FMAs), then one for the k's left,
     both carrying the sums; a streamed product's calls (4 rows x 4 vectors) too, each k
-    prefetching (an f32 product of few rows) row k + STREAM_KS of w at each of its vectors."""
+    prefetching (an f32 product of few rows) row k + 32 of w at each of its vectors."""
     tiled = lower(linear_program(100, 64, 64), "mlir-tir", target=parse_target("cpu:x86-64-v4"))
     unroll = cpu_schedule.UNROLL
     filecheck(tiled, f"""

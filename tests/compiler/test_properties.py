@@ -89,12 +89,12 @@ def _edges(*sizes: int) -> list[int]:
 
 
 # Every size where a cpu linear's loops change shape: its micro-kernel's rows (MR 4 or 6) and
-# columns (NR 4 to 32), the streamed products' rows (a group of 12 or 16, the row limit), k block
-# and sub-block of columns, the tiles' rows (24, 48, 96) and k block (256), a tile's columns (512
+# columns (NR 4 to 32), the streamed products' rows (few, a group of 12 or 16, the row limit), k
+# blocks and sub-block of columns, the tiles' rows (24, 48, 96) and k block (256), a tile's columns (512
 # bytes: 64 or 128), and primes in between.
-KS = cpu_schedule.STREAM_KS
-M_EDGES = _edges(1, 4, 6, 12, cpu_schedule.STREAM_ROWS, 24, 48, 96) + [29, 53]
-K_EDGES = _edges(1, KS, 2 * KS, cpu_schedule.KC) + [37, 131]
+KS, FEW_KS = cpu_schedule.STREAM_KS, cpu_schedule.STREAM_FEW_KS
+M_EDGES = _edges(1, 4, 6, cpu_schedule.STREAM_FEW, 12, cpu_schedule.STREAM_ROWS, 24, 48, 96) + [29, 53]
+K_EDGES = _edges(1, FEW_KS, 2 * FEW_KS, KS, 2 * KS, cpu_schedule.KC) + [37, 131]
 N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, cpu_schedule.STREAM_COLUMNS, 512) + [61, 389]
 
 
