@@ -206,8 +206,8 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 
 def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Work:
     """A product of few rows: each thread's chunk of the column tiles is one span of columns,
-    walked in sub-blocks of STREAM_COLUMNS, STREAM_KS rows of w at a time (KS contiguous streams of
-    w, each read once), x's k block from `xs` and the sums between k blocks in `held`, vectors of
+    walked in sub-blocks of `columns`, `ks` rows of w at a time (KS contiguous streams of w, each
+    read once), x's k block from `xs` and the sums between k blocks in `held`, vectors of
     one register (`lanes`: half an NR panel) in slots: held[slot, row] is the sum of columns
     slot * lanes + [0, lanes) of the sub-block."""
     x, w, out, bias, request = operands
@@ -294,8 +294,8 @@ def _copy_x(x: ir.Value, xs: ir.Value, block, m: int) -> None:
             for r in range(m):
                 ht.store(ht.load(x, [_i(r), k]), xs, [_i(r), arith.SubIOp(k, block.k0).result])
 
-    if k_extent < ks or k_extent % ks == 0:
-        return (part if k_extent < ks else whole)()
+    if k_extent % ks == 0:  # (xs is K wide where K is less than a block)
+        return whole()
     choice = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(ks)).result,
                       has_else=True)
     for region, build in ((choice.then_block, whole), (choice.else_block, part)):
