@@ -85,10 +85,12 @@ def test_threads_split_the_rows_correctly(tmp_path):
     np.testing.assert_allclose(module.main(x), expected(x), **TOLERANCE["float64"])
 
 
-def test_the_native_pool_splits_launches_and_serves_callers_on_many_threads(tmp_path):
+def test_the_native_pool_splits_launches_and_serves_callers_on_many_threads(tmp_path, monkeypatch):
     """A compiled library brings a thread pool (hexir/backend/pool.c): a split launch runs its
     chunks there, with the result of one thread; callers on 8 threads at once (one holds the pool,
-    the others run their launch in one piece) all get theirs."""
+    the others run their launch in one piece) all get theirs. (Python's pool, which tests run
+    before this one may have started, is set aside: this test's launches must not start it.)"""
+    monkeypatch.setattr(cpu_runtime, "_pool", None)
     mlp, expected = two_layers("float64", k=64, hidden=300, n=40, seed=6)
     x = np.random.default_rng(7).standard_normal((200, 64))
     path = hexir.export(mlp, tmp_path / "mlp.hxb", x)
