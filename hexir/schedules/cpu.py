@@ -99,8 +99,8 @@ STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32,
 #: sums (w's rows read in long runs where a thread's span is wide), and a prefetch of w's row
 #: k + STREAM_FEW_AHEAD at each vector of a call. On a 2-core AVX-512 machine (w from DRAM, spans of
 #: 8-16 KiB a row), in turns with twins, two passes (bench/results/2026-11-30-local-cpu.md): 1 and
-#: 4 rows of 4096^2 1.4-1.9x faster than blocks of 32 rows in 256-column sub-blocks (f64 4 rows
-#: 8.3 -> 4.2-4.4 ms), and 5-15% faster than the kernel before this one. On the H200's 16-core
+#: 4 rows of 4096^2 1.6-3x faster than blocks of 32 rows in 256-column sub-blocks (f64 4 rows
+#: 8.1-10.1 -> 3.7-4.2 ms), and 8-31% faster than the kernel before this one. On the H200's 16-core
 #: host (run 101 of bench/results/2026-12-01-h200.md, three passes; spans of 1-2 KiB): f64 1-8 rows
 #: 5-12% faster, f32 1 row 8% slower, 2-8 rows level.
 STREAM_FEW, STREAM_FEW_KS, STREAM_FEW_BYTES, STREAM_FEW_AHEAD = 8, 8, 65536, {"float32": 32, "float64": 8}
