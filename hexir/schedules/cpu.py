@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 
@@ -125,7 +126,7 @@ PACK_FROM_ROWS = 24
 #: passes); the rest within the host's noise, as on the 2-core machine. A symbolic batch's
 #: tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
 MC_CHOICES, NC_BYTES, WORK_ITEMS, MC_SYMBOLIC = (192, 96, 48, 24, 12), 512, 32, 24
-assert all(size % (nr * (4 if dtype == "float32" else 8)) == 0 for (_, dtype), (_, nr) in MICRO.items()
+assert all(size % (nr * np.dtype(dtype).itemsize) == 0 for (_, dtype), (_, nr) in MICRO.items()
            for size in (PANEL_BYTES, NC_BYTES))  # the widths of panels: passes/pack_weights.py
 #: A w in panels (a constant) is copied by no tile, so a tile's rows buy no reuse of a copy: its
 #: tiles take at most 48 rows, whose x block (48 x KC) the panel loop re-reads from nearer
@@ -139,7 +140,7 @@ def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool =
     """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output, w in `panels` or not (a
     symbolic m: MC_SYMBOLIC rows, for the small batches)."""
     mr, nr = MICRO[level, dtype]
-    nc = NC_BYTES // (4 if dtype == "float32" else 8)
+    nc = NC_BYTES // np.dtype(dtype).itemsize
     column_tiles = max(1, -(-n // nc))
     if isinstance(m, str):
         return mr, nr, MC_SYMBOLIC, nc
@@ -214,8 +215,9 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
     element = ir.MemRefType(out.type).element_type
     few = m <= STREAM_FEW
     ks, ahead = (STREAM_FEW_KS, STREAM_FEW_AHEAD[request.dtype]) if few else (STREAM_KS, 0)
-    columns = max(STREAM_COLUMNS, STREAM_FEW_BYTES // (max(m, 1) * (4 if request.dtype == "float32" else 8))
-                  // STREAM_COLUMNS * STREAM_COLUMNS) if few else STREAM_COLUMNS
+    columns = STREAM_COLUMNS  # few rows: as many as STREAM_FEW_BYTES of sums hold, in whole STREAM_COLUMNS
+    if few:
+        columns = max(columns, STREAM_FEW_BYTES // (max(m, 1) * np.dtype(request.dtype).itemsize) // columns * columns)
     lanes, k_blocks = nr // 2, -(-k_extent // ks)
     xs = ht.alloc_local([m, min(ks, k_extent)], element)
     held = ht.alloc_local([-(-min(columns, n) // lanes), m, lanes], element) if k_blocks > 1 else None
