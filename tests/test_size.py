@@ -1,5 +1,8 @@
-"""The line budget (STYLE.md: small and honest): hexir/ and runtime/ stay within 6,500 lines of
-code, counting neither blank lines, comments nor docstrings. Raise it only with a reason."""
+"""The line budget (STYLE.md: small and honest): hexir/ and runtime/ stay within 12,000 lines of
+code, counting neither blank lines, comments nor docstrings. Raise it only with a reason.
+
+12,000 (was 6,500) is the brief's budget for this round and the next ones: module trust, ops as
+families, sequence models, tensor cores and serving all land in these two folders."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET = 6500
+BUDGET = 12000
 _NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
 
 
