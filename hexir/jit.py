@@ -23,6 +23,9 @@ compiled once more with those extents symbolic (`batch`), and that module serves
 size (as torch.compile's automatic dynamic shapes). `dynamic=True` makes the leading extent of
 every input symbolic from the first call; `dynamic=False` compiles once per shape. Inputs whose
 leading extents are equal in a call share one symbol, so the module checks they stay equal.
+A function that calls a custom kernel is compiled once per shape under `dynamic=None`: a
+custom kernel's launch (its CUDA grid, from `grid=`) is fixed at trace time, so it takes
+static shapes only (under `dynamic=True` its call is a TraceError that says so).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class JitFunction:
         self._calls: dict[tuple, tuple] = {}    # call key -> (entry, result form, tensor positions, native?)
         self._compiled: dict[tuple, tuple[Any, str]] = {}   # cache_key -> (loaded module, result form)
         self._first: dict[tuple, tuple[TensorSpec, ...]] = {}  # the first specs of each shape family
+        self._per_shape: set[tuple] = set()  # shape families whose trace calls a custom kernel
         self._lock = threading.Lock()  # one trace per signature, even from several threads
         if not callable(fn):
             raise TraceError(f"@hexir.jit needs a function, got {type(fn).__name__}", *user_where())
@@ -193,7 +197,7 @@ class JitFunction:
 
     def _choose(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[TensorSpec, ...]:
         """The specs to compile for a call with `specs` (see the module's docstring)."""
-        if self.dynamic is False:
+        if self.dynamic is False or self._family(specs, statics) in self._per_shape:
             return specs
         if self.dynamic:
             return self._generalize(specs, [len(s.shape) > 0 for s in specs])
@@ -251,6 +255,8 @@ class JitFunction:
         key = self.cache_key(specs, statics)
         if key not in self._compiled:
             module, bound = self._trace(specs, statics)
+            if bound.state and bound.state.custom_kernels:  # static shapes only: no symbolic batch later
+                self._per_shape.add(self._family(specs, statics))
             for array in bound.captured:  # the module holds their values now: see the module's docstring
                 array.flags.writeable = False
             form = result_form(module)

@@ -40,30 +40,32 @@ class CustomBuild:
 
 def build_custom(module: ir.Module, levels: tuple[str, ...], cuda_archs: tuple[str, ...],
                  scratch: Path) -> CustomBuild:
-    """Build every custom kernel's file once (a file used by several calls is built once; a
-    .c file once per x86-64 level)."""
+    """Build every custom kernel's file once (a .c file once per x86-64 level), with the
+    signature check of every kernel it serves: a file may define several kernels."""
     build = CustomBuild({level: [] for level in levels})
-    symbols: dict[str, set[str] | bytes] = {}  # file -> the symbols it defines (a fatbin: its bytes)
-    signatures: dict[str, tuple] = {}  # file -> the signature its calls need
+    files: dict[str, dict[str, tuple]] = {}  # file -> symbol -> the signature its calls need
+    devices: dict[str, str] = {}  # file -> the device it is built for
     for kernel in ht.kernels(module):
         if ht.custom_of(kernel) is None:
             continue
         symbol, file = ht.custom_of(kernel)
-        path = Path(file)
         signature = _signature(kernel)
-        if signatures.setdefault(str(path), signature) != signature:
-            raise CompileError(f"custom kernel {symbol}: {path.name} is called with two signatures, "
-                               f"{_c_prototype(symbol, signatures[str(path)])} and {_c_prototype(symbol, signature)}; "
+        served = files.setdefault(file, {})
+        if served.setdefault(symbol, signature) != signature:
+            raise CompileError(f"custom kernel {symbol}: {Path(file).name} is called with two signatures, "
+                               f"{_c_prototype(symbol, served[symbol])} and {_c_prototype(symbol, signature)}; "
                                "a C function has one")
-        if str(path) not in symbols:
-            if not path.is_file():
-                raise CompileError(f"custom kernel {symbol}: {path} no longer exists")
-            if ht.kernel_of(kernel)[0] == "cpu":
-                symbols[str(path)] = _build_cpu(path, symbol, levels, scratch, build, signature)
-            else:
-                build.cuda_images[str(path)], symbols[str(path)] = _build_cuda(path, symbol, cuda_archs, scratch,
-                                                                               signature)
-        _require_symbol(symbols[str(path)], symbol, path)  # every kernel a file serves, not just the first
+        devices.setdefault(file, ht.kernel_of(kernel)[0])
+    for file, served in files.items():
+        path = Path(file)
+        if not path.is_file():
+            raise CompileError(f"custom kernel {next(iter(served))}: {path} no longer exists")
+        if devices[file] == "cpu":
+            symbols = _build_cpu(path, served, levels, scratch, build)
+        else:
+            build.cuda_images[file], symbols = _build_cuda(path, served, cuda_archs, scratch)
+        for symbol in served:  # every kernel a file serves, not just the first
+            _require_symbol(symbols, symbol, path)
     return build
 
 
@@ -98,23 +100,27 @@ def _c_prototype(symbol: str, signature: tuple) -> str:
     return f"void {symbol}({_pointer_types(signature, 'int64_t')[-1]})"
 
 
-def _c_check(path: Path, symbol: str, signature: tuple) -> str:
-    """A C file that includes the user's and asserts the function's type."""
-    cases = ", ".join(f"void (*)({p}): 1" for p in _pointer_types(signature, "int64_t"))
-    message = f"custom kernel {symbol}: expected {_c_prototype(symbol, signature)} (docs/custom-kernels.md)"
-    return (f"#include <stdint.h>\n#include {json.dumps(str(path))}\n"
-            f"_Static_assert(_Generic(({symbol}), {cases}, default: 0), {json.dumps(message)});\n")
+def _c_check(path: Path, served: dict[str, tuple]) -> str:
+    """A C file that includes the user's and asserts each served function's type."""
+    lines = [f"#include <stdint.h>\n#include {json.dumps(str(path))}\n"]
+    for symbol, signature in served.items():
+        cases = ", ".join(f"void (*)({p}): 1" for p in _pointer_types(signature, "int64_t"))
+        message = f"custom kernel {symbol}: expected {_c_prototype(symbol, signature)} (docs/custom-kernels.md)"
+        lines.append(f"_Static_assert(_Generic(({symbol}), {cases}, default: 0), {json.dumps(message)});\n")
+    return "".join(lines)
 
 
-def _cuda_check(symbol: str, signature: tuple) -> bytes:
-    """C++ appended to the user's .cu: the same assertion (NVRTC has no <type_traits>)."""
-    cases = " || ".join(f"hexir_same<decltype(&{symbol}), void (*)({p})>::value"
-                        for p in _pointer_types(signature, "long long"))
-    message = f"custom kernel {symbol}: expected extern \"C\" __global__ " \
-              f"{_c_prototype(symbol, signature).replace('int64_t', 'long long')}"
-    return (f"\ntemplate <class A, class B> struct hexir_same {{ static const bool value = false; }};\n"
-            f"template <class A> struct hexir_same<A, A> {{ static const bool value = true; }};\n"
-            f"static_assert({cases}, {json.dumps(message)});\n").encode()
+def _cuda_check(served: dict[str, tuple]) -> bytes:
+    """C++ appended to the user's .cu: the same assertions (NVRTC has no <type_traits>)."""
+    lines = ["\ntemplate <class A, class B> struct hexir_same { static const bool value = false; };\n"
+             "template <class A> struct hexir_same<A, A> { static const bool value = true; };\n"]
+    for symbol, signature in served.items():
+        cases = " || ".join(f"hexir_same<decltype(&{symbol}), void (*)({p})>::value"
+                            for p in _pointer_types(signature, "long long"))
+        message = f"custom kernel {symbol}: expected extern \"C\" __global__ " \
+                  f"{_c_prototype(symbol, signature).replace('int64_t', 'long long')}"
+        lines.append(f"static_assert({cases}, {json.dumps(message)});\n")
+    return "".join(lines).encode()
 
 
 # ---- cpu ---------------------------------------------------------------------------------
@@ -144,24 +150,30 @@ def _require_symbol(symbols: set[str] | bytes, symbol: str, path: Path) -> None:
         raise CompileError(f"custom kernel {symbol}: {path} does not define the symbol {symbol!r}{hint}")
 
 
-def _build_cpu(path: Path, symbol: str, levels: tuple[str, ...], scratch: Path, build: CustomBuild,
-               signature: tuple) -> set[str]:
-    """Compile or check a cpu file, add it to `build`; the symbols it defines."""
+def _named(served: dict[str, tuple]) -> str:
+    """"custom kernel k" or "custom kernels k, l": who a file's build or check is for."""
+    return f"custom kernel{'s' if len(served) > 1 else ''} {', '.join(served)}"
+
+
+def _build_cpu(path: Path, served: dict[str, tuple], levels: tuple[str, ...], scratch: Path,
+               build: CustomBuild) -> set[str]:
+    """Compile or check a cpu file (the kernels it serves: symbol -> signature), add it to
+    `build`; the symbols it defines."""
     if path.suffix == ".c":
         checked = scratch / f"{path.stem}-{len(build.cpu_objects[levels[0]])}-checked.c"
-        checked.write_text(_c_check(path.resolve(), symbol, signature))
+        checked.write_text(_c_check(path.resolve(), served))
         for level in levels:
             obj = scratch / f"{path.stem}-{level}-{len(build.cpu_objects[level])}.o"
             # -march takes the same x86-64 level names as the generated code's -mcpu
             run_tool([c_compiler(), "-O2", "-fPIC", f"-march={level}", "-c", str(checked), "-o", str(obj)],
-                     f"compiling custom kernel {symbol} ({path.name}) for {level}")
+                     f"compiling {_named(served)} ({path.name}) for {level}")
             build.cpu_objects[level].append(str(obj))
         return _defined_symbols(obj, dynamic=False)
     e_type, e_machine, _, _ = _elf_header(path)
     wanted = _ET_REL if path.suffix == ".o" else _ET_DYN
     if e_machine != _EM_X86_64 or e_type != wanted:
         kind = "relocatable object (.o)" if wanted == _ET_REL else "shared object (.so)"
-        raise CompileError(f"custom kernel {symbol}: {path} is not an x86-64 {kind} "
+        raise CompileError(f"{_named(served)}: {path} is not an x86-64 {kind} "
                            f"(ELF type {e_type}, machine {e_machine})")
     if path.suffix == ".o":
         for objects in build.cpu_objects.values():
@@ -188,13 +200,13 @@ def _ptx_entries(ptx: bytes) -> set[str]:
 _EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
 
 
-def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path,
-                signature: tuple) -> tuple[dict[str, bytes], set[str] | bytes]:
+def _build_cuda(path: Path, served: dict[str, tuple], archs: tuple[str, ...],
+                scratch: Path) -> tuple[dict[str, bytes], set[str] | bytes]:
     """The images of a cuda file (arch -> bytes) and the symbols it defines (a fatbin: its bytes)."""
     lowest = min(archs, key=lambda a: int(a[3:]))
     virtual = lowest.replace("sm_", "compute_")
     if path.suffix == ".cu":
-        source = path.read_bytes() + _cuda_check(symbol, signature)
+        source = path.read_bytes() + _cuda_check(served)
         images = {arch: _nvrtc(source, path, arch) for arch in archs}
         ptx = _nvrtc(source, path, virtual)
         return {**images, virtual: ptx}, _ptx_entries(ptx)
@@ -202,11 +214,11 @@ def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path,
         ptx = path.read_bytes()
         target = re.search(rb"\.target\s+(sm_\d+)", ptx)
         if target is None:
-            raise CompileError(f"custom kernel {symbol}: {path} has no .target directive")
+            raise CompileError(f"{_named(served)}: {path} has no .target directive")
         ptx_arch = target.group(1).decode()
         usable = [a for a in archs if int(a[3:]) >= int(ptx_arch[3:])]
         if not usable:
-            raise CompileError(f"custom kernel {symbol}: {path} is PTX for {ptx_arch}, newer than every target "
+            raise CompileError(f"{_named(served)}: {path} is PTX for {ptx_arch}, newer than every target "
                                f"({', '.join(archs)})")
         images = {arch: _ptxas(path, arch, scratch) for arch in usable}
         return {**images, ptx_arch.replace("sm_", "compute_"): ptx}, _ptx_entries(ptx)
@@ -214,7 +226,7 @@ def _build_cuda(path: Path, symbol: str, archs: tuple[str, ...], scratch: Path,
     if path.suffix == ".cubin":
         arch = _cubin_arch(path, data)
         if arch not in archs:
-            raise CompileError(f"custom kernel {symbol}: {path} is a CUBIN for {arch}, but the module targets "
+            raise CompileError(f"{_named(served)}: {path} is a CUBIN for {arch}, but the module targets "
                                f"{', '.join(archs)} (-target=cuda:{arch} to build for it)")
         return {arch: data}, _defined_symbols(path, dynamic=False)
     return {"fatbin": data}, data

@@ -119,9 +119,12 @@ class CustomKernel:
             with tracing.user_location():
                 operands = [tracing._operand(self.name, f"input {i}", value) for i, value in enumerate(inputs)]
                 specs = [t.spec for t in operands]
+                trace.custom_kernels.add(self.name)  # so that jit compiles this function per shape
                 if any(spec.symbolic for spec in specs):
                     raise TraceError(f"custom kernel {self.name}: its inputs are {', '.join(map(str, specs))}; "
-                                     "custom kernels take static shapes only (no symbolic extent)")
+                                     "custom kernels take static shapes only (no symbolic extent): give concrete "
+                                     "sizes (hexir.jit(dynamic=False), or the default dynamic=None, compiles the "
+                                     "function once per shape)")
                 result = self.out(*specs)
                 if not isinstance(result, TensorSpec):
                     raise TraceError(f"custom kernel {self.name}: out= returned {result!r}; expected a "

@@ -109,6 +109,7 @@ class _Trace:
     # the first one's constant.
     constants: dict[int, tuple[np.ndarray, Tensor]] = field(default_factory=dict)
     kernel_search_path: tuple[str, ...] = ()                 # for custom kernels' files
+    custom_kernels: set[str] = field(default_factory=set)    # those called: their shapes are static
 
     def constant(self, array: np.ndarray) -> Tensor:
         if id(array) not in self.constants:

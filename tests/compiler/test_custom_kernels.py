@@ -253,5 +253,84 @@ def test_every_kernel_a_file_serves_is_checked_for_its_symbol(tmp_path):
     shutil.copy(KERNELS / "scale2.c", tmp_path / "ops.c")
     present = hexir.kernel("scale2", cpu=tmp_path / "ops.c", out=same_shape)
     missing = hexir.kernel("scale3", cpu=tmp_path / "ops.c", out=same_shape)
-    with pytest.raises(CompileError, match=r"custom kernel scale3: .*ops.c does not define the symbol 'scale3'"):
+    with pytest.raises(CompileError, match=r"compiling custom kernels scale2, scale3 \(ops.c\) for x86-64-v4 "
+                                           r"failed \(exit 1\):\n.*error: .scale3. undeclared"):
         export(tmp_path, lambda x: missing(present(x)), SPEC)
+    object_file = tmp_path / "ops.o"  # a prebuilt file is checked with its symbol table
+    subprocess.run(["cc", "-O2", "-fPIC", "-c", str(tmp_path / "ops.c"), "-o", str(object_file)], check=True)
+    present, missing = (hexir.kernel(name, cpu=object_file, out=same_shape, dtypes=("float32", "float32"))
+                        for name in ("scale2", "scale3"))
+    with pytest.raises(CompileError, match=r"custom kernel scale3: .*ops.o does not define the symbol 'scale3'"):
+        export(tmp_path, lambda x: missing(present(x)), SPEC)
+
+
+# ---- several kernels per file, and jit's batch sizes ----------------------------------------------
+
+TWO_KERNELS = """#include <stdint.h>
+void scale2(const float *x, float *out, int64_t a, int64_t b, int64_t c, int64_t d) {
+    for (int64_t i = 0; i < a * b; ++i) out[i] = 2.0f * x[i] + (float)(c * d);
+}
+void add(const float *x, const float *y, float *out, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e,
+         int64_t f) {
+    for (int64_t i = 0; i < a * b; ++i) out[i] = x[i] + y[i];
+}
+"""
+
+
+def test_one_c_file_serves_two_kernels_of_different_signatures(tmp_path, monkeypatch):
+    (tmp_path / "ops.c").write_text(TWO_KERNELS)
+    scale = hexir.kernel("scale2", cpu=tmp_path / "ops.c", out=same_shape)
+    add = hexir.kernel("add", cpu=tmp_path / "ops.c", out=lambda x, y: same_shape(x))
+    compiles = []
+    real = hexir.backend.custom.run_tool
+    monkeypatch.setattr(hexir.backend.custom, "run_tool",
+                        lambda command, *rest: (compiles.append(command) if "-c" in command else None,
+                                                real(command, *rest))[1])
+    path = export(tmp_path, lambda x: add(scale(x), x), hexir.TensorSpec((3, 5), "float32"), target="cpu:x86-64-v3")
+    assert len(compiles) == 1  # the file is compiled once, both kernels' signatures checked in it
+    x = np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(hexir_runtime.load(path, "cpu").main(x), expected(x) + x, rtol=1e-6)
+
+
+def test_two_calls_of_one_kernel_with_two_signatures_name_that_kernel(tmp_path):
+    (tmp_path / "ops.c").write_text(TWO_KERNELS)
+    scale = hexir.kernel("scale2", cpu=tmp_path / "ops.c", out=same_shape)
+    add = hexir.kernel("add", cpu=tmp_path / "ops.c", out=lambda x, y: same_shape(x))
+    with pytest.raises(CompileError, match=r"custom kernel scale2: ops.c is called with two signatures, "
+                                           r"void scale2\(const float \*, float \*, int64_t, int64_t, int64_t, "
+                                           r"int64_t\) and void scale2\(const float \*, float \*, int64_t, int64_t\)"):
+        export(tmp_path, lambda x, v: (add(scale(x), x), scale(v)),
+               hexir.TensorSpec((3, 5), "float32"), hexir.TensorSpec((4,), "float32"))
+
+
+def test_jit_compiles_a_custom_kernel_per_batch_size_by_default():
+    kernel = scale2(cpu="kernels/scale2.c")
+    fn = hexir.jit(lambda x: hexir.relu(kernel(x)), cache=False)
+    for rows in (3, 4, 7):
+        x = np.random.default_rng(rows).standard_normal((rows, 5)).astype(np.float32)
+        np.testing.assert_allclose(fn(x), np.maximum(expected(x), 0), rtol=1e-6)
+    assert fn.trace_count == 3  # once per shape: no symbolic batch for a custom kernel
+
+
+def test_a_custom_kernel_under_a_symbolic_batch_names_dynamic_false():
+    kernel = scale2(cpu="kernels/scale2.c")
+    fn = hexir.jit(lambda x: kernel(x), dynamic=True, cache=False)
+    with pytest.raises(TraceError, match=r"custom kernel scale2: its inputs are float32\[batch, 5\]; custom kernels "
+                                         r"take static shapes only .*dynamic=False") as error:
+        fn(np.ones((3, 5), np.float32))
+    assert error.value.where.startswith(__file__)
+
+
+def test_one_cu_file_serves_two_kernels(tmp_path):
+    add = """extern "C" __global__ void add(const float *x, const float *y, float *out, long long a, long long b,
+                                       long long c, long long d, long long e, long long f) {
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < a * b) out[i] = x[i] + y[i];
+    }
+    """
+    (tmp_path / "ops.cu").write_text((KERNELS / "scale2.cu").read_text() + add)
+    scale = hexir.kernel("scale2", cuda=tmp_path / "ops.cu", out=same_shape, grid=grid)
+    plus = hexir.kernel("add", cuda=tmp_path / "ops.cu", out=lambda x, y: same_shape(x), grid=lambda x, y: grid(x))
+    data = manifest(export(tmp_path, lambda x: plus(scale(x), x), SPEC, target="cuda:sm_90").read_bytes())
+    assert [k["symbol"] for k in data["kernels"]] == ["scale2", "add"]
+    assert data["kernels"][0]["images"] == data["kernels"][1]["images"]  # one build, both kernels in it
