@@ -14,8 +14,13 @@ keys the compile cache on disk (`hexir/cache.py`), so a second process skips the
 
 Captured arrays: numpy arrays the function reads from outside (globals, closures) become
 constants of the compiled module. Once traced, each is made read-only
-(`array.flags.writeable = False`), so writing into it in place raises numpy's own error
-instead of leaving the compiled code silently stale. Pass an array as an argument to vary it.
+(`array.flags.writeable = False`), and so is every array it is a view of (the `W` of a captured
+`W.T` or `W[:, :4]`), so writing into it in place raises numpy's own error instead of leaving
+the compiled code silently stale. Freezing rather than copying at capture: a copy would leave
+the base writable and its writes as silently ignored as before, and hold the weights twice.
+Memory owned by something other than a numpy array (a bytearray, an mmap, a torch tensor
+behind `.numpy()`) cannot be frozen through numpy; writes through that owner are not caught.
+Pass an array as an argument to vary it.
 
 Batch sizes (`dynamic`): by default the first call's shapes are compiled as they are; when a
 later call differs from it only in the leading extent of some inputs, the function is
@@ -258,7 +263,7 @@ class JitFunction:
             if bound.state and bound.state.custom_kernels:  # static shapes only: no symbolic batch later
                 self._per_shape.add(self._family(specs, statics))
             for array in bound.captured:  # the module holds their values now: see the module's docstring
-                array.flags.writeable = False
+                _freeze(array)
             form = result_form(module)
             with warnings.catch_warnings(record=True) as notices:  # e.g. "no usable GPU"
                 warnings.simplefilter("always")
@@ -269,6 +274,15 @@ class JitFunction:
                                        caller.lineno if caller else 0)
             self._compiled[key] = (loaded, form)
         return self._compiled[key]
+
+
+def _freeze(array: np.ndarray) -> None:
+    """Make a captured array read-only, and every array it is a view of (`W.T`'s `W`): the
+    base's memory is the constant's too. A base that is not a numpy array (a bytearray, an mmap,
+    another library's tensor) cannot be made read-only: the module's docstring says so."""
+    while isinstance(array, np.ndarray):
+        array.flags.writeable = False
+        array = array.base
 
 
 def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:

@@ -96,6 +96,23 @@ def test_captured_arrays_become_read_only_constants():
     np.testing.assert_allclose(f(given), 2 * expected, rtol=1e-6)
 
 
+def test_the_base_of_a_captured_view_is_made_read_only_too():
+    torch_layout = np.ones((4, 8), np.float32)  # [out, in], as PyTorch keeps a linear's weight
+    weight = torch_layout.T  # a view: its memory is torch_layout's
+    wide = np.ones((8, 6), np.float32)
+
+    @hexir.jit
+    def f(x):
+        return hexir.linear(x, weight), hexir.linear(x, wide[:, :4])
+
+    expected = f(X)
+    for base in (torch_layout, wide):  # a view captured by name, and one made while tracing
+        with pytest.raises(ValueError, match="read-only"):
+            base *= 10  # would change what the module's constants were copied from: refused
+    for result, before in zip(f(X), expected, strict=True):
+        np.testing.assert_array_equal(result, before)
+
+
 def test_an_array_returned_as_is_is_captured_too():
     table = np.ones((2, 2), np.float32)
     f = hexir.jit(lambda x: (hexir.relu(x), table))
