@@ -37,7 +37,7 @@ import numpy as np
 from .cpu import CpuProgram, address
 from .device import Device, Program
 from .dlpack import DeviceTensor
-from .errors import InputError
+from .errors import DeviceError, InputError
 from .format import Entry, Hxb, TensorType
 
 Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its handles)
@@ -206,7 +206,10 @@ class Executor:
         plan = self.plans.get(key) or self._plan(key)
         if plan.fast is not None and plan.fast(arrays):  # host memory: a copy is the view's
             if out is None:
-                return [view.copy() for _, view, _ in plan.outputs]
+                try:
+                    return [view.copy() for _, view, _ in plan.outputs]
+                except MemoryError:
+                    raise self._no_memory_for(plan) from None
             return [self._into(view, out, position, runner) for position, (_, view, runner) in enumerate(plan.outputs)]
         for gpu in self.gpus:
             gpu.begin()
@@ -233,8 +236,16 @@ class Executor:
             elif out is not None:
                 results.append(self._into(view, out, position, runner))
             else:
-                results.append(runner.copy_out(view))
+                try:
+                    results.append(runner.copy_out(view))
+                except MemoryError:
+                    raise self._no_memory_for(plan) from None
         return results
+
+    def _no_memory_for(self, plan: Plan) -> DeviceError:
+        """The error of a call whose returned arrays (fresh copies of the outputs) cannot be allocated."""
+        return DeviceError(f"{self.entry.name}(): out of memory allocating the outputs returned, "
+                           f"{sum(view.nbytes for _, view, _ in plan.outputs):,} bytes")
 
     def _into(self, view: Any, out: Sequence[np.ndarray], position: int, runner: Any) -> np.ndarray:
         """Copy output `position` (`view`) into the caller's `out[position]`, of its shape."""
@@ -248,7 +259,12 @@ class Executor:
         """Size the buffers for the call shape `key` and bind the program's steps to their views."""
         shapes, device = key
         sizes = bind(self.entry, shapes)
-        if self._size_buffers(sizes) or len(self.plans) >= MAX_PLANS:
+        try:
+            grew = self._size_buffers(sizes)
+        except BaseException:
+            self.plans.clear()  # an allocation may have grown before another failed
+            raise
+        if grew or len(self.plans) >= MAX_PLANS:
             self.plans.clear()  # their views may be of freed allocations
         views, runners = list(self.views), self.runners
         inputs = len(self.entry.inputs)
@@ -326,11 +342,24 @@ class Executor:
             count = math.prod(shape)
             if slot[0] is None or count > slot[1]:
                 if slot[0] is not None:
-                    slot[0], old = None, slot[0]
+                    slot[0], old, slot[1] = None, slot[0], 0
                     owner.free(old)
-                slot[0], slot[1], grew = owner.alloc((count,), dtype), count, True
+                grew = True
+                try:
+                    slot[0], slot[1] = owner.alloc((count,), dtype), count
+                except (MemoryError, ValueError):  # numpy: "Unable to allocate", or "array is too big"
+                    raise DeviceError(f"{self.entry.name}(): out of memory allocating {self._role(index)} "
+                                      f"(buffer {index}), {dtype}[{', '.join(map(str, shape))}]: "
+                                      f"{count * self.entry.buffers[index].type.itemsize:,} bytes") from None
             self.views[index] = self.places[index].view(slot[0], shape)
         return grew
+
+    def _role(self, index: int) -> str:
+        """What buffer `index` holds, for messages: "input 'x'", "output 0" or "an intermediate"."""
+        if index in self.returns:
+            return f"output {self.returns.index(index)}"
+        inputs = {command.dst: command.index for command in self.entry.program if command.op == "input"}
+        return f"input {self.entry.inputs[inputs[index]][0]!r}" if index in inputs else "an intermediate"
 
     def close(self) -> None:
         """Free the buffers this entry allocated (idempotent); the constants are `Constants.close`'s."""

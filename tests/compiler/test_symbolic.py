@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hexir_runtime import InputError, load
+from hexir_runtime import DeviceError, InputError, load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -204,3 +204,12 @@ def test_a_symbolic_float64_cuda_linear_carries_a_tensor_core_kernel_per_tile():
     odd = variants(63)
     assert [v.symbol.rsplit("__", 1)[1] for v in odd.variants] == ["dmma32x32", "dmma64x32", "dmma64x64"]
     assert odd.launch.grid == (16, ("ceildiv", "batch", 128), 1) and odd.launch.block == (128, 1, 1)
+
+
+def test_a_batch_too_big_for_memory_is_a_device_error_not_a_memory_error():
+    fn = hexir.jit(lambda x: hexir.relu(x), dynamic=True, cache=False)
+    fn(np.ones((2, 8), np.float32))
+    huge = np.broadcast_to(np.float32(1), (2**47, 8))  # 2^52 bytes, held in 4
+    with pytest.raises(DeviceError, match=r"main\(\): out of memory allocating input 'x' \(buffer 0\), "
+                                                        r"float32\[140737488355328, 8\]: 4,503,599,627,370,496 bytes"):
+        fn(huge)

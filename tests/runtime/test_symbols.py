@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hexir_runtime import HxbFormatError, InputError, load
+from hexir_runtime import DeviceError, HxbFormatError, InputError, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.cpu import CpuDevice
 from hexir_runtime.describe import safe
+from hexir_runtime.reference import ReferenceDevice
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -136,6 +137,35 @@ def test_a_byte_count_past_2_63_is_an_input_error(modules):
     with pytest.raises(InputError) as caught:
         module.main(np.zeros((2**31, 0), np.float32), np.zeros((0, 2**31), np.float32))
     assert str(caught.value) == "main(): buffer 2 would be float32[2147483648, 2147483648], 2^63 bytes or more"
+
+
+def test_outputs_too_big_for_memory_are_a_device_error_naming_them(modules):
+    builder = modules.Builder()
+    outer = builder.kernel("linear", [["n", 0], [0, "n"], ["n", "n"]])
+    entry = builder.entry()
+    entry.ret(entry.call(outer, entry.input("x", ["n", 0]), entry.input("w", [0, "n"])))
+    module = load(hxb.encode(*builder.build()), "reference")
+    module.main(np.zeros((2, 0), np.float32), np.zeros((0, 2), np.float32))  # planned, then dropped below
+    n = 2**25  # 2^52 bytes: past any machine's memory and address space, short of 2^63
+    with pytest.raises(DeviceError) as caught:  # numpy's MemoryError (or "array is too big") until now
+        module.main(np.zeros((n, 0), np.float32), np.zeros((0, n), np.float32))
+    assert str(caught.value) == ("main(): out of memory allocating output 0 (buffer 2), float32[33554432, 33554432]: "
+                                 "4,503,599,627,370,496 bytes")
+    np.testing.assert_array_equal(module.main(np.zeros((2, 0), np.float32), np.zeros((0, 2), np.float32)),
+                                  np.zeros((2, 2)))  # the module still works for sizes that fit
+
+
+class NoMemoryForResults(ReferenceDevice):
+    """The reference device, out of memory when it copies an output out for the caller."""
+
+    def copy_out(self, buffer):
+        raise MemoryError
+
+
+def test_outputs_that_cannot_be_returned_are_a_device_error(batched_data):
+    module = load(batched_data, NoMemoryForResults())
+    with pytest.raises(DeviceError, match=r"^main\(\): out of memory allocating the outputs returned, 448 bytes$"):
+        module.main(np.ones((28, 8), np.float32))
 
 
 class CountingCpu(CpuDevice):
