@@ -146,8 +146,9 @@ class JitFunction:
             elif isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
                 shape, dtype = _shape_and_dtype(value)
                 if dtype not in ("float32", "float64"):
+                    later = f" ({dtype} is not supported yet)" if dtype in ("bfloat16", "float16") else ""
                     raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; "
-                                     "expected float32 or float64", *user_where())
+                                     f"expected float32 or float64{later}", *user_where())
                 specs.append(TensorSpec(shape, dtype))
             else:
                 try:
@@ -285,6 +286,9 @@ def _freeze(array: np.ndarray) -> None:
         array = array.base
 
 
+_DLPACK_DTYPES = {"code 4 bits 16 lanes 1": "bfloat16"}  # the runtime's text of a dtype numpy has not
+
+
 def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
     """The shape and dtype name of a numpy array or of any DLPack tensor (torch, cupy, jax, on
     the host or a GPU), which the compiled module then takes as it is."""
@@ -292,10 +296,14 @@ def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
         return value.shape, value.dtype.name
     device_type, _ = value.__dlpack_device__()
     if device_type in (dlpack.CPU, dlpack.CUDA_HOST):
-        array = np.from_dlpack(value)  # a view, no copy
-        return array.shape, array.dtype.name
-    tensor = dlpack.tensor_of(value)  # borrows the tensor, and gives it back when dropped
-    return tensor.shape, getattr(tensor, "dtype_text", None) or tensor.dtype.name
+        try:
+            array = np.from_dlpack(value)  # a view, no copy
+            return array.shape, array.dtype.name
+        except RuntimeError:  # "Unsupported dtype in DLTensor" (bfloat16): its capsule says which
+            pass
+    tensor = dlpack.unpack(value.__dlpack__())  # borrows the tensor, and gives it back when dropped
+    text = getattr(tensor, "dtype_text", None)
+    return tensor.shape, _DLPACK_DTYPES.get(text, text) if text else tensor.dtype.name
 
 
 def _native(value: Any) -> Any:

@@ -3,6 +3,7 @@ the captured-array rule, and the `hexir` command's spellings, checks and readabl
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import hexir_runtime
 import numpy as np
 import pytest
 from hexir_runtime import format as hxb
+from hexir_runtime.dlpack import DLTensor
 
 import hexir
 from hexir import TraceError
@@ -210,3 +212,32 @@ def test_a_jit_function_takes_any_dlpack_tensor():
     assert f.trace_count == 1
     with pytest.raises(hexir.TraceError, match="argument 'x' has dtype int32; expected float32 or float64"):
         f(_HostTensor(np.ones((2, 4), np.int32)))
+
+
+class _Bfloat16:
+    """A bfloat16 tensor as a DLPack producer (torch's, on the host or a GPU) shows it: numpy's
+    capsule of 16-bit words, its dtype code made DLPack's 4 (kDLBfloat)."""
+
+    def __init__(self, device: tuple[int, int]):
+        self.memory, self.device = np.zeros((2, 4), np.uint16), device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None, **request):
+        capsule = self.memory.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        managed = get(capsule, b"dltensor")
+        ctypes.c_uint8.from_address(managed + DLTensor.dtype.offset).value = 4
+        return capsule
+
+
+@pytest.mark.parametrize("device", [(1, 0), (2, 0)], ids=["host", "cuda"])
+def test_a_bfloat16_tensor_is_a_trace_error_naming_the_argument(device):
+    f = hexir.jit(lambda w, x: hexir.linear(x, w))
+    tensor = _Bfloat16(device)
+    with pytest.raises(hexir.TraceError, match=r"<lambda>\(\): argument 'x' has dtype bfloat16; expected float32 or "
+                                               r"float64 \(bfloat16 is not supported yet\)") as error:
+        f(np.ones((4, 3), np.float32), tensor)
+    assert error.value.where.startswith(__file__)
