@@ -6,7 +6,9 @@
 One node per op (a linear with fused element-wise ops is one node, "linear+relu", with the
 weights it reads), coloured by device; the inputs and outputs are the host's. An edge that
 crosses devices is a transfer, drawn red and labelled with the bytes it moves per call (an
-expression in the batch symbol when the batch is symbolic: "batch × 64 B").
+expression in the batch symbol when the batch is symbolic: "batch × 64 B"). A transfer read by
+several ops is still one copy, so one labelled edge: into a red point, from which red edges
+fan out to its readers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hexir.jit import with_options
 from hexir.passes.fuse import fuse
 
 COLORS = {"cpu": "#cfe2f3", "cuda": "#c9e6b8"}
+TRANSFER = "#cc0000"
 
 
 def explain(fn: Callable, *args: Any, placement: str | dict | None = None, target: str | None = None,
@@ -50,6 +53,11 @@ def _bytes(type_: ir.Type) -> str:
     return " × ".join([*symbols, f"{size:,} B"])
 
 
+def _moved(type_: ir.Type) -> str:
+    """The style of a transfer's edge: red, labelled with the bytes it moves."""
+    return f' [label="{_bytes(type_)}", color="{TRANSFER}", fontcolor="{TRANSFER}", penwidth=2]'
+
+
 def _spec(type_: ir.Type) -> str:
     return hx.describe(hx.shape_of(type_), hx.dtype_of(type_))
 
@@ -64,6 +72,11 @@ def dot(module: ir.Module) -> str:
     nodes: dict[int, str] = {}        # hash(value) -> the node that makes it
     constants: dict[int, str] = {}    # hash(value) -> the constant's name
     transfers: dict[int, ir.Value] = {}  # hash(transfer result) -> the value it moves
+    users: dict[int, int] = {}  # hash(value) -> how many ops read it
+    points: set[str] = set()  # the nodes a transfer read by several ops fans out from
+    for op in block.operations:
+        for operand in op.operation.operands:
+            users[hash(operand)] = users.get(hash(operand), 0) + 1
     for i, (name, arg) in enumerate(zip(hx.argument_names(main), block.arguments, strict=True)):
         nodes[hash(arg)] = f"in{i}"
         lines.append(f'  in{i} [label="{name}\\n{_spec(arg.type)}", shape=ellipse, fillcolor="{COLORS["cpu"]}"];')
@@ -71,6 +84,13 @@ def dot(module: ir.Module) -> str:
         op = op.operation
         if op.name == "hexir.constant":
             constants[hash(op.result)] = hx.string_attr(op, "name")
+            continue
+        if op.name == "hexir.transfer" and users.get(hash(op.result), 0) > 1:
+            # one copy however many read it: one edge with its bytes, into a point they fan out from
+            lines.append(f'  op{index} [shape=point, width=0.08, color="{TRANSFER}"];')
+            lines.append(f"  {nodes[hash(op.operands[0])]} -> op{index}{_moved(op.result.type)};")
+            nodes[hash(op.result)] = f"op{index}"
+            points.add(f"op{index}")
             continue
         if op.name == "hexir.transfer":
             transfers[hash(op.result)] = op.operands[0]
@@ -90,8 +110,9 @@ def dot(module: ir.Module) -> str:
                 continue
             moved = transfers.get(hash(operand))
             source = nodes[hash(moved if moved is not None else operand)]
-            style = f' [label="{_bytes(operand.type)}", color="#cc0000", fontcolor="#cc0000", penwidth=2]'
-            lines.append(f"  {source} -> {node}{style if moved is not None else ''};")
+            style = _moved(operand.type) if moved is not None else \
+                f' [color="{TRANSFER}", penwidth=2]' if source in points else ""
+            lines.append(f"  {source} -> {node}{style};")
         if len(op.results) == 1:
             nodes[hash(op.result)] = node
     return "\n".join([*lines, "}"]) + "\n"

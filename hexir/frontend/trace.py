@@ -256,7 +256,7 @@ _linear, _relu = op_function(ops.REGISTRY["linear"]), op_function(ops.REGISTRY["
 
 
 def linear(x: Tensor | np.ndarray, w: Tensor | np.ndarray, bias: Tensor | np.ndarray | None = None) -> Tensor:
-    """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]; M may be symbolic, w and bias are static."""
+    """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]; M may be symbolic; w and bias have static shapes."""
     return _linear(x, w, bias)
 
 

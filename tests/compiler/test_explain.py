@@ -66,3 +66,19 @@ def test_the_command_prints_what_explain_returns():
         sys.path.pop(0)
     assert done.stdout == hexir.explain(split.mlp, hexir.TensorSpec(("batch", 8), "float32"))
     assert '"relu\\nfloat32[batch, 16]"' in done.stdout and "linear (W2, B2)" in done.stdout
+
+
+def test_a_transfer_with_two_users_is_one_edge_with_its_bytes_that_fans_out():
+    def f(x):
+        with hexir.on("cuda"):
+            h = hexir.relu(hexir.linear(x, W1))
+        return hexir.linear(h, W2), hexir.relu(h)  # both on the cpu: h crosses once
+
+    text = hexir.explain(f, hexir.TensorSpec(("batch", 8), "float32"))
+    by_label = {label.split("\\n")[0]: node for node, (label, _) in nodes(text).items()}
+    moved = {pair: label for pair, label in edges(text).items() if label}
+    assert sorted(moved.values()) == ["batch × 32 B", "batch × 64 B"]  # x in, h back: one edge each
+    ((source, junction),) = [pair for pair, label in moved.items() if label == "batch × 64 B"]
+    assert source == by_label["linear+relu (W1)"] and junction not in nodes(text)
+    assert {target for (start, target) in edges(text) if start == junction} == {by_label["linear (W2)"],
+                                                                                by_label["relu"]}
