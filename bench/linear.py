@@ -7,6 +7,8 @@
     python bench/linear.py run DIR --device cpu --interleave  # variants in turns, each in two runners (twins)
     python bench/linear.py build DIR --const              # the CPU rows with w a constant, packed in DIR.tar.xz
     python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
+    python bench/linear.py build DIR --device cpu --sizes 512x512x512,64x784x512  # a selection, in DIR.tar.xz
+    python bench/linear.py run DIR.tar.xz --device cpu --interleave --passes 3     # three passes in one run
 
 Weights are arguments, so the modules are small and the data is drawn where it runs; except
 with `--const`: the CPU issue's products with w a compile-time constant (packed in panels by the
@@ -20,9 +22,10 @@ GPU runs them back to back, so that the host's launch cost (some 5 µs through c
 through torch) is left out; for small products it is most of the first time. The baseline is
 timed the same way: numpy's `matmul` into a preallocated output, or `torch.matmul(out=...)`
 between CUDA events (TF32 off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time
-(above 1: hexir is faster). The `sym` rows run a module compiled for a symbolic row count
-(`batch x K`) at the same size as the static row above them: their ratio to the static kernel is
-the cost of not knowing the batch when compiling. A cuda row whose output differs from cuBLAS's
+(above 1: hexir is faster). On the cpu the last three columns time the user's call: `m.main(x, w)`
+(numpy arrays in, a new array out) against numpy's `x @ w`. The `sym` rows run a module compiled
+for a symbolic row count (`batch x K`) at the same size as the static row above them: their ratio
+to the static kernel is the cost of not knowing the batch when compiling. A cuda row whose output differs from cuBLAS's
 (relative to its largest element: 1e-4 in float32, 1e-10 in float64) is printed WRONG.
 """
 
@@ -39,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 SIZES = [(128, 128, 128), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
-         (8192, 8192, 8192), (256, 256, 256), (1, 4096, 4096), (16, 4096, 4096), (4096, 1024, 33)]
+         (8192, 8192, 8192), (256, 256, 256), (1, 4096, 4096), (16, 4096, 4096), (4096, 1024, 33), (64, 784, 512)]
 #: Rows also compiled with a symbolic batch (issue: a ?xK kernel as fast as the static one).
 SYMBOLIC = [(64, 1024, 1024), (256, 1024, 1024), (4096, 1024, 1024)]
 #: Rows also compiled as linear + bias + relu (one kernel: the epilogue should cost nothing).
@@ -57,8 +60,10 @@ def const_weight(k: int, n: int, dtype: str) -> np.ndarray:
     return (np.random.default_rng(7).integers(-3, 4, (k, n)) * 2.0 ** -round(np.log2(k) / 2 + 1)).astype(dtype)
 
 
-def build(out: Path, const: bool = False) -> None:
+def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cuda"),
+          sizes: list[str] | None = None, per_tile: bool = False) -> None:
     import hexir
+    from hexir.schedules import cpu as cpu_schedule
 
     out.mkdir(parents=True, exist_ok=True)
     if const:
@@ -72,7 +77,9 @@ def build(out: Path, const: bool = False) -> None:
 
     rows = []
     for m, k, n in dict.fromkeys(SIZES + SYMBOLIC):
-        for device in ("cpu", "cuda"):
+        if sizes and f"{m}x{k}x{n}" not in sizes:
+            continue
+        for device in devices:
             for dtype in ("float32", "float64"):
                 for symbolic in ((False, True) if (m, k, n) in SYMBOLIC else (False,)):
                     name = f"linear_{m}x{k}x{n}_{dtype}_{device}{'_sym' if symbolic else ''}"
@@ -80,6 +87,16 @@ def build(out: Path, const: bool = False) -> None:
                                  hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
                     rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": device,
                                  "symbolic": symbolic})
+                    if per_tile and device == "cpu" and not symbolic:  # w packed by each tile, as before #29
+                        os.environ["HEXIR_CACHE_DIR"] = ""  # (the cache's key cannot see the schedule's change)
+                        packs_w, cpu_schedule.packs_w = cpu_schedule.packs_w, lambda *_: False
+                        try:
+                            hexir.export(linear, out / f"{name}_pertile.hxb", hexir.TensorSpec((m, k), dtype),
+                                         hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
+                        finally:
+                            cpu_schedule.packs_w = packs_w
+                        rows[-1]["variant"] = "packed"
+                        rows.append({**rows[-1], "name": f"{name}_pertile", "variant": "per-tile"})
                 if (m, k, n) in FUSED and device == "cuda":
                     name = f"linear_{m}x{k}x{n}_{dtype}_{device}_fused"
                     hexir.export(fused, out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
@@ -89,11 +106,11 @@ def build(out: Path, const: bool = False) -> None:
                                  "symbolic": False, "variant": "+bias+relu", "fused": True})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
+    if sizes or devices != ("cpu", "cuda"):  # a selection: packed to travel
+        _pack(out)
 
 
 def build_const(out: Path) -> None:
-    import tarfile
-
     import hexir
 
     rows = []
@@ -104,9 +121,16 @@ def build_const(out: Path) -> None:
             rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cpu", "symbolic": False,
                          "variant": "w const", "const": True})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
+    print(f"built {len(rows)} modules in {out}")
+    _pack(out)
+
+
+def _pack(out: Path) -> None:
+    import tarfile
+
     with tarfile.open(f"{out}.tar.xz", "w:xz") as archive:  # what travels (the weights: < 64 MiB packed)
         archive.add(out, arcname=out.name)
-    print(f"built {len(rows)} modules in {out}, packed in {out}.tar.xz")
+    print(f"packed in {out}.tar.xz")
 
 
 def _times(w: np.ndarray):
@@ -170,7 +194,9 @@ def _host_timed(fn):
 
 def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, threads: int | None = None):
     """A function timing one launch of the module's one kernel on buffers already on `device`
-    (a module's constant, its w as the compiler stored it, in place of arrays[1])."""
+    (a module's constant, its w as the compiler stored it, in place of arrays[1]); on the cpu,
+    the launches of its program in turn (a w known at run time is packed by a kernel of its
+    own, then read by the linear's)."""
     from hexir_runtime.format import read
 
     hxb = read(path)
@@ -187,14 +213,12 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         place = CpuDevice(threads=threads)
     program = place.load(hxb)
     sizes = {symbol: m for symbol in kernel.integers if isinstance(symbol, str)}
+    if device == "cpu":
+        return _program_runner(hxb, place, program, arrays, sizes)
     shapes = [a.shape for a in arrays] + [(m, n)]  # the inputs (x, w[, bias]), then out
     buffers = [place.alloc(shape, arrays[0].dtype.name) for shape in shapes]
     for buffer, array in zip(buffers[:-1], arrays, strict=True):
         place.copy_in(buffer, array)
-    if device == "cpu":
-        timed = _host_timed(lambda: program.launch(0, buffers, sizes))
-        timed.result = lambda: place.copy_out(buffers[-1])
-        return timed
     driver = place.driver
     start, end = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
 
@@ -212,6 +236,45 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") / 1e3
     timed.result = lambda: place.copy_out(buffers[-1])  # what the launches computed
     return timed
+
+
+def _program_runner(hxb, place, program, arrays: list[np.ndarray], sizes: dict[str, int]):
+    """`_kernel_runner` on the cpu: the entry's kernels launched in program order on buffers of
+    their own, the inputs and constants copied in once."""
+    entry, constants = hxb.manifest.entries[0], hxb.manifest.constants
+    buffers = [place.alloc(buffer.type.concrete(sizes), buffer.type.dtype) for buffer in entry.buffers]
+    launches = []
+    for command in entry.program:
+        if command.op == "input":
+            place.copy_in(buffers[command.dst], arrays[command.index])
+        elif command.op == "constant":
+            constant = constants[command.constant]
+            place.copy_in(buffers[command.dst], np.frombuffer(hxb.blob(constant.blob), constant.type.dtype)
+                          .reshape(constant.type.shape))
+        elif command.op == "call":
+            go = program.launcher(command.kernel, [buffers[arg] for arg in command.args], sizes)
+            launches += [go] if go is not None else []
+        elif command.op == "return":
+            result = buffers[command.srcs[0]]
+
+    def launch() -> None:
+        for go in launches:
+            go()
+    timed = _host_timed(launch)
+    timed.result = lambda: result.copy()
+    timed.buffers = buffers  # alive as long as the launches, which hold their addresses
+    return timed
+
+
+def _call_runner(path: Path, arrays: list[np.ndarray], threads: int | None = None):
+    """A function timing the user's call `m.main(x, w)` (`m.main(x)`: w a constant) on the cpu
+    (numpy in, a new array out)."""
+    from hexir_runtime import load
+    from hexir_runtime.cpu import CpuDevice
+
+    module = load(path, CpuDevice(threads=threads))
+    arrays = arrays[:len(module.signature("main").inputs)]
+    return _host_timed(lambda: module.main(*arrays))
 
 
 def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None,
@@ -246,6 +309,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
     queued += f" {'twins':>7}" if interleave else ""
+    queued += f" {'call ms':>9} {'x@w ms':>9} {'call ratio':>10}" if device == "cpu" else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}{queued}")
     if interleave:
@@ -288,14 +352,24 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
                 print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
         label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}"
                                                                               if "variant" in row else "")
-        queued = ""
+        queued = _calls(modules / f"{row['name']}.hxb", inputs, repeats, threads) if device == "cpu" else ""
         if device == "cuda" and flops <= QUEUED_FLOPS:  # the kernels' own times (beyond: as the first)
             ours, theirs = runner(queued=True), _queued(lambda tx=tx, tw=tw, tout=tout: torch.matmul(tx, tw, out=tout),
                                                         torch.cuda.current_stream())
-            queued = f" {ours * 1e3:10.4f} {theirs * 1e3:10.4f} {theirs / ours:7.3f}"
+            queued = f" {ours * 1e3:10.4f} {theirs * 1e3:10.4f} {theirs / ours:7.3f}" + queued
         print(f"{label:>22} {dtype:>8} {hexir_time * 1e3:10.3f} {base_time * 1e3:10.3f} "
               f"{flops / hexir_time / 1e9:11.1f} {flops / base_time / 1e9:10.1f} {base_time / hexir_time:7.3f}"
               f"{queued}", flush=True)
+
+
+def _calls(path: Path, inputs: list[np.ndarray], repeats: int, threads: int | None) -> str:
+    """The user's call against numpy's: `m.main(x, w)` and `x @ w` (numpy arrays in, a new array
+    out), numpy first (its threads spin after a call), as the row's last columns."""
+    time.sleep(0.3)
+    numpy = _median_seconds(_host_timed(lambda: inputs[0] @ inputs[1]), repeats)
+    time.sleep(0.3)
+    ours = _median_seconds(_call_runner(path, inputs, threads), repeats)
+    return f" {ours * 1e3:9.3f} {numpy * 1e3:9.3f} {numpy / ours:10.3f}"
 
 
 def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None) -> None:
@@ -324,12 +398,16 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
             for runner, times in zip(runners, seen, strict=True):
                 times.append(runner())
         flops = 2.0 * m * k * n
-        for index, row in enumerate(group):
+        for index, row in enumerate(group):  # each variant's output against numpy's, relative to the largest
+            error = float(np.abs(runners[2 * index].result() - out).max() / max(np.abs(out).max(), 1e-30))
+            if not error < (1e-4 if dtype == "float32" else 1e-10):
+                print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
             twins = [statistics.median(times) for times in seen[2 * index: 2 * index + 2]]
             ours = statistics.median(seen[2 * index] + seen[2 * index + 1])
             label = f"{m} x {k} x {n} {row.get('variant', '')}"
+            calls = _calls(modules / (row["name"] + ".hxb"), [x, w], repeats, threads)
             print(f"{label:>22} {dtype:>8} {ours * 1e3:10.3f} {base * 1e3:10.3f} {flops / ours / 1e9:11.1f} "
-                  f"{flops / base / 1e9:10.1f} {base / ours:7.3f} {max(twins) / min(twins):7.3f}", flush=True)
+                  f"{flops / base / 1e9:10.1f} {base / ours:7.3f} {max(twins) / min(twins):7.3f}{calls}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     build_parser.add_argument("out", type=Path)
     build_parser.add_argument("--const", action="store_true",
                               help="only the CPU rows with w a compile-time constant, packed in OUT.tar.xz")
+    build_parser.add_argument("--device", choices=("cpu", "cuda"),
+                              help="only this device's modules (packed in OUT.tar.xz)")
+    build_parser.add_argument("--sizes", help="only these products, e.g. 512x512x512,64x784x512 (packed in OUT.tar.xz)")
+    build_parser.add_argument("--per-tile", action="store_true",
+                              help="cpu rows: also each with w packed by each tile (the kernel before #29), "
+                                   "a variant for --interleave")
     run_parser = commands.add_parser("run")
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -347,11 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--sizes", help="only these products, e.g. 1024x1024x1024,1x4096x4096")
     run_parser.add_argument("--interleave", action="store_true",
                             help="cpu: time a product's variants (bench/cpu_tilings.py) in turns")
+    run_parser.add_argument("--passes", type=int, default=1, help="run the table this many times")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out, args.const)
+        build(args.out, args.const, (args.device,) if args.device else ("cpu", "cuda"),
+              args.sizes.split(",") if args.sizes else None, args.per_tile)
     else:
         if not args.modules.exists():
             parser.error(f"{args.modules}: no such directory or archive (bench/linear.py build makes them)")
@@ -364,8 +450,11 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 parser.error(f"--sizes: {', '.join(unknown)} not among the modules' products "
                              f"({', '.join(sorted(listed))})")
-        run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
-            args.sizes.split(",") if args.sizes else None, args.interleave)
+        for number in range(args.passes):
+            if args.passes > 1:
+                print(f"pass {number + 1} of {args.passes}", flush=True)
+            run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
+                args.sizes.split(",") if args.sizes else None, args.interleave)
     return 0
 
 

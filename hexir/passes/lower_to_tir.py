@@ -7,7 +7,9 @@ symbol its buffers use), and the graph op replaced by `hexir.call @kernel(...)`.
 transfer and print stay: they are the host program's business.
 
 This pass only dispatches (a linear whose w pack-weights packed gets the op `linear_panels`
-and a request saying so): the op's registration (`hexir/ops.py`) names a schedule per device
+and a request saying so; a cpu linear whose w comes at run time, where the cpu schedule's
+`packs_w` says so, gets a `pack_panels` kernel called on w before it, and reads its result as
+`linear_panels`): the op's registration (`hexir/ops.py`) names a schedule per device
 (`hexir/schedules/`), which builds the body and returns the kernel's work (cpu) or launch
 (cuda) record, kept on the kernel as `hextir.work` / `hextir.launch` for the packager. Each
 cuda kernel also gets a cpu twin `<name>_cpu` (`hextir.fallback_of = @<name>`), so a GPU
@@ -32,13 +34,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
-from hexir.schedules import Request
+from hexir.schedules import Builder, Request, cpu
 from hexir.target import Target, check_launch
 
 
@@ -55,7 +58,10 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
         device = hx.device_of(op)
         kind = hx.string_attr(op, "kernel") if definition is None else definition.name
         name = f"{kind}_{counter}"
-        values = [*op.operands, op.result]
+        operands, packed = list(op.operands), _packs_at_run_time(op, device)
+        if packed:  # w packed by a kernel of its own, launched first
+            operands[1] = _pack_call(main, op, counter, target)
+        values = [*operands, op.result]
         symbols = tuple(dict.fromkeys(d for v in values for d in hx.shape_of(v.type) if isinstance(d, str)))
         arg_types = [_memref(v.type) for v in values] + [ir.IndexType.get()] * len(symbols)
         with ir.InsertionPoint(main), op.location:
@@ -68,42 +74,74 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 scalars = {n: ops.REGISTRY[n].scalar for n in (definition.name, *epilogues)
                            if n in ops.REGISTRY and ops.REGISTRY[n].scalar is not None}
                 request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars,
-                                  panels=hx.has_w_panels(op))
+                                  panels=hx.has_w_panels(op) or packed)
                 if device == "cuda":
-                    kernel = _kernel(name, arg_types, device, definition, request)
+                    kernel = _kernel(name, arg_types, device, definition.name, definition.schedules[device], request)
                     launch = ht.record_of(kernel)  # what can be checked before run time: the static axes
                     check_launch(name, [g if isinstance(g, int) else None for g in launch.grid], list(launch.block))
                     variants = definition.variants.get(device, lambda *_: [])(arg_types[:len(values)], request)
                     for variant, _ in variants:  # the schedule's other kernels, chosen per call
-                        other = _kernel(f"{name}__{variant}", arg_types, device, definition,
-                                        replace(request, variant=variant))
+                        other = _kernel(f"{name}__{variant}", arg_types, device, definition.name,
+                                        definition.schedules[device], replace(request, variant=variant))
                         ht.set_variant_of(other, name)
                     if variants:
                         ht.set_variants(kernel, [(f"{name}__{variant}", below) for variant, below in variants])
-                for level in target.cpu_levels:  # a cpu kernel (or the cuda one's cpu twin) per x86-64 level
-                    cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
-                    at_level = replace(request, target=replace(target, cpu_levels=(level,)))
-                    kernel = _kernel(ht.level_name(cpu_name, level, target), arg_types, "cpu", definition, at_level)
-                    ht.set_level(kernel, level)
-                    if device == "cuda":  # the cpu variant that lets `hexir-run --device=cpu` run it
+                cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
+                for kernel in _cpu_kernels(cpu_name, arg_types, definition.name, definition.schedules["cpu"],
+                                           request):  # (the cpu twin lets `hexir-run --device=cpu` run it)
+                    if device == "cuda":
                         ht.set_fallback_of(kernel, name)
         with ir.InsertionPoint(op), op.location:
-            result = hx.call(name, list(op.operands), op.result.type, device)
+            result = hx.call(name, operands, op.result.type, device)
         op.result.replace_all_uses_with(result)
         op.erase()
 
 
-def _kernel(name: str, arg_types: list[ir.Type], device: str, definition: ops.OpDef,
+def _packs_at_run_time(op: ir.Operation, device: str) -> bool:
+    """Whether a cpu linear's w, known only at run time (pack-weights packed the constant ones),
+    is packed in panels by a kernel launched before it (the cpu schedule's `packs_w`)."""
+    if op.name != "hexir.linear" or device != "cpu" or hx.has_w_panels(op):
+        return False
+    return cpu.packs_w(hx.shape_of(op.operands[0].type)[0], hx.shape_of(op.operands[1].type)[1],
+                       hx.dtype_of(op.result.type))
+
+
+def _pack_call(main: ir.Operation, op: ir.Operation, counter: int, target: Target) -> ir.Value:
+    """Build `pack_panels_<counter>` (per x86-64 level) and call it on the linear's w, before
+    the linear: the result is w in panels of PANEL_BYTES, as pack-weights lays out a constant."""
+    w = op.operands[1]
+    (k, n), dtype = hx.shape_of(w.type), hx.dtype_of(w.type)
+    lanes = cpu.PANEL_BYTES // np.dtype(dtype).itemsize
+    panels = ir.RankedTensorType.get([-(-n // lanes), k, lanes], ir.RankedTensorType(w.type).element_type)
+    name = f"pack_panels_{counter}"
+    with ir.InsertionPoint(main), op.location:
+        _cpu_kernels(name, [_memref(w.type), _memref(panels)], "pack_panels", cpu.pack_panels,
+                     Request("pack_panels", (), dtype, target))
+    with ir.InsertionPoint(op), op.location:
+        return hx.call(name, [w], panels, "cpu")
+
+
+def _cpu_kernels(name: str, arg_types: list[ir.Type], op: str, build: Builder, request: Request) -> list[ir.Operation]:
+    """A cpu kernel per x86-64 level of the target."""
+    kernels = []
+    for level in request.target.cpu_levels:
+        at_level = replace(request, target=replace(request.target, cpu_levels=(level,)))
+        kernels.append(_kernel(ht.level_name(name, level, request.target), arg_types, "cpu", op, build, at_level))
+        ht.set_level(kernels[-1], level)
+    return kernels
+
+
+def _kernel(name: str, arg_types: list[ir.Type], device: str, op: str, build: Builder,
             request: Request) -> ir.Operation:
     kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
-    op = definition.name + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
+    op += "_panels" if request.panels else ""  # (linear_panels: docs/hxb-format.md)
     ht.tag_kernel(kernel.operation, device, op, request.epilogues, request.symbols)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
     buffers = list(block.arguments)[:len(arg_types) - len(request.symbols)]
     symbols = dict(zip(request.symbols, list(block.arguments)[len(buffers):], strict=True))
     with ir.InsertionPoint(block):
-        record = definition.schedules[device](buffers, symbols, request)
+        record = build(buffers, symbols, request)
         func.ReturnOp([])
     ht.set_record(kernel.operation, record)
     return kernel.operation

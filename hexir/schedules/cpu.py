@@ -31,6 +31,12 @@ against the streamed kernels (run 78 of bench/results/2026-12-01-h200.md, two pa
 27 of 28 pairs of 1-16 rows (by up to 2.9x: 16x784x512 f32), one level (1x4096^2 f64); on one
 thread 1-row products the same or faster, 4-16 rows up to 30% slower.
 
+A w known only at run time (an argument, or computed) of a static product too tall to stream
+(`packs_w`) comes in the same panels: lower-to-tir calls a `pack_panels` kernel on it first,
+once per call, parallel over the panels' blocks of KC k's (BLIS's order: each tile copying its
+own block of w packed each block once per row tile, 11 times at 2048 rows). A symbolic batch's
+tiles still copy their block of w on their stack (`_pack`), if they have PACK_FROM_ROWS rows.
+
 Up to STREAM_ROWS static rows of a w in rows (an argument, or a constant of one panel or less),
 w is streamed instead (`_stream`): the parallel loop is bound to `chunk`, so a thread's run of
 column tiles is one span, walked in sub-blocks of STREAM_COLUMNS columns, STREAM_KS rows of w at
@@ -147,6 +153,48 @@ def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool =
     choices = MC_PANELS if panels else MC_CHOICES
     mc = next((mc for mc in choices if -(-m // mc) * column_tiles >= WORK_ITEMS), choices[-1])
     return mr, nr, mc, nc
+
+
+def packs_w(m: sizes.Expr, n: int, dtype: str) -> bool:
+    """Whether a cpu linear of [m, n] whose w comes at run time has it packed in panels first, by a
+    `pack_panels` kernel of its own (launched once per call, before the linear, which then reads
+    the panels as it reads a constant's): a static product too tall to stream w, and w wider
+    than a panel (narrower rows are contiguous already). A symbolic batch keeps each tile's own
+    copy of w's block (`_pack`): the batch may be a few rows, whose product would pay for the
+    pack more than it gains."""
+    return isinstance(m, int) and m > STREAM_ROWS and n > PANEL_BYTES // np.dtype(dtype).itemsize
+
+
+def pack_panels(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
+    """panels[p, k, j] = w[k, p * L + j], zeros past N (the layout pack-weights gives a constant):
+    the work items are the panels' blocks of KC k's, a panel's blocks in turn, each KC rows of
+    L contiguous elements of w copied into one contiguous stretch of panels."""
+    w, panels = args
+    k_extent, n = ir.MemRefType(w.type).shape
+    count, _, lanes = ir.MemRefType(panels.type).shape
+    element, blocks = ir.MemRefType(w.type).element_type, -(-k_extent // KC)
+    with ht.loop(0, count * blocks, "parallel") as item:
+        panel = arith.DivUIOp(item, _i(blocks)).result
+        k0 = arith.MulIOp(arith.RemUIOp(item, _i(blocks)).result, _i(KC)).result
+        j0 = arith.MulIOp(panel, _i(lanes)).result
+
+        def copy(width: int) -> None:
+            with ht.loop(k0, _min(arith.AddIOp(k0, _i(KC)).result, _i(k_extent)), "serial") as k:
+                row = vector.LoadOp(ir.VectorType.get([width], element), w, [k, j0]).result
+                vector.StoreOp(row, panels, [panel, k, _i(0)])
+                if width < lanes:
+                    vector.StoreOp(_splat_zero(ir.VectorType.get([lanes - width], element)), panels,
+                                   [panel, k, _i(width)])
+
+        if n % lanes == 0:
+            copy(lanes)
+        else:  # the last panel holds n % L columns of w
+            last = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, panel, _i(count - 1)).result, has_else=True)
+            for region, width in ((last.then_block, n % lanes), (last.else_block, lanes)):
+                with ir.InsertionPoint(region):
+                    copy(width)
+                    scf.YieldOp([])
+    return ht.Work(count * blocks)
 
 
 def _zero(element: ir.Type) -> ir.Value:

@@ -42,8 +42,8 @@ ALIGNMENT = 64
 DTYPES = {"float32": 4, "float64": 8}
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
-# The ops the runtime knows are linear (linear_panels: its w packed) and relu (checked by their
-# shapes); any other identifier is an op the runtime runs only as native code (no numpy
+# The ops the runtime knows are linear (linear_panels: its w packed; pack_panels packs one) and
+# relu (checked by their shapes); any other identifier is an op the runtime runs only as native code (no numpy
 # reference). A linear's epilogues are an optional "bias" first, then the element-wise ops fused
 # into it (relu, or ops the runtime does not know, which the reference device then refuses).
 COMMANDS = {  # host program op -> its other fields
@@ -761,10 +761,10 @@ def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str
     for j, arg in enumerate(args):
         if arg.dtype != args[0].dtype:
             _fail(f"{path}.args[{j}].dtype", f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
-    if op == "relu":
-        expected = ["x", "out of the same shape"]
+    if op in ("relu", "pack_panels"):
+        expected = ["x", "out of the same shape"] if op == "relu" else ["w[K, N]", "out[P, K, L] (P = ceil(N / L))"]
         if epilogues:
-            _fail(f"{path}.epilogues", f"relu has none, got {_json(list(epilogues))}")
+            _fail(f"{path}.epilogues", f"{op} has none, got {_json(list(epilogues))}")
     elif op in ("linear", "linear_panels"):
         if "bias" in epilogues[1:]:  # (an element-wise op may repeat: relu(relu(x @ w)) fuses twice)
             _fail(f"{path}.epilogues", f"expected [bias] then fused element-wise ops, got "
@@ -778,6 +778,10 @@ def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str
     shapes = [arg.shape for arg in args]
     if op == "relu":
         consistent = shapes[0] == shapes[1]
+    elif op == "pack_panels":
+        w, out = shapes
+        consistent = len(w) == 2 and len(out) == 3 and all(type(d) is int for d in (*w, *out)) and out[1] == w[0] \
+            and out[2] > 0 and out[0] == -(-w[1] // out[2])
     else:
         x, w, out = shapes[0], shapes[1], shapes[-1]
         n = out[1] if len(out) == 2 else None

@@ -3,7 +3,8 @@
 It is the executable definition of each op and the oracle the other devices are compared
 with. It runs the kernels of every manifest device (cpu and cuda) and never loads native code,
 so it refuses a module with custom kernels (the user's code has no numpy twin), or with an op
-it does not know, when it loads. A `linear` applies its epilogues (bias, relu) in order.
+it does not know, when it loads. A `linear` applies its epilogues (bias, relu) in order;
+`pack_panels` lays w out as `linear_panels` reads it.
 """
 
 from __future__ import annotations
@@ -38,12 +39,20 @@ def _relu(x: np.ndarray, out: np.ndarray) -> None:
     np.maximum(x, 0, out=out)
 
 
+def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
+    """out[p, k, j] = w[k, p * L + j], zeros past N."""
+    count, _, lanes = out.shape
+    padded = np.zeros((w.shape[0], count * lanes), w.dtype)
+    padded[:, :w.shape[1]] = w
+    out[...] = padded.reshape(w.shape[0], count, lanes).transpose(1, 0, 2)
+
+
 def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
     """What computes `kernel` in numpy, or None for an op without a numpy version (custom, unknown)."""
     if kernel.op in ("linear", "linear_panels"):
         return _linear(kernel.epilogues, kernel.op == "linear_panels") if set(kernel.epilogues) <= {"bias", "relu"} \
             else None
-    return _relu if kernel.op == "relu" else None
+    return {"relu": _relu, "pack_panels": _pack_panels}.get(kernel.op)
 
 
 class ReferenceDevice(HostMemory):

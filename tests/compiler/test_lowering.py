@@ -189,6 +189,54 @@ def test_a_constant_weight_comes_in_panels_to_a_cpu_linear_only():
     assert "W.panels" not in narrow and "linear_panels" not in narrow and "memref<8x32xf32>" in narrow
 
 
+TALL_W_ARGUMENT = """
+func.func @main(%arg0: tensor<40x300xf32>, %w: tensor<300x70xf32>) -> tensor<40x70xf32> {
+  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<40x300xf32>, tensor<300x70xf32>) -> tensor<40x70xf32>
+  return %1 : tensor<40x70xf32>
+}
+"""
+
+
+def test_a_weight_known_at_run_time_is_packed_once_by_a_kernel_of_its_own():
+    """A cpu linear too tall to stream w (40 rows), w an argument of 70 columns: a pack_panels
+    kernel, launched first, lays w out in 3 panels of 32 columns (the last one 6 of w's, then
+    zeros), its work items each panel's 2 blocks of 256 k's; the linear reads those panels as it
+    reads a constant's (`linear_panels`: no copy on its stack). The host program calls both."""
+    filecheck(lower(TALL_W_ARGUMENT, "mlir-tir"), """
+        CHECK-LABEL: func.func public @pack_panels_0(%arg0: memref<300x70xf32>, %arg1: memref<3x300x32xf32>)
+        CHECK-SAME:      hextir.kernel = #hextir.kernel<"cpu", "pack_panels">, {{.+}}, hextir.work = {extent = "6", grain = 1 : i64}
+        CHECK:       scf.for %[[ITEM:.+]] = %c0 to %c6 step %c1 {
+        CHECK:         %[[PANEL:.+]] = arith.divui %[[ITEM]], %c2 : index
+        CHECK-NEXT:    %[[BLOCK:.+]] = arith.remui %[[ITEM]], %c2 : index
+        CHECK:         %[[K0:.+]] = arith.muli %[[BLOCK]], %c256 : index
+        CHECK:         %[[J0:.+]] = arith.muli %[[PANEL]], %c32 : index
+        CHECK-NEXT:    %[[LAST:.+]] = arith.cmpi eq, %[[PANEL]], %c2 : index
+        CHECK-NEXT:    scf.if %[[LAST]] {
+        CHECK:           scf.for %[[K:.+]] = %[[K0]] to %{{.+}} step %c1 {
+        CHECK-NEXT:        %[[ROW:.+]] = vector.load %arg0[%[[K]], %[[J0]]] : memref<300x70xf32>, vector<6xf32>
+        CHECK-NEXT:        vector.store %[[ROW]], %arg1[%[[PANEL]], %[[K]], %c0] : memref<3x300x32xf32>, vector<6xf32>
+        CHECK-NEXT:        %[[ZEROS:.+]] = arith.constant dense<0.000000e+00> : vector<26xf32>
+        CHECK-NEXT:        vector.store %[[ZEROS]], %arg1[%[[PANEL]], %[[K]], %c6] : memref<3x300x32xf32>, vector<26xf32>
+        CHECK:         } else {
+        CHECK:             vector.load %arg0[%{{.+}}, %[[J0]]] : memref<300x70xf32>, vector<32xf32>
+        CHECK:       } {hextir.schedule = #hextir.loop<"parallel", "">}
+        CHECK-LABEL: func.func public @linear_0(%arg0: memref<40x300xf32>, %arg1: memref<3x300x32xf32>, %arg2: memref<40x70xf32>)
+        CHECK-SAME:      hextir.kernel = #hextir.kernel<"cpu", "linear_panels">
+        CHECK-NOT:   hextir.alloc_local
+        CHECK:       vector.load %arg1[%{{[0-9]+}}, %{{arg[0-9]+}}, %{{[0-9]+}}] : memref<3x300x32xf32>, vector<32xf32>
+        CHECK-LABEL: func.func @main(%arg0: tensor<40x300xf32>, %arg1: tensor<300x70xf32>)
+        CHECK-NEXT:    %[[P:.+]] = "hexir.call"(%arg1) {callee = @pack_panels_0, device = "cpu"
+        CHECK-SAME:      : (tensor<300x70xf32>) -> tensor<3x300x32xf32>
+        CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %[[P]]) {callee = @linear_0, device = "cpu"
+        CHECK-NEXT:    return %[[Y]]
+    """)
+    streamed = lower(TALL_W_ARGUMENT.replace("40x", "16x"), "mlir-tir")  # few rows stream w: no pack
+    assert "pack_panels" not in streamed and "linear_panels" not in streamed
+    symbolic = lower(TALL_W_ARGUMENT.replace("40x300xf32>", '?x300xf32, "batch">').replace(
+        "40x70xf32>", '?x70xf32, "batch">'), "mlir-tir")  # each tile's own copy, as before
+    assert "pack_panels" not in symbolic and "hextir.alloc_local" in symbolic
+
+
 def test_relu_of_rank_1_is_one_parallel_loop():
     filecheck(lower(RELU.format(type="tensor<6xf32>"), "mlir-tir"), """
         CHECK-LABEL: func.func public @relu_0(%arg0: memref<6xf32>, %arg1: memref<6xf32>)

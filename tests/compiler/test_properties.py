@@ -101,41 +101,47 @@ N_EDGES = _edges(1, 4, 8, 16, 32, 64, 128, cpu_schedule.STREAM_COLUMNS, 512) + [
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(m=st.sampled_from(M_EDGES), k=st.sampled_from(K_EDGES), n=st.sampled_from(N_EDGES),
        dtype=st.sampled_from(["float32", "float64"]), bias=st.booleans(), threads=st.integers(1, 5),
-       constant=st.booleans(), level=st.sampled_from(["host", "x86-64-v3", "x86-64"]))
+       constant=st.booleans(), level=st.sampled_from(["host", "x86-64-v3", "x86-64"]), symbolic=st.booleans())
 # one row: chunks of several tiles; the most streamed rows, KS + 1; the most rows of the smaller
 # KS, + 1; the fewest tiled rows; the narrow panel with the last full one, packed per tile,
 # unpacked (AVX-512 hosts) and in panels; panels read by narrower NR (AVX2, SSE); one row's
 # tile-wide panels (a narrow last one, f64; read by SSE); the most rows that take tiles in panels
-@example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3, constant=True, level="host")
-@example(m=1, k=131, n=97, dtype="float64", bias=False, threads=2, constant=True, level="host")
-@example(m=1, k=37, n=389, dtype="float32", bias=True, threads=4, constant=True, level="x86-64")
-@example(m=16, k=257, n=61, dtype="float32", bias=True, threads=3, constant=True, level="host")
-@example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2, constant=False, level="host")
-@example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3, constant=True, level="host")
-@example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4, constant=False, level="host")
-@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=False, level="host")
-@example(m=53, k=131, n=17, dtype="float64", bias=False, threads=2, constant=False, level="host")
-@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=True, level="host")
-@example(m=29, k=37, n=61, dtype="float64", bias=True, threads=2, constant=True, level="x86-64-v3")
-@example(m=97, k=131, n=47, dtype="float32", bias=False, threads=3, constant=True, level="x86-64")
-def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads, constant, level):
-    """The cpu linear (streamed or tiled; w a constant, in panels, or an argument, packed per
-    tile or read as it is) on shapes at and around every tile size, each launch split in chunks
-    over `threads` threads, built for this host's level or a lower one (whose NR is narrower than
-    a panel), against numpy."""
+@example(m=1, k=257, n=513, dtype="float32", bias=True, threads=3, constant=True, level="host", symbolic=False)
+@example(m=1, k=131, n=97, dtype="float64", bias=False, threads=2, constant=True, level="host", symbolic=False)
+@example(m=1, k=37, n=389, dtype="float32", bias=True, threads=4, constant=True, level="x86-64", symbolic=False)
+@example(m=16, k=257, n=61, dtype="float32", bias=True, threads=3, constant=True, level="host", symbolic=False)
+@example(m=16, k=17, n=257, dtype="float64", bias=False, threads=2, constant=False, level="host", symbolic=False)
+@example(m=4, k=9, n=129, dtype="float32", bias=True, threads=3, constant=True, level="host", symbolic=False)
+@example(m=17, k=255, n=129, dtype="float64", bias=True, threads=4, constant=False, level="host", symbolic=False)
+@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=False, level="host", symbolic=False)
+@example(m=53, k=131, n=17, dtype="float64", bias=False, threads=2, constant=False, level="host", symbolic=False)
+@example(m=769, k=257, n=33, dtype="float32", bias=True, threads=3, constant=True, level="host", symbolic=False)
+@example(m=29, k=37, n=61, dtype="float64", bias=True, threads=2, constant=True, level="x86-64-v3", symbolic=False)
+@example(m=97, k=131, n=47, dtype="float32", bias=False, threads=3, constant=True, level="x86-64", symbolic=False)
+# w an argument: packed by its own kernel (a narrow last panel, f32 and f64; read by SSE), or per
+# tile (a symbolic batch: the first tile packs, the last has too few rows)
+@example(m=100, k=300, n=70, dtype="float64", bias=True, threads=3, constant=False, level="host", symbolic=False)
+@example(m=53, k=513, n=389, dtype="float64", bias=False, threads=2, constant=False, level="x86-64", symbolic=False)
+@example(m=29, k=257, n=389, dtype="float64", bias=True, threads=2, constant=False, level="host", symbolic=True)
+def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threads, constant, level, symbolic):
+    """The cpu linear (streamed or tiled; w a constant, in panels, or an argument, packed by a
+    kernel of its own, per tile (a symbolic batch) or read as it is) on shapes at and around
+    every tile size, each launch split in chunks over `threads` threads, built for this host's
+    level or a lower one (whose NR is narrower than a panel), against numpy."""
     rng = np.random.default_rng(m * 1_000_000 + k * 1000 + n)
     w = rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None
     options = Options(target=parse_target(f"cpu:{level}"))
+    spec = hexir.TensorSpec(("batch" if symbolic else m, k), dtype)
     if constant:
-        traced = hexir.jit(lambda x: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype))
+        traced = hexir.jit(lambda x: hexir.relu(hexir.linear(x, w, b))).trace(spec)
     else:
-        traced = hexir.jit(lambda x, w: hexir.relu(hexir.linear(x, w, b))).trace(hexir.TensorSpec((m, k), dtype),
-                                                                               hexir.TensorSpec((k, n), dtype))
+        traced = hexir.jit(lambda x, w: hexir.relu(hexir.linear(x, w, b))).trace(spec, hexir.TensorSpec((k, n), dtype))
     data = compile_module(traced, options)
-    lanes = (cpu_schedule.NC_BYTES if m == 1 else cpu_schedule.PANEL_BYTES) // np.dtype(dtype).itemsize
-    panels = constant and n > lanes  # (a constant wider than a panel: a column tile for one row)
-    assert [kernel["op"] for kernel in manifest(data)["kernels"]] == ["linear_panels" if panels else "linear"]
+    lanes = (cpu_schedule.NC_BYTES if m == 1 and not symbolic else cpu_schedule.PANEL_BYTES) // np.dtype(dtype).itemsize
+    packed = n > lanes and (constant or not symbolic and m > cpu_schedule.STREAM_ROWS)  # (at run time: a tall one)
+    ops = ["linear_panels"] if constant and packed else ["pack_panels", "linear_panels"] if packed else ["linear"]
+    assert [kernel["op"] for kernel in manifest(data)["kernels"]] == ops
     x = rng.standard_normal((m, k)).astype(dtype)
     expected = np.maximum(x.astype(np.float64) @ w + (0 if b is None else b), 0)
     try:

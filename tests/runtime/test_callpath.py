@@ -93,6 +93,66 @@ def test_out_with_a_symbolic_batch_must_have_the_calls_shape(batched):
         batched.main(np.ones((2, 8), np.float32), out=np.empty((3, 4), np.float32))
 
 
+@pytest.fixture
+def copied_out(monkeypatch) -> list[Any]:
+    """The buffers copied out of the module (HostMemory.copy_out's and copy_out_into's sources)."""
+    copied: list[Any] = []
+    original_out, original_into = HostMemory.copy_out, HostMemory.copy_out_into
+
+    def copy_out(self, buffer):
+        copied.append(buffer)
+        return original_out(self, buffer)
+
+    def copy_out_into(self, buffer, array):
+        copied.append(buffer)
+        original_into(self, buffer, array)
+    monkeypatch.setattr(HostMemory, "copy_out", copy_out)
+    monkeypatch.setattr(HostMemory, "copy_out_into", copy_out_into)
+    return copied
+
+
+@pytest.mark.parametrize("pool", ["batched", "steps"])
+def test_a_big_output_is_written_by_its_kernel_into_the_array_returned(batched, modules, copied_out, pool):
+    executor = batched._executors["main"]
+    rows = IN_PLACE_BYTES // 16 + 1  # 16 bytes a row of out
+    rng = np.random.default_rng(4)
+    x1, x2 = (rng.standard_normal((rows, 8)).astype(np.float32) for _ in range(2))
+    first = batched.main(x1)
+    if pool == "steps":  # the steps, as when another thread holds the pool
+        next(iter(executor.plans.values())).fast = None
+    second = batched.main(x2)
+    assert copied_out == []  # no copy of a buffer: the kernel wrote each array returned
+    assert first.flags.owndata and second.flags.owndata and not np.shares_memory(first, second)
+    np.testing.assert_allclose(first, expected(modules, x1), rtol=1e-5, atol=1e-5)  # the second call left it
+    np.testing.assert_allclose(second, expected(modules, x2), rtol=1e-5, atol=1e-5)
+    out = np.full((rows, 4), np.nan, np.float32)
+    assert batched.main(x1, out=out) is out and copied_out == []  # written in place, no copy
+    np.testing.assert_array_equal(out, first)
+    strided = np.empty((rows, 8), np.float32)[:, ::2]  # not contiguous: computed, then copied into
+    assert batched.main(x2, out=strided) is strided and len(copied_out) == 1
+    np.testing.assert_array_equal(strided, second)
+    small = batched.main(x1[:3])  # a small output: copied from the buffer, which costs less
+    assert len(copied_out) == 2 and small.base is None
+    np.testing.assert_allclose(small, expected(modules, x1[:3]), rtol=1e-5, atol=1e-5)
+
+
+def test_an_out_array_overlapping_an_input_gets_the_result_after_the_program(modules, c_library):
+    """A kernel writing out= in place would overwrite rows of the x it has still to read: such
+    an out is filled from the module's buffer once the program has run."""
+    builder, rng = modules.Builder(), np.random.default_rng(5)
+    w, b = (builder.constant(name, rng.standard_normal(shape)) for name, shape in (("W", (96, 64)), ("b", (64,))))
+    entry = builder.entry()
+    layer = builder.kernel("linear_bias", [[300, 96], [96, 64], [64], [300, 64]], "float64")
+    entry.ret(entry.call(layer, entry.input("x", [300, 96], "float64"), entry.constant(w), entry.constant(b)))
+    module = load(hxb.encode(*builder.build(c_library)), "cpu")
+    memory = rng.standard_normal(300 * 96 + 300 * 64)
+    x = memory[: 300 * 96].reshape(300, 96)
+    wanted = module.main(x.copy())
+    out = memory[150 * 96: 150 * 96 + 300 * 64].reshape(300, 64)  # its first rows lie on x's last
+    assert module.main(x, out=out) is out
+    np.testing.assert_array_equal(out, wanted)
+
+
 class CountingCpu(CpuDevice):
     def __init__(self) -> None:
         super().__init__()

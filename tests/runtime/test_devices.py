@@ -281,6 +281,35 @@ def test_every_device_has_the_same_shape():
     assert CpuDevice(fallbacks=False).kinds == ("cpu",)
 
 
+def test_the_reference_runs_pack_panels_and_the_checks_count_the_panels(modules):
+    """`pack_panels` (docs/hxb-format.md): a w given at run time laid out as linear_panels reads
+    it (40 columns in 2 panels of 32, zeros past N), then read by it; a panel count that does not
+    cover N, a K that is not w's, or a dynamic extent is refused when the file is read."""
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((8, 40)).astype(np.float32)
+    builder = modules.Builder()
+    pack = builder.kernel("relu", [[8, 40], [2, 8, 32]])
+    builder.kernels[pack].update(op="pack_panels")
+    linear = builder.kernel("linear", [[3, 8], [2, 8, 32], [3, 40]])
+    builder.kernels[linear]["op"] = "linear_panels"
+    entry = builder.entry()
+    x_buffer, w_buffer = entry.input("x", [3, 8]), entry.input("w", [8, 40])
+    panels = entry.call(pack, w_buffer)
+    entry.ret(entry.call(linear, x_buffer, panels), panels)
+    manifest, blobs = builder.build()
+    product, packed = load(hxb.encode(manifest, blobs), "reference").main(x, w)
+    np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(packed[1, :, :8], w[:, 32:])
+    np.testing.assert_array_equal(packed[1, :, 8:], 0)
+    for shapes in (([8, 40], [1, 8, 32]), ([8, 40], [2, 7, 32]), ([8, 40], [2, 8, 0]), (["k", 40], [2, "k", 32])):
+        bad = copy.deepcopy(manifest)
+        for arg, shape in zip(bad["kernels"][pack]["args"], shapes, strict=True):
+            arg["shape"] = shape
+        with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: pack_panels expects w\[K, N\], "
+                                                 r"out\[P, K, L\] \(P = ceil\(N / L\)\)"):
+            hxb.encode(bad, blobs)
+
+
 def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(modules):
     """`linear_panels` (docs/hxb-format.md): w's 40 columns in 2 panels of 32, K-major, zeros
     past N; the reference device unpacks them; a panel count that does not cover N, or covers it
