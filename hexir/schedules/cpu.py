@@ -155,6 +155,12 @@ def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool =
     return mr, nr, mc, nc
 
 
+#: The fewest rows from which a cpu linear's run-time w is packed once per call (`packs_w`), by
+#: dtype; None: never (each tile packs its own block). On the H200's host only f64 products of
+#: 1024 rows and more gained; smaller ones and f32 were level or lost (docs/tuning.md).
+PACK_ROWS: dict[str, int | None] = {"float32": None, "float64": 1024}
+
+
 def packs_w(m: sizes.Expr, n: int, dtype: str) -> bool:
     """Whether a cpu linear of [m, n] whose w comes at run time has it packed in panels first, by a
     `pack_panels` kernel of its own (launched once per call, before the linear, which then reads
@@ -162,7 +168,9 @@ def packs_w(m: sizes.Expr, n: int, dtype: str) -> bool:
     than a panel (narrower rows are contiguous already). A symbolic batch keeps each tile's own
     copy of w's block (`_pack`): the batch may be a few rows, whose product would pay for the
     pack more than it gains."""
-    return isinstance(m, int) and m > STREAM_ROWS and n > PANEL_BYTES // np.dtype(dtype).itemsize
+    rows = PACK_ROWS.get(dtype)
+    return (isinstance(m, int) and rows is not None and m >= rows and m > STREAM_ROWS
+            and n > PANEL_BYTES // np.dtype(dtype).itemsize)
 
 
 def pack_panels(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:

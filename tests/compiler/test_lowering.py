@@ -197,11 +197,20 @@ func.func @main(%arg0: tensor<40x300xf32>, %w: tensor<300x70xf32>) -> tensor<40x
 """
 
 
-def test_a_weight_known_at_run_time_is_packed_once_by_a_kernel_of_its_own():
-    """A cpu linear too tall to stream w (40 rows), w an argument of 70 columns: a pack_panels
-    kernel, launched first, lays w out in 3 panels of 32 columns (the last one 6 of w's, then
-    zeros), its work items each panel's 2 blocks of 256 k's; the linear reads those panels as it
-    reads a constant's (`linear_panels`: no copy on its stack). The host program calls both."""
+def test_packing_a_weight_known_at_run_time_is_chosen_by_dtype_and_rows():
+    """The tuned rule (`PACK_ROWS`): f64 products of 1024 rows and more pack w once; f32 never."""
+    assert cpu_schedule.packs_w(1024, 1024, "float64") and not cpu_schedule.packs_w(1023, 1024, "float64")
+    assert not cpu_schedule.packs_w(4096, 4096, "float32") and not cpu_schedule.packs_w("batch", 4096, "float64")
+    assert not cpu_schedule.packs_w(2048, 16, "float64")  # one panel wide: w's rows are contiguous already
+
+
+def test_a_weight_known_at_run_time_is_packed_once_by_a_kernel_of_its_own(monkeypatch):
+    """A cpu linear too tall to stream w (40 rows; packing from 17 rows for this test), w an
+    argument of 70 columns: a pack_panels kernel, launched first, lays w out in 3 panels of 32
+    columns (the last one 6 of w's, then zeros), its work items each panel's 2 blocks of 256 k's;
+    the linear reads those panels as it reads a constant's (`linear_panels`: no copy on its
+    stack). The host program calls both."""
+    monkeypatch.setitem(cpu_schedule.PACK_ROWS, "float32", 17)
     filecheck(lower(TALL_W_ARGUMENT, "mlir-tir"), """
         CHECK-LABEL: func.func public @pack_panels_0(%arg0: memref<300x70xf32>, %arg1: memref<3x300x32xf32>)
         CHECK-SAME:      hextir.kernel = #hextir.kernel<"cpu", "pack_panels">, {{.+}}, hextir.work = {extent = "6", grain = 1 : i64}
