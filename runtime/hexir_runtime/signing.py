@@ -97,11 +97,13 @@ def signer(data: bytes) -> str | None:
     return record.key_id if record else None
 
 
-def verify(data: bytes, keys: list[Key]) -> Key:
-    """Check that `data` is signed by one of `keys` and unchanged since; return that key.
+def verify(data: bytes, keys: Any) -> Key:
+    """Check that `data` is signed by one of `keys` (as `trusted_keys` takes them) and unchanged
+    since; return that key.
 
     Reads only the header's flag and the record: nothing of the manifest is parsed before the
     signature holds. Raises UntrustedModuleError (HxbFormatError for a file that is no module)."""
+    keys = trusted_keys(keys)  # (keys read before pass through as they are)
     if not data.startswith(MAGIC):
         raise HxbFormatError("header.magic", "not a hexir module (bad magic)")
     record = split(data)[1]
