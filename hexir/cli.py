@@ -5,7 +5,7 @@
 
 Exit codes: 0 success; 1 the input could not be compiled (trace, verification or code
 generation error; cannot read the input or write -o); 2 bad arguments (unknown stage,
-placement, target or spec).
+placement, target or spec; a -sign-with key that cannot sign).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
+from hexir_runtime import KeyFileError, signing
 from mlir import ir
 
 from hexir.dialects import make_context
@@ -58,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-constants", "-keep-constants", action="store_true",
                         help=f"print every constant of IR text on stdout (by default those over {ELIDE} "
                         "elements are elided; -o files keep them all, so that they can be compiled further)")
+    parser.add_argument("-sign-with", "--sign-with", dest="sign_with", metavar="KEYFILE",
+                        help="-emit=hxb: sign the module with this Ed25519 private key (PKCS8 PEM)")
     parser.add_argument("--version", "-version", action="version", version=f"hexir {__version__}")
     return parser
 
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.emit is None:
         parser.error("the following argument is required: -emit (or --emit)")
+    if args.sign_with is not None and args.emit != "hxb":
+        parser.error(f"-sign-with signs modules: it needs -emit=hxb, not -emit={args.emit}")
     output = Path(args.output or ("out.hxb" if args.emit == "hxb" else "."))
     if args.output and output.is_dir() or not output.parent.is_dir():  # before the work, not after it
         what = "is a folder" if output.is_dir() else f"the folder {output.parent} does not exist"
@@ -211,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hexir: error: --kernel-search-path {folder}: no such folder", file=sys.stderr)
             return 1
     try:
+        key = None if args.sign_with is None else signing.signing_key(args.sign_with)
+    except KeyFileError as error:
+        print(f"hexir: error: -sign-with {error}", file=sys.stderr)
+        return 2
+    try:
         result = compile_input(args)
     except (ArgumentError, PlacementError, TargetError) as error:
         print(f"hexir: error: {error}", file=sys.stderr)
@@ -220,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if isinstance(result, bytes):
         output = Path(args.output or "out.hxb")
+        result = result if key is None else signing.sign(result, key)
         try:
             output.write_bytes(result)
         except OSError as error:

@@ -49,14 +49,14 @@ from typing import Any
 
 import hexir_runtime
 import numpy as np
-from hexir_runtime import dlpack
+from hexir_runtime import dlpack, signing
 from mlir import ir
 from typeguard import TypeCheckError, check_type
 
 from hexir import cache
 from hexir.dialects.hexir import result_form
 from hexir.driver import Options, parse_placement
-from hexir.errors import TraceError
+from hexir.errors import ArgumentError, TraceError
 from hexir.frontend import trace as tracing
 from hexir.frontend.tensor import BATCH, TensorSpec
 from hexir.frontend.trace import current_device, trace, user_frame, user_where
@@ -369,16 +369,29 @@ def with_options(fn: Callable, placement: str | dict | None = None, target: str 
 
 @_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
-           target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = (), **static: Any) -> Path:
+           target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = (),
+           sign_with: Any = None, **static: Any) -> Path:
     """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs, and static values;
-    keyword arguments other than the options are `fn`'s own, e.g. static values) into a .hxb file."""
+    keyword arguments other than the options are `fn`'s own, e.g. static values) into a .hxb file,
+    signed with `sign_with` (a PEM private key's path or an Ed25519PrivateKey) if given."""
     jitted = with_options(fn, placement, target, kernel_search_path)
     path = Path(path)
     if not path.parent.is_dir():  # before the compile, not after it
         raise TraceError(f"hexir.export: cannot write {path}: the folder {path.parent} does not exist", *user_where())
+    key = None if sign_with is None else signing_key(sign_with, "hexir.export: sign_with")
     data = jitted.compile(*example_args, **static)
+    if key is not None:
+        data = signing.sign(data, key)
     try:
         path.write_bytes(data)
     except OSError as error:
         raise TraceError(f"hexir.export: cannot write {path}: {error.strerror}", *user_where()) from None
     return path
+
+
+def signing_key(key: Any, what: str) -> signing.Key:
+    """The runtime's signing key for `key` (a path or a key object); ArgumentError if it cannot sign."""
+    try:
+        return signing.signing_key(key)
+    except (hexir_runtime.KeyFileError, TypeError) as error:
+        raise ArgumentError(f"{what}: {error}", *user_where()) from None

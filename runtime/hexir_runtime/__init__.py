@@ -6,7 +6,15 @@
 The runtime never imports the compiler (`hexir`) or MLIR.
 """
 
-from .errors import DeviceError, HexirRuntimeError, HxbFormatError, InputError, KernelError
+from .errors import (
+    DeviceError,
+    HexirRuntimeError,
+    HxbFormatError,
+    InputError,
+    KernelError,
+    KeyFileError,
+    UntrustedModuleError,
+)
 from .module import Module, Signature, load
 
 __version__ = "0.2.0"
@@ -17,8 +25,10 @@ __all__ = [
     "HxbFormatError",
     "InputError",
     "KernelError",
+    "KeyFileError",
     "Module",
     "Signature",
+    "UntrustedModuleError",
     "__version__",
     "load",
 ]

@@ -3,7 +3,8 @@
 Prints a header (module, version, entry, device), a `--` line, what the program prints, then
 each output: `output0: float32[3, 4]` and its values as numpy summarises them (`--full`: all).
 `--quiet` prints only what the program prints. `--info` describes the module (describe.py)
-after checking its format, without loading any code.
+after checking its format, without loading any code. `--trust KEYFILE` (repeatable) accepts
+only a module signed by one of the keys, checked before anything else reads it (signing.py).
 
 Every path is checked before any work (the module is read once, inputs are loaded, the output's
 folder must exist), and a file that is not what it should be is named for what it is (an empty
@@ -22,9 +23,9 @@ import zipfile
 
 import numpy as np
 
-from . import __version__
+from . import __version__, signing
 from .describe import describe, field, safe
-from .errors import HexirRuntimeError, HxbFormatError, InputError
+from .errors import HexirRuntimeError, HxbFormatError, InputError, KeyFileError
 from .format import MAGIC, decode
 from .module import DEVICE_NAMES, load
 
@@ -33,16 +34,22 @@ EXIT_CODES = """exit codes:
   1  the module could not be read, checked, loaded or run, or the inputs do not fit the entry
      (one line `hexir-run: <what>` on stderr); or, silently, stdout was closed before the run
      finished (as by `hexir-run m.hxb | head -1`)
-  2  bad command-line arguments (usage on stderr)"""
+  2  bad command-line arguments (usage on stderr), or a --trust key file that cannot be used"""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run `hexir-run` with `argv` (default: sys.argv[1:]); return the exit code."""
     args = _parser().parse_args(argv)
     try:
+        keys = signing.trusted_keys(args.trust) if args.trust else None
+    except KeyFileError as error:  # a key the user named: a bad argument, found before any work
+        print(f"hexir-run: error: --trust {safe(str(error))}", file=sys.stderr)
+        return 2
+    try:
         data = _read_module(args.module)
+        verified = signing.verify(data, keys) if keys else None  # before anything else reads the file
         if args.info:
-            sys.stdout.write(describe(decode(data), args.module))
+            sys.stdout.write(describe(decode(data), args.module, verified))
         else:
             _run(args, data)
         sys.stdout.flush()  # a closed pipe fails here, not after main has returned
@@ -191,6 +198,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="print only what the program prints")
     parser.add_argument("--full", action="store_true", help="print every value of the outputs (not a summary)")
     parser.add_argument("--info", action="store_true", help="check the file and describe it; load and run nothing")
+    parser.add_argument(
+        "--trust", action="append", default=[], metavar="KEYFILE",
+        help="load the module only if it is signed by this key (an Ed25519 public key in PEM; repeat to trust "
+        "several); the signature is checked before anything else",
+    )
     parser.add_argument("--version", action="version", version=f"hexir-run (hexir_runtime) {__version__}")
     return parser
 

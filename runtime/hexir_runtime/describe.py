@@ -14,6 +14,7 @@ from typing import Any
 from .cpu import pick_library
 from .errors import DeviceError
 from .format import Code, Hxb, Kernel, Work, to_text
+from .signing import Key, signer
 
 
 def field(label: str, value: Any) -> str:
@@ -26,11 +27,15 @@ def safe(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
-def describe(hxb: Hxb, path: str) -> str:
-    """The description of a checked module read from `path`."""
+def describe(hxb: Hxb, path: str, verified: Key | None = None) -> str:
+    """The description of a checked module read from `path`; `verified`: the trusted key its
+    signature was verified with, if it was."""
     manifest = hxb.manifest
     lines = [field("module", safe(str(path))), field("version", hxb.version)]
     lines += [field("producer", safe(manifest.producer)), field("size", f"{len(hxb.data)} bytes")]
+    key = signer(hxb.data)
+    check = f"verified with {safe(verified.source)}" if verified else "not verified: no --trust key given"
+    lines.append(field("signed by", f"key {key} (Ed25519, {check})" if key else "nobody (unsigned)"))
     constants, kernels = manifest.constants, manifest.kernels
     for entry in manifest.entries:
         arguments = ", ".join(f"{name}: {tensor}" for name, tensor in entry.inputs)

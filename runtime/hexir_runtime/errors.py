@@ -17,6 +17,16 @@ class HxbFormatError(HexirRuntimeError):
         self.reason = reason
 
 
+class UntrustedModuleError(HxbFormatError):
+    """Trusted keys were given and the module is unsigned, signed by a key not among them, or its
+    signature does not verify (a byte changed after signing); `field` is "signature"."""
+
+
+class KeyFileError(HexirRuntimeError):
+    """A signing or trusted key cannot be used: its file is unreadable or holds no Ed25519 key of
+    the right kind (the message names the file), or the `cryptography` package is missing."""
+
+
 class InputError(HexirRuntimeError):
     """An entry was called with the wrong number, type, dtype or shape of arguments."""
 

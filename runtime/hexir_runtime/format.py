@@ -36,8 +36,9 @@ from .errors import HxbFormatError
 MAGIC = b"\x89HXB\r\n\x1a\n"
 VERSION = 3  # what encode writes
 READABLE = (1, 2, 3)  # what decode reads (version 1 is upgraded to 2; 3 is 2 with work records' `spans`)
-# magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, reserved
+# magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, flags
 HEADER = struct.Struct("<8sIIQQII")
+SIGNED = 1  # the one header flag: the file ends with a signature record (signing.py)
 ALIGNMENT = 64
 DTYPES = {"float32": 4, "float64": 8}
 DEVICES = ("cpu", "cuda")
@@ -339,8 +340,10 @@ class Hxb:
 
 def decode(data: bytes | bytearray | memoryview) -> Hxb:
     """Check `data` (structure, then meaning) and return it decoded; raises HxbFormatError."""
+    from .signing import split  # (signing imports this module)
+
     data = bytes(data)
-    version, manifest = _check_structure(data)
+    version, manifest = _check_structure(split(data)[0])  # a signed file: the module before its record
     if version == 1:
         manifest = _upgrade_v1(manifest)
     manifest = _upgrade_cpu(manifest)
@@ -509,17 +512,18 @@ def _check_structure(data: bytes) -> tuple[int, dict[str, Any]]:
         _fail("header.magic", "not a hexir module (bad magic)")
     if len(data) < HEADER.size:
         _fail("header", f"truncated: the file has {len(data)} bytes, the header {HEADER.size}")
-    _, version, header_size, offset, size, crc, reserved = HEADER.unpack_from(data)
+    _, version, header_size, offset, size, crc, flags = HEADER.unpack_from(data)
     if version not in READABLE:
         readable = ", ".join(map(str, READABLE[:-1])) + f" and {READABLE[-1]}"
         _fail("header.version", f"version {version} is not supported; this runtime reads versions {readable}")
     for field, value, expected in [
         ("header_size", header_size, HEADER.size),
         ("manifest_offset", offset, HEADER.size),
-        ("reserved", reserved, 0),
     ]:
         if value != expected:
             _fail(f"header.{field}", f"expected {expected}, got {value}")
+    if flags & ~SIGNED:
+        _fail("header.flags", f"unknown flags {flags & ~SIGNED:#x} (this runtime knows {SIGNED}: signed)")
     end = offset + size
     if end > len(data):
         reason = f"the manifest ({size} bytes at {offset}) goes past the end of the file ({len(data)} bytes)"

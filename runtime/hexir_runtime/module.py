@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from . import dlpack
+from . import dlpack, signing
 from .cpu import CpuDevice
 from .device import Device, Program
 from .errors import DeviceError, HexirRuntimeError, HxbFormatError, InputError
 from .executor import Constants, Executor
-from .format import Entry, Hxb, TensorType, check_table, decode, parse_table, read
+from .format import Entry, Hxb, TensorType, check_table, decode, parse_table
 from .reference import ReferenceDevice
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "reference")
@@ -64,24 +64,32 @@ class Signature:
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | Hxb
 
 
-def load(source: Source, device: str | Device = "auto") -> Module:
+def load(source: Source, device: str | Device = "auto", trusted_keys: Any = None) -> Module:
     """Load a module from a path, the bytes of a .hxb file or a decoded `Hxb`.
 
     `device` is "auto" (cuda if the module has CUDA kernels and a GPU is usable, else cpu),
     "cpu" (CUDA kernels run as their cpu fallbacks), "cuda", "reference" (numpy, the oracle),
-    or a device object such as `CpuDevice(threads=4)`.
-    Raises HxbFormatError, DeviceError or KernelError; OSError if the file cannot be read;
-    TypeError if `source` is none of these (an int is not read as a file descriptor).
+    or a device object such as `CpuDevice(threads=4)`. `trusted_keys` (paths of PEM public keys
+    or Ed25519PublicKey objects) loads only a module signed by one of them, checked before its
+    manifest is read (signing.py); None loads signed and unsigned modules alike.
+    Raises HxbFormatError (UntrustedModuleError: not signed by a trusted key), KeyFileError,
+    DeviceError or KernelError; OSError if the file cannot be read; TypeError if `source` is
+    none of these (an int is not read as a file descriptor).
     """
+    keys = None if trusted_keys is None else signing.trusted_keys(trusted_keys)  # bad keys fail before any work
     if isinstance(source, Hxb):
-        hxb = source
+        data = source.data
     elif isinstance(source, (bytes, bytearray, memoryview)):
-        hxb = decode(source)
+        data = bytes(source)
     elif isinstance(source, (str, os.PathLike)) and isinstance(os.fspath(source), str):
-        hxb = read(source)
+        with open(source, "rb") as file:
+            data = file.read()
     else:
         raise TypeError(f"load() takes a path, the bytes of a .hxb file or an Hxb, got {type(source).__name__}")
-    return Module(hxb, device)
+    if keys is not None:
+        signing.verify(data, keys)
+    # A given Hxb is decoded again when keys are required: its manifest must be the signed bytes'.
+    return Module(source if isinstance(source, Hxb) and keys is None else decode(data), device)
 
 
 class Module:

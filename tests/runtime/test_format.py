@@ -135,7 +135,7 @@ def test_work_spans(parts):
 @pytest.mark.parametrize(
     "offset, value, field",
     [(12, struct.pack("<I", 48), "header.header_size"), (16, struct.pack("<Q", 64), "header.manifest_offset"),
-     (24, struct.pack("<Q", 10**9), "header.manifest_size"), (36, struct.pack("<I", 1), "header.reserved")],
+     (24, struct.pack("<Q", 10**9), "header.manifest_size"), (36, struct.pack("<I", 2), "header.flags")],
 )
 def test_header_fields(data, offset, value, field):
     assert_format_error(patch(data, offset, value), field)
