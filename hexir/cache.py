@@ -188,9 +188,21 @@ _LIBRARIES = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib",
 
 
 def _is_library(filename: str | None) -> bool:
-    """Code of hexir itself (in the fingerprint) or of an installed package or the standard
-    library (fixed by their versions): named, not described."""
+    """Code of hexir itself or of an installed package or the standard library: named (see
+    `_put_named`), not described."""
     return not filename or filename.startswith((_HEXIR, *_LIBRARIES, "<frozen"))
+
+
+def _put_named(digest: Any, kind: str, module: str, qualname: str, filename: str | None) -> None:
+    """A library's function or class by name, with its file's size and time (hexir's own files
+    are in the fingerprint): an edited installed package changes the key too."""
+    _put(digest, kind, module or "", qualname)
+    if filename and not filename.startswith(_HEXIR):
+        try:
+            status = os.stat(filename)
+            _put(digest, f"{status.st_size} {status.st_mtime_ns}")
+        except OSError:  # frozen or built in
+            _put(digest, "<no file>")
 
 
 def _describe(digest: Any, value: Any, seen: dict[int, Any]) -> None:
@@ -202,7 +214,7 @@ def _describe(digest: Any, value: Any, seen: dict[int, Any]) -> None:
     or global constant) get different keys. Bytecode, not source text: a lambda defined in
     `exec`/a REPL has no source, a source line holds more than its lambda, and neither shows a
     closure's or a global's value. hexir's, the standard library's and installed packages'
-    functions are named instead (their versions are in the key). An object described by none of
+    functions and classes are named instead (`_put_named`). An object described by none of
     the rules feeds its repr: where that names an address the key differs in each process, so
     such an op is compiled each time, never served another's code."""
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
@@ -236,10 +248,12 @@ def _describe(digest: Any, value: Any, seen: dict[int, Any]) -> None:
     elif isinstance(value, types.ModuleType):
         _put(digest, "module", value.__name__)
     elif isinstance(value, type):
-        _put(digest, "type", value.__module__, value.__qualname__)
         file = getattr(sys.modules.get(value.__module__), "__file__", None) or "<no file>"  # a REPL's, exec's
-        if value.__module__ not in sys.builtin_module_names and not _is_library(file):
-            _describe(digest, dict(vars(value)), seen)  # a class of the user's: its methods and attributes
+        if value.__module__ in sys.builtin_module_names or _is_library(file):
+            _put_named(digest, "type", value.__module__, value.__qualname__, file)
+        else:  # a class of the user's: its methods and attributes
+            _put(digest, "type", value.__module__, value.__qualname__)
+            _describe(digest, dict(vars(value)), seen)
     elif hasattr(value, "__dict__"):  # an object, e.g. a callable one: its class (methods) and its state
         _describe(digest, (type(value), dict(vars(value))), seen)
     else:
@@ -249,7 +263,8 @@ def _describe(digest: Any, value: Any, seen: dict[int, Any]) -> None:
 def _describe_function(digest: Any, function: types.FunctionType, seen: dict[int, Any]) -> None:
     code = function.__code__
     if _is_library(code.co_filename):
-        _put(digest, "function", function.__module__ or "", function.__qualname__, str(code.co_firstlineno))
+        _put_named(digest, "function", function.__module__, f"{function.__qualname__}:{code.co_firstlineno}",
+                   code.co_filename)
         return
     _describe(digest, (code, function.__defaults__, function.__kwdefaults__), seen)
     for cell in function.__closure__ or ():
