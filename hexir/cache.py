@@ -159,7 +159,7 @@ def _kernel_files(path: Path, search_path: tuple[str, ...]) -> list[Path]:
     compiler itself; a .cu file's quoted includes, each looked for where NVRTC may find it."""
     if path.suffix == ".c" and path.is_file():
         rule = run_tool([c_compiler(), "-MM", "-MT", "k", str(path)], f"listing the headers of {path}").stdout
-        names = re.split(r"(?<!\\)\s+", rule.decode().split(":", 1)[1].replace("\\\n", " ").strip())
+        names = re.split(r"(?<!\\)\s+", os.fsdecode(rule).split(":", 1)[1].replace("\\\n", " ").strip())
         return [Path(n.replace("\\ ", " ")).resolve() for n in names if n]  # the source first
     files, pending = [], [path]
     while pending:
