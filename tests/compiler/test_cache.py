@@ -1,10 +1,15 @@
 """The compile cache on disk (hexir/cache.py): a second process gets the module without
-compiling, a corrupt entry is rebuilt, the key holds what changes the code, the cache can be
-turned off, and the folder stays within its size bound."""
+compiling, a corrupt entry is rebuilt, the key holds what changes the code (weights, options,
+custom kernels and the headers they include, the compiler's C parts and C compiler, registered
+ops' definitions), the cache can be turned off, and the folder stays within its size bound.
+What the cache refuses to trust is tests/compiler/test_cache_trust.py."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,7 +20,7 @@ import numpy as np
 import pytest
 
 import hexir
-from hexir import cache
+from hexir import cache, ops
 from hexir.driver import Options
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +55,7 @@ def run(folder: Path | str, tmp_path: Path, switch: str = "on") -> tuple[int, fl
 
 
 def entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.hxb"))
+    return sorted(folder.glob("*.hxc"))
 
 
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
@@ -69,7 +74,7 @@ def test_a_corrupt_entry_is_rebuilt(tmp_path, damage):
     [entry] = entries(folder)
     entry.write_bytes(damage)
     assert run(folder, tmp_path) == (1, total)
-    assert entry.read_bytes().startswith(b"\x89HXB") and len(entry.read_bytes()) > 100
+    assert entry.read_bytes()[32:].startswith(b"\x89HXB") and len(entry.read_bytes()) > 100  # tag, module
     assert run(folder, tmp_path) == (0, total)
 
 
@@ -132,14 +137,15 @@ def test_the_key_holds_a_custom_kernels_bytes(tmp_path):
 
 def test_least_recently_used_entries_go_first(tmp_path):
     for name in ("new", "old", "middle"):
-        (tmp_path / f"{name}.hxb").write_bytes(b"x" * 100)
+        (tmp_path / f"{name}.hxc").write_bytes(b"x" * 100)
     now = time.time()
     for name, seconds in (("new", 0), ("middle", 100), ("old", 200)):
-        os.utime(tmp_path / f"{name}.hxb", (now - seconds, now - seconds))
+        os.utime(tmp_path / f"{name}.hxc", (now - seconds, now - seconds))
     (tmp_path / ".tmp-dead").write_bytes(b"x")
     os.utime(tmp_path / ".tmp-dead", (now - 7200, now - 7200))
+    (tmp_path / ".tmp-alive").write_bytes(b"x")  # a writer at work
     cache.evict(tmp_path, limit=250)
-    assert [p.name for p in sorted(tmp_path.iterdir())] == ["middle.hxb", "new.hxb"]
+    assert [p.name for p in sorted(tmp_path.iterdir())] == [".tmp-alive", "middle.hxc", "new.hxc"]
 
 
 def test_a_hit_touches_the_entry(tmp_path, monkeypatch):
@@ -151,3 +157,135 @@ def test_a_hit_touches_the_entry(tmp_path, monkeypatch):
     os.utime(entry, (0, 0))
     assert cache.compile_cached(fn.trace(spec), Options()) == data
     assert entry.stat().st_mtime > 0
+
+
+def test_a_header_a_custom_kernel_includes_is_in_the_key_and_its_edit_recompiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEXIR_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "scale.h").write_text('#include "factor.h"\n#define SCALE FACTOR\n')
+    (tmp_path / "factor.h").write_text("#define FACTOR 2.0f\n")
+    source = tmp_path / "scale.c"
+    source.write_text('#include <stdint.h>\n#include "scale.h"\n'
+                      "void scale(const float *x, float *y, int64_t a, int64_t b, int64_t c, int64_t d) {\n"
+                      "    for (int64_t i = 0; i < a * b; ++i) y[i] = x[i] * SCALE;\n}\n")
+    kernel = hexir.kernel("scale", cpu=source, out=lambda x: x)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(hexir.jit(lambda x: kernel(x))(x), 2 * x)
+    (tmp_path / "factor.h").write_text("#define FACTOR 3.0f\n")  # two includes deep
+    np.testing.assert_array_equal(hexir.jit(lambda x: kernel(x))(x), 3 * x)
+    assert len(entries(tmp_path / "cache")) == 2
+
+
+def test_a_cuda_kernels_quoted_includes_are_followed(tmp_path):
+    (tmp_path / "include").mkdir()
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\nextern "C" __global__ void k(const float *x, float *y, '
+                                   "long long a, long long b, long long c, long long d) {}\n")
+    (tmp_path / "a.cuh").write_text('#pragma once\n  #  include "b.cuh"\n#include <cstdint>\n')
+    (tmp_path / "include" / "b.cuh").write_text("#define B 1\n")  # found on the kernel search path
+    kernel = hexir.kernel("k", cuda=tmp_path / "k.cu", out=lambda x: x, grid=(1, 1, 1), block=(32, 1, 1))
+    fn = hexir.jit(lambda x: kernel(x), kernel_search_path=[tmp_path / "include"])
+    spec = hexir.TensorSpec((2, 4), "float32")
+    before = cache.key(fn.trace(spec), fn.options)
+    assert cache.key(fn.trace(spec), fn.options) == before
+    (tmp_path / "include" / "b.cuh").write_text("#define B 2\n")
+    assert cache.key(fn.trace(spec), fn.options) != before
+
+
+@pytest.fixture
+def fresh_fingerprint():
+    cache._compiler_fingerprint.cache_clear()
+    yield lambda: cache._compiler_fingerprint.cache_clear()
+    cache._compiler_fingerprint.cache_clear()  # after monkeypatch's undo: the real compiler again
+
+
+def test_the_compilers_c_source_is_in_the_key(tmp_path, monkeypatch, fresh_fingerprint):
+    copy = tmp_path / "hexir"
+    shutil.copytree(cache.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache, "PACKAGE", copy)
+    weight = np.ones((4, 4), np.float32)
+    before = _key(weight)
+    pool = copy / "backend" / "pool.c"
+    stat = pool.stat()
+    pool.write_bytes(pool.read_bytes().replace(b"hexir", b"HEXIR", 1))
+    os.utime(pool, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and time: its bytes are read
+    fresh_fingerprint()
+    assert _key(weight) != before
+
+
+def test_the_c_compilers_version_is_in_the_key(tmp_path, monkeypatch, fresh_fingerprint):
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\necho 'cc (hexir test) 1.0'\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    weight = np.ones((4, 4), np.float32)
+    before = _key(weight)
+    compiler.write_text("#!/bin/sh\necho 'cc (hexir test) 1.1'\n")
+    fresh_fingerprint()
+    assert _key(weight) != before
+
+
+# one process: registers the op `twice` with the scalar function named by argv[1], calls it
+# with the cache on, prints the compiles, the result and the key
+REGISTERING = textwrap.dedent("""
+    import sys, numpy as np, hexir, hexir.cache as cache
+    from hexir import ops
+    from mlir.dialects import arith
+    compiles = []
+    original = cache.compile_module
+    cache.compile_module = lambda *a: compiles.append(1) or original(*a)
+    scalar = {"add": lambda v: arith.AddFOp(v, v).result, "mul": lambda v: arith.MulFOp(v, v).result}[sys.argv[1]]
+    twice = hexir.register_op(hexir.OpDef("twice", ("x",), ops.elementwise_rule("twice"), reference=np.negative,
+                                          schedules=ops.ELEMENTWISE, scalar=scalar))
+    fn = hexir.jit(lambda x: twice(x))
+    y = fn(np.full((2, 4), 3, np.float32))
+    print(len(compiles), float(y.sum()), cache.key(fn.trace(hexir.TensorSpec((2, 4), "float32")), fn.options))
+""")
+
+
+def test_two_processes_registering_one_op_name_differently_get_their_own_code(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(REGISTERING)
+    path = os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "HEXIR_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run_with(scalar: str) -> list[str]:
+        done = subprocess.run([sys.executable, str(script), scalar], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    add, mul, add_again = run_with("add"), run_with("mul"), run_with("add")
+    assert add[:2] == ["1", "48.0"] and mul[:2] == ["1", "72.0"]  # 3 + 3 and 3 * 3, 8 elements
+    assert add[2] != mul[2]
+    assert add_again == ["0", "48.0", add[2]]  # a definition's key is the same in every process
+
+
+def _digest(value) -> str:
+    digest = hashlib.sha256()
+    cache._describe(digest, value, {})
+    return digest.hexdigest()
+
+
+def _defined(source: str, **namespace):
+    exec(textwrap.dedent(source), namespace)  # no source file: what a REPL or a notebook makes
+    return namespace["f"]
+
+
+def test_an_ops_functions_are_described_by_what_they_compute():
+    scaled = "def make(c):\n    return lambda v: v * c\nf = make(C)\n"
+    assert _digest(_defined(scaled, C=2.0)) == _digest(_defined(scaled, C=2.0))
+    assert _digest(_defined(scaled, C=2.0)) != _digest(_defined(scaled, C=3.0))                # a closure's value
+    glob = "def f(v):\n    return v * SCALE\n"
+    assert _digest(_defined(glob, SCALE=2.0)) != _digest(_defined(glob, SCALE=3.0))            # a global's value
+    assert _digest(_defined("f = lambda v: max(v)")) != _digest(_defined("f = lambda v: min(v)"))  # a name
+    assert _digest(_defined("def f(v, k=2): return v")) != _digest(_defined("def f(v, k=3): return v"))
+    helper = "def f(v):\n    return helper(v)\n"
+    assert (_digest(_defined(helper, helper=_defined("def f(v): return v + 1")))
+            != _digest(_defined(helper, helper=_defined("def f(v): return v + 2"))))      # a function it calls
+    weights = "f = lambda v: v * W\n"
+    assert (_digest(_defined(weights, W=np.ones(3))) != _digest(_defined(weights, W=np.array([1.0, 1, 2]))))
+    assert _digest(functools.partial(max, 2)) != _digest(functools.partial(max, 3))
+    scale = _defined("class Scale:\n    def __init__(self, c): self.c = c\n"
+                     "    def __call__(self, v): return v * self.c\nf = Scale", __name__="notebook")
+    assert _digest(scale(2)) == _digest(scale(2)) != _digest(scale(3))                       # a callable's state
+    relu = ops.REGISTRY["relu"]
+    assert _digest(relu.scalar) == _digest(relu.scalar)  # hexir's own: named, the same each time
