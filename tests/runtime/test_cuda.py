@@ -134,12 +134,33 @@ def elf_functions(image: bytes) -> set[str]:
     return names
 
 
+def one_call_at_a_time(cls: type) -> type:
+    """Runs each of the class's driver calls (`cu*`) and helpers on its state under the
+    instance's re-entrant `lock`, as the real driver is thread-safe: 8 threads calling a module
+    at once must not see a half-made allocation (two blocks at one address) nor a dict changing
+    size under `_memory`'s walk. (Re-entrant: an asynchronous call runs its synchronous twin, and a
+    garbage collection inside a call may run an output's finalizer, which frees it.)"""
+    def locked(method: Any) -> Any:
+        def call(self: Any, *args: Any, **keys: Any) -> Any:
+            with self.lock:
+                return method(self, *args, **keys)
+        call.__name__, call.__doc__ = method.__name__, method.__doc__
+        return call
+    for name, method in list(vars(cls).items()):
+        if callable(method) and (name.startswith("cu") or name in cls.LOCKED_HELPERS):
+            setattr(cls, name, locked(method))
+    return cls
+
+
+@one_call_at_a_time
 class FakeDriver:
-    """What the runtime sees of `cuda.bindings.driver`, for one fake GPU."""
+    """What the runtime sees of `cuda.bindings.driver`, for one fake GPU (thread-safe: see
+    `one_call_at_a_time`; tests read its records after their threads have ended)."""
 
     CUresult = CUresult
     CUdevice_attribute = CUdevice_attribute
     CUfunction_attribute = CUfunction_attribute
+    LOCKED_HELPERS = ("know", "_enter", "_memory", "_on", "is_pinned")
 
     def __init__(self, capability: tuple[int, int] = (9, 0), count: int = 1, name: bytes = b"NVIDIA FakeGPU",
                  memory: int = 1 << 30) -> None:
@@ -164,6 +185,7 @@ class FakeDriver:
         self._next_pointer = 0x7F00_0000_0000
         self._context = Handle("CUcontext", 0xC0)
         self._current = threading.local()
+        self.lock = threading.RLock()  # every driver call holds it (see one_call_at_a_time)
 
     def know(self, path: Path) -> None:
         """Learn what each CUDA kernel of a module computes (the fake GPU's 'machine code')."""
@@ -183,7 +205,9 @@ class FakeDriver:
     def _memory(self, pointer: Any, size: int) -> memoryview | None:
         """The `size` bytes of device memory at `pointer`, or None if they are not allocated."""
         address = int(pointer)
-        for base, block in self.allocations.items():
+        # a copy to walk: a garbage collection during the walk may run a finalizer that frees
+        # a block on this very thread (the lock is re-entrant), changing the dict under it
+        for base, block in self.allocations.copy().items():
             if base <= address and address + size <= base + len(block):
                 return memoryview(block)[address - base:address - base + size]
         return None
@@ -401,7 +425,8 @@ class FakeDriver:
         return (status if self.pinned.pop(int(pointer), None) is not None else CUresult.CUDA_ERROR_INVALID_VALUE,)
 
     def is_pinned(self, address: int, size: int) -> bool:
-        return any(base <= address and address + size <= base + len(memory) for base, memory in self.pinned.items())
+        return any(base <= address and address + size <= base + len(memory)
+                   for base, memory in self.pinned.copy().items())
 
     def cuMemcpyHtoDAsync(self, destination: Any, source: int, size: int, stream: Any) -> tuple:
         self.on_stream.append(("cuMemcpyHtoDAsync", int(stream)))
