@@ -1240,6 +1240,36 @@ class CudaTensor(hexir_runtime.dlpack.DLPackArray):
         return capsule
 
 
+class CudaTensorView(hexir_runtime.dlpack.DLPackArray):
+    """Rows `first`.. of a caller's CUDA tensor holding `storage`, exported as DLPack lets a
+    view be: `data` at the storage's start, `byte_offset` to the view's first element."""
+
+    def __init__(self, fake: FakeDriver, storage: np.ndarray, first: int) -> None:
+        self.storage = CudaTensor(fake, storage)  # (keeps the memory)
+        self.offset = storage[:first].nbytes
+        view = storage[first:]
+        super().__init__(self.storage.pointer + self.offset, view.shape, view.dtype, (2, 0))
+
+    def __dlpack__(self, stream: Any = None, **keys: Any) -> Any:
+        capsule = super().__dlpack__(stream, **keys)
+        exported = hexir_runtime.dlpack.DLManagedTensor.from_buffer(self._exports[-1]).dl_tensor
+        exported.data, exported.byte_offset = self.storage.pointer, self.offset
+        return capsule
+
+
+def test_a_cuda_tensor_that_is_a_view_at_a_byte_offset_is_read_there(symbolic_relu, fake):
+    """A view into a bigger tensor (its DLPack `byte_offset` not 0) is read from the view's
+    first element, not the storage's: the rows before it would give another answer."""
+    module = load(symbolic_relu, "cuda")
+    storage = x_of((7, 3), seed=8)
+    for first in (1, 4):
+        view = CudaTensorView(fake, storage, first)
+        np.testing.assert_array_equal(module.main(view), np.maximum(storage[first:], 0))
+        y = module.main(view, outputs="device")
+        np.testing.assert_array_equal(device_bytes(fake, y), np.maximum(storage[first:], 0))
+    module.close()
+
+
 def device_bytes(fake: FakeDriver, array: Any) -> np.ndarray:
     """The contents of a device array (a DLPackArray in the fake GPU's memory)."""
     return np.frombuffer(bytes(fake._memory(array.pointer, array.nbytes)), array.dtype).reshape(array.shape)
