@@ -191,6 +191,8 @@ class FakeDriver:
         """Learn what each CUDA kernel of a module computes (the fake GPU's 'machine code')."""
         for kernel in hxb.read(path).json["kernels"]:
             self.kernels[kernel["symbol"]] = kernel
+            for variant in kernel.get("variants", []):  # the same computation, in other tiles
+                self.kernels[variant["symbol"]] = kernel
 
     def _enter(self, call: str, needs_context: bool = True) -> CUresult:
         self.calls.append(call)
@@ -361,7 +363,8 @@ class FakeDriver:
                 return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
             arrays.append(np.frombuffer(memory, arg["dtype"], math.prod(shape)).reshape(shape))
         self.on_stream.append(("cuLaunchKernel", int(stream) if stream is not None else 0))
-        self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z), "params": params,
+        self.launches.append({"kernel": kernel["symbol"], "symbol": function.details["name"], "params": params,
+                              "grid": (grid_x, grid_y, grid_z),
                               "block": (block_x, block_y, block_z), "shared": shared, "pointers": pointers,
                               "scalars": scalars, "inputs": [array.copy() for array in arrays[:-1]]})
         if kernel["op"] == "custom":
@@ -540,6 +543,22 @@ def _export_all(hexir: Any, directory: Path, mlp: Any, apart: Any, wide: Any, re
         "constants_only": hexir.export(constants_only, directory / "constants.hxb", placement=both),
     }
     return modules
+
+
+W_TILED = rng.standard_normal((64, 1024)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiled(tmp_path_factory) -> Path:
+    """`main(x: float32[batch, 64]) -> x @ W_TILED` on cuda: a kernel per tile size, the runtime
+    picking one per call from the batch (the manifest's `variants`, then the kernel itself)."""
+    try:
+        import hexir
+    except ImportError as error:
+        pytest.skip(f"compiling the test module needs hexir and MLIR ({error})")
+    path = tmp_path_factory.mktemp("cuda-tiled") / "tiled.hxb"
+    return hexir.export(lambda x: hexir.linear(x, W_TILED), path, hexir.TensorSpec(("batch", 64), "float32"),
+                        placement={"hexir.linear": "cuda"})
 
 
 @pytest.fixture
@@ -848,6 +867,30 @@ def test_weights_are_uploaded_once_and_buffers_reused_across_calls(module_file, 
     uploads = [data for _, data in fake.copies_in]
     assert uploads.count(W.tobytes()) == 1 and uploads.count(B.tobytes()) == 1
     assert len(uploads) == 2 + 3  # the weights once, then x once per call
+
+
+def test_each_call_launches_the_kernel_its_batch_picks_with_that_kernels_grid(tiled, fake):
+    """A symbolic cuda linear carries a kernel per tile size: a call launches the first variant
+    whose `below` bounds its sizes are under (else the kernel itself) with that variant's own
+    grid and block, which the kernel's own (bigger tiles: fewer blocks) would leave rows short."""
+    fake.know(tiled)
+    module = load(tiled, "cuda")
+    (kernel,) = hxb.read(tiled).json["kernels"]
+    assert len(kernel["variants"]) >= 2
+    launched = set()
+    for batch in (5, kernel["variants"][0]["below"]["batch"], kernel["variants"][-1]["below"]["batch"] + 1):
+        symbol, launch = next(((v["symbol"], v["launch"]) for v in kernel["variants"] if batch < v["below"]["batch"]),
+                              (kernel["symbol"], kernel["launch"]))
+        x = x_of((batch, 64), seed=batch)
+        np.testing.assert_allclose(module.main(x), x.astype(np.float64) @ W_TILED, rtol=1e-4, atol=1e-4)
+        (call,) = [launch for launch in fake.launches if launch["inputs"][0].shape == (batch, 64)]
+        grid = tuple(hxb.evaluate(expr, {"batch": batch}) for expr in launch["grid"])
+        assert (call["symbol"], call["grid"], call["block"]) == (symbol, grid, tuple(launch["block"]))
+        launched.add(symbol)
+    small = [hxb.evaluate(expr, {"batch": 5}) for expr in kernel["launch"]["grid"]]
+    assert fake.launches[0]["grid"] != tuple(small)  # (so a variant launched with the kernel's grid is seen)
+    assert len(launched) == 3
+    module.close()
 
 
 def test_a_module_loaded_on_one_thread_runs_on_another(module_file, fake):
