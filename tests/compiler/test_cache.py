@@ -115,13 +115,31 @@ def _key(weight: np.ndarray, **options) -> str:
 
 
 def test_the_key_holds_the_weights_values_and_the_options():
-    weight = np.ones((4, 4), np.float32)
+    # more than 16 values, not all one (a splat is printed): the key's IR text elides them
+    weight = np.arange(20, dtype=np.float32).reshape(4, 5)
     assert _key(weight) == _key(weight.copy())
     changed = weight.copy()
-    changed[3, 3] = 2  # the printed text elides it: the bytes are hashed
+    changed[3, 4] = 2  # the printed text elides it: the bytes are hashed
     assert _key(changed) != _key(weight)
     assert _key(weight, target="cpu:x86-64-v3") != _key(weight)
     assert _key(weight, placement="hexir.linear=cuda") != _key(weight)
+
+
+def test_two_functions_of_the_same_code_and_other_weights_get_their_own_results(tmp_path, monkeypatch):
+    """Same code, same shapes, weights that differ in one value the key's IR text elides: two
+    entries, and each function computes with its own weights (a key without the constants'
+    bytes would hand the second function the first one's module: silently wrong)."""
+    monkeypatch.setenv("HEXIR_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(5)
+    first = rng.standard_normal((8, 16)).astype(np.float32)
+    second = first.copy()
+    second[7, 15] += 1
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    def layer(weight):  # a captured weight: a constant of the module
+        return hexir.jit(lambda x: hexir.linear(x, weight))
+    for weight in (first, second):
+        np.testing.assert_allclose(layer(weight)(x), x @ weight, rtol=1e-5, atol=1e-5)
+    assert len(entries(tmp_path)) == 2
 
 
 def test_the_key_holds_a_custom_kernels_bytes(tmp_path):

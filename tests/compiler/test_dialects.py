@@ -174,6 +174,35 @@ def test_linear_shape_rule_names_the_mismatch():
     assert ops.linear_shape((("batch", 5), "float32"), ((5, 7), "float32")) == ("batch", 7)
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (2, 0, 4), (2, 3, 0), (1, 0, 3, 2), (2, 3, 4, 0), ("batch", 0, 4)])
+def test_the_shape_rules_refuse_an_empty_axis_but_the_first(shape):
+    """Only the first axis may be empty (a buffer whose inner axis is 0 has no stride the
+    bare-pointer calling convention can express): the element-wise rule refuses an empty second
+    or later axis in every rank, and takes an empty first one."""
+    described = re.escape(f"float32[{', '.join(map(str, shape))}]")
+    with pytest.raises(TraceError, match=rf"^relu: argument 'x' is {described}; only the first axis of a tensor"):
+        ops.REGISTRY["relu"].shape((shape, "float32"))
+    full = tuple(extent or 5 for extent in shape[1:])
+    assert ops.REGISTRY["relu"].shape(((0, *full), "float32")) == (0, *full)
+
+
+def test_linear_and_the_verifier_refuse_an_empty_inner_axis():
+    """linear's rule, for x and w; the verifier (the same rules) at the op's line."""
+    with pytest.raises(TraceError, match=r"^linear: argument 'x' is float32\[3, 0\]; only the first axis"):
+        ops.linear_shape(((3, 0), "float32"), ((0, 4), "float32"))
+    with pytest.raises(TraceError, match=r"^linear: argument 'w' is float32\[3, 0\]; only the first axis"):
+        ops.linear_shape(((2, 3), "float32"), ((3, 0), "float32"))
+    assert ops.linear_shape(((0, 3), "float32"), ((3, 4), "float32")) == (0, 4)
+    text = """
+func.func @main(%x: tensor<2x0x4xf32>) -> tensor<2x0x4xf32> {
+  %1 = "hexir.relu"(%x) {device = "auto"} : (tensor<2x0x4xf32>) -> tensor<2x0x4xf32>
+  return %1 : tensor<2x0x4xf32>
+}
+"""
+    with pytest.raises(TraceError, match=r"^-:3:8: relu: argument 'x' is float32\[2, 0, 4\]; only the first axis"):
+        lower(text, "mlir")
+
+
 def _call(*args):
     return hx.call("k", list(args), ir.RankedTensorType.get([2], ir.F32Type.get()), "cpu")
 

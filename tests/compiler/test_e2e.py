@@ -159,6 +159,23 @@ def test_a_host_program_runs_its_kernels_in_one_foreign_call(tmp_path):
         np.testing.assert_allclose(whole, expected(x), **TOLERANCE["float64"])
 
 
+def test_a_result_the_caller_holds_is_not_overwritten_by_the_next_call():
+    """The batched path's outputs are the caller's own arrays, not views of the module's
+    buffers: the next call, which rewrites those buffers, leaves a held result as it was."""
+    mlp, expected = two_layers("float32", seed=12)
+    module = hexir_runtime.load(mlp.compile(hexir.TensorSpec((3, 8), "float32")), "cpu")
+    rng = np.random.default_rng(13)
+    xs = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(3)]
+    held = [module.main(x) for x in xs]
+    assert [plan.fast is not None for plan in module._executors["main"].plans.values()] == [True]
+    for x, y in zip(xs, held, strict=True):
+        np.testing.assert_allclose(y, expected(x), **TOLERANCE["float32"])
+    assert not np.shares_memory(held[0], held[1])
+    jitted = [mlp(x) for x in xs]  # the jit call path, too
+    for x, y in zip(xs, jitted, strict=True):
+        np.testing.assert_allclose(y, expected(x), **TOLERANCE["float32"])
+
+
 def test_launches_of_one_chunk_are_batched_without_starting_the_pool(tmp_path):
     """Unsplit launches run in one call of the module's own library: loading and calling it (in a
     fresh process) starts no worker thread; a split launch then starts the pool."""

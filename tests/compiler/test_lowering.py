@@ -14,8 +14,12 @@ import pytest
 from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice
 
+import hexir
+from hexir.dialects import hexir as hx
+from hexir.driver import run_stage
 from hexir.errors import CompileError
 from hexir.schedules import cpu as cpu_schedule
+from hexir.schedules.cpu import NC_BYTES, PANEL_BYTES
 from hexir.target import parse_target
 
 from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, linear_program, lower
@@ -244,6 +248,34 @@ def test_a_weight_known_at_run_time_is_packed_once_by_a_kernel_of_its_own(monkey
     symbolic = lower(TALL_W_ARGUMENT.replace("40x300xf32>", '?x300xf32, "batch">').replace(
         "40x70xf32>", '?x70xf32, "batch">'), "mlir-tir")  # each tile's own copy, as before
     assert "pack_panels" not in symbolic and "hextir.alloc_local" in symbolic
+
+
+@pytest.mark.parametrize(("dtype", "n"), [("float32", 40), ("float64", 17), ("float32", 600)])
+def test_the_panels_padding_past_n_is_zeros(monkeypatch, dtype, n):
+    """pack-weights: panels[p, k, j] = w[k, p * L + j], zeros past N (N not a multiple of the
+    panel's L columns; 600 f32 with one row: panels of a 512-byte column tile). Whatever memory
+    the pass's arrays start with: np.empty here hands out arrays full of NaN (its contents are
+    unspecified), so a padding left as allocated is seen, not hidden by a fresh zero page."""
+    empty = np.empty
+
+    def garbage(*args, **keys):
+        array = empty(*args, **keys)
+        array.view(np.uint8).fill(0xFF)
+        return array
+    weight = np.random.default_rng(n).standard_normal((8, n)).astype(dtype)
+    rows = 1 if n == 600 else 4
+    jitted = hexir.jit(lambda x: hexir.linear(x, weight), placement="hexir.linear=cpu")
+    module = jitted.trace(hexir.TensorSpec((rows, 8), dtype))
+    monkeypatch.setattr(np, "empty", garbage)
+    run_stage(module, "mlir-tir", jitted.options)
+    monkeypatch.undo()
+    (panels,) = [hx.constant_array(op.operation) for op in hx.main_function(module).regions[0].blocks[0].operations
+                 if op.operation.name == "hexir.constant" and hx.string_attr(op.operation, "name") == "weight.panels"]
+    count, k, lanes = panels.shape
+    assert k == 8 and lanes in (PANEL_BYTES // weight.itemsize, NC_BYTES // weight.itemsize) and count == -(-n // lanes)
+    columns = panels.transpose(1, 0, 2).reshape(8, count * lanes)
+    np.testing.assert_array_equal(columns[:, :n], weight)
+    assert not columns[:, n:].any(), "the padding past N is not zeros"
 
 
 def test_relu_of_rank_1_is_one_parallel_loop():

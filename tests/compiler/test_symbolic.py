@@ -101,6 +101,22 @@ def test_jit_dynamic_option(dynamic, traces):
     assert jitted.trace_count == traces
 
 
+def test_jit_gives_inputs_of_different_leading_sizes_their_own_symbols():
+    """At the switch to a symbolic batch, inputs whose leading sizes differ get a symbol each
+    (`batch`, `batch_1`): that module then serves every later pair of different sizes."""
+    def two(x, y):
+        return hexir.linear(x, W1["float32"]), hexir.relu(y)
+    jitted = hexir.jit(two)
+    for rows in ((2, 3), (5, 7), (7, 5), (1, 6), (3, 2)):
+        x, y = (RNG.standard_normal((n, 8)).astype(np.float32) for n in rows)
+        got_x, got_y = jitted(x, y)
+        np.testing.assert_allclose(got_x, x @ W1["float32"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got_y, np.maximum(y, 0))
+    assert jitted.trace_count == 2
+    _, (symbolic, _) = jitted._compiled.values()  # the first call's module, then the symbolic one
+    assert str(symbolic.signature("main")).startswith("main(x: float32[batch, 8], y: float32[batch_1, 8]) ->")
+
+
 def test_inputs_with_one_symbol_must_agree():
     def add_rows(x, y):
         return hexir.linear(x, W1["float32"]), hexir.linear(y, W1["float32"])

@@ -77,6 +77,16 @@ def build(out: Path, examples: int) -> None:
                     add(chain, dtype, 3001, 34, 2798, split)
                 add(chain, dtype, None, 257, 97, split, symbolic=True)
                 add(chain, dtype, None, 3, 1031, split, symbolic=True)
+    # The rows kernel at its most rows (16 warps), K in 17 chunks, the last cut: every warp of
+    # the K split has work, so a partial sum left out of the warps' total shows
+    for dtype in ("float32", "float64"):
+        add("linear_bias", dtype, 16, 2053, 40, SPLITS[0])
+    # float64 on the tensor cores (sm_90: m16n8k4) in each DMMA tiling the cases above leave to
+    # the symbolic ones' drawn batches, at sizes no tile divides, so that a C fragment value
+    # stored to another row or column shows: 64x32 (odd K), 64x64, 128x64 through registers (odd
+    # K) and through cp.async (even K and N); 32x32 and 128x128 are above
+    for m, k, n in ((200, 65, 1000), (1000, 33, 1000), (2100, 33, 1000), (2100, 34, 1000)):
+        add("linear_bias", "float64", m, k, n, SPLITS[0])
     draw()
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
     print(f"built {len(cases)} cases in {out}")

@@ -414,12 +414,14 @@ def concurrently() -> Callable[..., list[tuple[int, BaseException]]]:
     the (seed, error) of each thread that raised."""
     def run(work: Callable[[int], None], threads: int = 8) -> list[tuple[int, BaseException]]:
         failures: list[tuple[int, BaseException]] = []
+        recording = threading.Lock()  # (list.append is atomic under the GIL; not on a free-threaded build)
 
         def guarded(seed: int) -> None:
             try:
                 work(seed)
             except Exception as error:  # noqa: BLE001 - returned, with the thread's seed
-                failures.append((seed, error))
+                with recording:
+                    failures.append((seed, error))
         started = [threading.Thread(target=guarded, args=(seed,)) for seed in range(threads)]
         for thread in started:
             thread.start()

@@ -134,12 +134,33 @@ def elf_functions(image: bytes) -> set[str]:
     return names
 
 
+def one_call_at_a_time(cls: type) -> type:
+    """Runs each of the class's driver calls (`cu*`) and helpers on its state under the
+    instance's re-entrant `lock`, as the real driver is thread-safe: 8 threads calling a module
+    at once must not see a half-made allocation (two blocks at one address) nor a dict changing
+    size under `_memory`'s walk. (Re-entrant: an asynchronous call runs its synchronous twin, and a
+    garbage collection inside a call may run an output's finalizer, which frees it.)"""
+    def locked(method: Any) -> Any:
+        def call(self: Any, *args: Any, **keys: Any) -> Any:
+            with self.lock:
+                return method(self, *args, **keys)
+        call.__name__, call.__doc__ = method.__name__, method.__doc__
+        return call
+    for name, method in list(vars(cls).items()):
+        if callable(method) and (name.startswith("cu") or name in cls.LOCKED_HELPERS):
+            setattr(cls, name, locked(method))
+    return cls
+
+
+@one_call_at_a_time
 class FakeDriver:
-    """What the runtime sees of `cuda.bindings.driver`, for one fake GPU."""
+    """What the runtime sees of `cuda.bindings.driver`, for one fake GPU (thread-safe: see
+    `one_call_at_a_time`; tests read its records after their threads have ended)."""
 
     CUresult = CUresult
     CUdevice_attribute = CUdevice_attribute
     CUfunction_attribute = CUfunction_attribute
+    LOCKED_HELPERS = ("know", "_enter", "_memory", "_on", "is_pinned")
 
     def __init__(self, capability: tuple[int, int] = (9, 0), count: int = 1, name: bytes = b"NVIDIA FakeGPU",
                  memory: int = 1 << 30) -> None:
@@ -164,11 +185,14 @@ class FakeDriver:
         self._next_pointer = 0x7F00_0000_0000
         self._context = Handle("CUcontext", 0xC0)
         self._current = threading.local()
+        self.lock = threading.RLock()  # every driver call holds it (see one_call_at_a_time)
 
     def know(self, path: Path) -> None:
         """Learn what each CUDA kernel of a module computes (the fake GPU's 'machine code')."""
         for kernel in hxb.read(path).json["kernels"]:
             self.kernels[kernel["symbol"]] = kernel
+            for variant in kernel.get("variants", []):  # the same computation, in other tiles
+                self.kernels[variant["symbol"]] = kernel
 
     def _enter(self, call: str, needs_context: bool = True) -> CUresult:
         self.calls.append(call)
@@ -183,7 +207,9 @@ class FakeDriver:
     def _memory(self, pointer: Any, size: int) -> memoryview | None:
         """The `size` bytes of device memory at `pointer`, or None if they are not allocated."""
         address = int(pointer)
-        for base, block in self.allocations.items():
+        # a copy to walk: a garbage collection during the walk may run a finalizer that frees
+        # a block on this very thread (the lock is re-entrant), changing the dict under it
+        for base, block in self.allocations.copy().items():
             if base <= address and address + size <= base + len(block):
                 return memoryview(block)[address - base:address - base + size]
         return None
@@ -337,7 +363,8 @@ class FakeDriver:
                 return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
             arrays.append(np.frombuffer(memory, arg["dtype"], math.prod(shape)).reshape(shape))
         self.on_stream.append(("cuLaunchKernel", int(stream) if stream is not None else 0))
-        self.launches.append({"kernel": kernel["symbol"], "grid": (grid_x, grid_y, grid_z), "params": params,
+        self.launches.append({"kernel": kernel["symbol"], "symbol": function.details["name"], "params": params,
+                              "grid": (grid_x, grid_y, grid_z),
                               "block": (block_x, block_y, block_z), "shared": shared, "pointers": pointers,
                               "scalars": scalars, "inputs": [array.copy() for array in arrays[:-1]]})
         if kernel["op"] == "custom":
@@ -401,7 +428,8 @@ class FakeDriver:
         return (status if self.pinned.pop(int(pointer), None) is not None else CUresult.CUDA_ERROR_INVALID_VALUE,)
 
     def is_pinned(self, address: int, size: int) -> bool:
-        return any(base <= address and address + size <= base + len(memory) for base, memory in self.pinned.items())
+        return any(base <= address and address + size <= base + len(memory)
+                   for base, memory in self.pinned.copy().items())
 
     def cuMemcpyHtoDAsync(self, destination: Any, source: int, size: int, stream: Any) -> tuple:
         self.on_stream.append(("cuMemcpyHtoDAsync", int(stream)))
@@ -515,6 +543,22 @@ def _export_all(hexir: Any, directory: Path, mlp: Any, apart: Any, wide: Any, re
         "constants_only": hexir.export(constants_only, directory / "constants.hxb", placement=both),
     }
     return modules
+
+
+W_TILED = rng.standard_normal((64, 1024)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiled(tmp_path_factory) -> Path:
+    """`main(x: float32[batch, 64]) -> x @ W_TILED` on cuda: a kernel per tile size, the runtime
+    picking one per call from the batch (the manifest's `variants`, then the kernel itself)."""
+    try:
+        import hexir
+    except ImportError as error:
+        pytest.skip(f"compiling the test module needs hexir and MLIR ({error})")
+    path = tmp_path_factory.mktemp("cuda-tiled") / "tiled.hxb"
+    return hexir.export(lambda x: hexir.linear(x, W_TILED), path, hexir.TensorSpec(("batch", 64), "float32"),
+                        placement={"hexir.linear": "cuda"})
 
 
 @pytest.fixture
@@ -823,6 +867,30 @@ def test_weights_are_uploaded_once_and_buffers_reused_across_calls(module_file, 
     uploads = [data for _, data in fake.copies_in]
     assert uploads.count(W.tobytes()) == 1 and uploads.count(B.tobytes()) == 1
     assert len(uploads) == 2 + 3  # the weights once, then x once per call
+
+
+def test_each_call_launches_the_kernel_its_batch_picks_with_that_kernels_grid(tiled, fake):
+    """A symbolic cuda linear carries a kernel per tile size: a call launches the first variant
+    whose `below` bounds its sizes are under (else the kernel itself) with that variant's own
+    grid and block, which the kernel's own (bigger tiles: fewer blocks) would leave rows short."""
+    fake.know(tiled)
+    module = load(tiled, "cuda")
+    (kernel,) = hxb.read(tiled).json["kernels"]
+    assert len(kernel["variants"]) >= 2
+    launched = set()
+    for batch in (5, kernel["variants"][0]["below"]["batch"], kernel["variants"][-1]["below"]["batch"] + 1):
+        symbol, launch = next(((v["symbol"], v["launch"]) for v in kernel["variants"] if batch < v["below"]["batch"]),
+                              (kernel["symbol"], kernel["launch"]))
+        x = x_of((batch, 64), seed=batch)
+        np.testing.assert_allclose(module.main(x), x.astype(np.float64) @ W_TILED, rtol=1e-4, atol=1e-4)
+        (call,) = [launch for launch in fake.launches if launch["inputs"][0].shape == (batch, 64)]
+        grid = tuple(hxb.evaluate(expr, {"batch": batch}) for expr in launch["grid"])
+        assert (call["symbol"], call["grid"], call["block"]) == (symbol, grid, tuple(launch["block"]))
+        launched.add(symbol)
+    small = [hxb.evaluate(expr, {"batch": 5}) for expr in kernel["launch"]["grid"]]
+    assert fake.launches[0]["grid"] != tuple(small)  # (so a variant launched with the kernel's grid is seen)
+    assert len(launched) == 3
+    module.close()
 
 
 def test_a_module_loaded_on_one_thread_runs_on_another(module_file, fake):
@@ -1213,6 +1281,36 @@ class CudaTensor(hexir_runtime.dlpack.DLPackArray):
             exported = hexir_runtime.dlpack.DLManagedTensor.from_buffer(self._exports[-1]).dl_tensor
             exported.strides = ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64))
         return capsule
+
+
+class CudaTensorView(hexir_runtime.dlpack.DLPackArray):
+    """Rows `first`.. of a caller's CUDA tensor holding `storage`, exported as DLPack lets a
+    view be: `data` at the storage's start, `byte_offset` to the view's first element."""
+
+    def __init__(self, fake: FakeDriver, storage: np.ndarray, first: int) -> None:
+        self.storage = CudaTensor(fake, storage)  # (keeps the memory)
+        self.offset = storage[:first].nbytes
+        view = storage[first:]
+        super().__init__(self.storage.pointer + self.offset, view.shape, view.dtype, (2, 0))
+
+    def __dlpack__(self, stream: Any = None, **keys: Any) -> Any:
+        capsule = super().__dlpack__(stream, **keys)
+        exported = hexir_runtime.dlpack.DLManagedTensor.from_buffer(self._exports[-1]).dl_tensor
+        exported.data, exported.byte_offset = self.storage.pointer, self.offset
+        return capsule
+
+
+def test_a_cuda_tensor_that_is_a_view_at_a_byte_offset_is_read_there(symbolic_relu, fake):
+    """A view into a bigger tensor (its DLPack `byte_offset` not 0) is read from the view's
+    first element, not the storage's: the rows before it would give another answer."""
+    module = load(symbolic_relu, "cuda")
+    storage = x_of((7, 3), seed=8)
+    for first in (1, 4):
+        view = CudaTensorView(fake, storage, first)
+        np.testing.assert_array_equal(module.main(view), np.maximum(storage[first:], 0))
+        y = module.main(view, outputs="device")
+        np.testing.assert_array_equal(device_bytes(fake, y), np.maximum(storage[first:], 0))
+    module.close()
 
 
 def device_bytes(fake: FakeDriver, array: Any) -> np.ndarray:

@@ -79,6 +79,18 @@ def test_our_capsules_read_back_and_ready_gets_the_consumers_stream():
     assert "float64[5, 6]" in repr(array)
 
 
+def test_a_view_exported_with_a_byte_offset_starts_at_data_plus_the_offset():
+    """DLPack lets a producer export a view into a bigger tensor as the storage's start (`data`)
+    and the view's distance from it (`byte_offset`): the tensor read is at their sum."""
+    array = DLPackArray(4096 + 96, (2, 3), np.float32, (CUDA, 0))  # rows 8.. of a [10, 3] storage at 4096
+    capsule = array.__dlpack__()
+    exported = DLManagedTensor.from_buffer(array._exports[-1]).dl_tensor
+    exported.data, exported.byte_offset = 4096, 96
+    tensor = unpack(capsule)
+    assert (tensor.pointer, tensor.shape, tensor.nbytes) == (4096 + 96, (2, 3), 24)
+    tensor.release()
+
+
 @pytest.mark.parametrize("ndim", [-1, MAX_NDIM + 1, 2**31 - 1])
 def test_a_capsule_with_an_impossible_ndim_is_an_input_error_and_stays_its_producers(ndim):
     """A corrupt DLTensor (a producer's bug) is refused before anything is read through its
