@@ -8,9 +8,13 @@ kernel table, and, where hexir compiles here, compiled ones (cpu, and cuda-place
 --device=cpu). Each mutation edits the manifest (a leaf or subtree replaced by an interesting
 value, a key dropped or added, list items swapped or duplicated), a blob (constants' values,
 sizes, the cuda kernel table's JSON, the cpu library swapped for another module's, one without a
-table, or a truncated one), then the file is written again by `format.encode`, so checksums and
-layout are right and only meaning can be wrong. Machine code is never mutated byte by byte: a
-runtime cannot make arbitrary native code safe (that is what signatures are for).
+table, a truncated one, or one whose ELF would run code or load a library when dlopen maps it:
+a constructor, a DT_NEEDED found through RUNPATH $ORIGIN), or, the kinds of issue 28, relabels
+a generated kernel `custom` (its library the module's own cpu library, another blob, or none),
+edits a cpu library's level (`features`, `cpu`, the builds' order), or downgrades the header's
+version to 1 or 2; then the file is written again by `format.encode` (and its version patched),
+so checksums and layout are right and only meaning can be wrong. Machine code is never mutated
+byte by byte: a runtime cannot make arbitrary native code safe (that is what signatures are for).
 
 Each file that encodes is run in a worker subprocess (a batch of them per process): loaded on
 the cpu device and on the reference device, every entry called on fixed inputs. Outcomes:
@@ -44,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+SELF = str(Path(__file__).resolve())  # workers run in the work folder (a RUNPATH $ORIGIN/../cwd points there)
 sys.path[:0] = [str(ROOT / "runtime")]
 
 from hexir_runtime import HexirRuntimeError, load  # noqa: E402
@@ -67,16 +72,29 @@ def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
     spec.loader.exec_module(conftest)
     library = _cc(conftest.KERNELS_SOURCE, workdir / "kernels")
     untabled = _cc(conftest.KERNELS_CODE, workdir / "untabled")
-    libraries = [library, untabled, library[: len(library) // 2], b"\x7fELF"]
+    # Would run code at dlopen if loaded: a constructor that kills the worker (a crash, counted), a
+    # library needing one found through RUNPATH $ORIGIN/../cwd: $ORIGIN is the memfd's /proc/self/fd,
+    # so that is the worker's current directory (the workdir), where libdep.so's constructor kills it too.
+    constructor = _cc(conftest.KERNELS_SOURCE + CONSTRUCTOR, workdir / "constructor")
+    _cc(CONSTRUCTOR, workdir / "libdep")
+    needs = _cc(conftest.KERNELS_SOURCE, workdir / "needs", [f"-L{workdir}", "-ldep", "-Wl,-rpath,$ORIGIN/../cwd",
+                                                              "-Wl,--no-as-needed"])
+    libraries = [library, untabled, library[: len(library) // 2], b"\x7fELF", constructor, needs]
     bases = [(name, *getattr(conftest, name)(library), libraries) for name in ("mlp", "batched", "cuda")]
-    return bases + _compiled(workdir)
+    return bases + [(name, manifest, blobs, alternatives + [constructor, needs])
+                    for name, manifest, blobs, alternatives in _compiled(workdir)]
 
 
-def _cc(source: str, stem: Path) -> bytes:
+CONSTRUCTOR = "#include <unistd.h>\n__attribute__((constructor)) static void ran(void) { _exit(86); }\n"
+
+
+def _cc(source: str, stem: Path, flags: tuple[str, ...] = ()) -> bytes:
+    """A shared object linked as hexir links its libraries (-nostartfiles), with `flags`."""
     stem.with_suffix(".c").write_text("#include <stdint.h>\n" + source)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(stem.with_suffix(".so")), str(stem.with_suffix(".c"))],
-                   check=True)
-    return stem.with_suffix(".so").read_bytes()
+    output = stem.with_suffix(".so")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-nostartfiles", "-o", str(output), str(stem.with_suffix(".c")),
+                    *flags], check=True)
+    return output.read_bytes()
 
 
 def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
@@ -133,11 +151,80 @@ def _value(rng: random.Random, old, manifest):
     return rng.choice([None, True, [], {}, [1, 1, 1], ["ceildiv", "batch", 0], ["mul", "batch", 2**40], 2.0, [0]])
 
 
-def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[bytes]) -> tuple[dict, list, str]:
+FEATURES = ["avx512f", "avx512bw", "avx2", "fma", "sse2", "avx9000"]
+
+
+def relabel_custom(rng: random.Random, manifest: dict, blobs: list) -> str:
+    """A generated kernel made `custom` (its code then called once, with every dimension as a
+    scalar): its library the module's cpu library, another blob, or none (the module's library)."""
+    kernels = [k for k in manifest.get("kernels", []) if isinstance(k, dict) and k.get("op") != "custom"]
+    if not kernels:
+        return "custom: none to relabel"
+    kernel = rng.choice(kernels)
+    for key in ("epilogues", "sizes", "work", "variants"):
+        kernel.pop(key, None)
+    args = kernel.get("args") if isinstance(kernel.get("args"), list) else []
+    kernel.update(op="custom", source="relabelled.c",
+                  scalars=[d for a in args if isinstance(a, dict) for d in a.get("shape", [])])
+    code = kernel if kernel.get("device") == "cpu" else kernel.get("cpu_fallback")
+    if isinstance(code, dict):
+        code.pop("work", None)
+        if code is not kernel:
+            code["source"] = "relabelled.c"
+        own = [b["library"] for b in manifest.get("cpu", {}).get("libraries", []) if isinstance(b, dict)]
+        choice = rng.choice(["own", "own", "other", "none"])
+        if choice == "own" and own:
+            code["library"] = rng.choice(own)
+        elif choice == "other" and blobs:
+            code["library"] = rng.randrange(len(blobs))
+    return f"custom relabel {kernel.get('name')}"
+
+
+def edit_features(rng: random.Random, manifest: dict) -> str:
+    """A cpu library's level changed: its features (an AVX-512 build said to need only SSE2),
+    its `cpu`, or the builds reordered."""
+    builds = manifest.get("cpu", {}).get("libraries") if isinstance(manifest.get("cpu"), dict) else None
+    if not isinstance(builds, list) or not builds or not isinstance(builds[0], dict):
+        return "features: no cpu section"
+    build = rng.choice([b for b in builds if isinstance(b, dict)] or builds[:1])
+    how = rng.choice(["basic", "add", "drop", "cpu", "reorder", "copy"])
+    if how == "basic":
+        build["features"] = ["sse", "sse2"]
+    elif how == "add":
+        build["features"] = [*build.get("features", []), rng.choice(FEATURES)]
+    elif how == "drop" and build.get("features"):
+        build["features"] = build["features"][1:]
+    elif how == "cpu":
+        build["cpu"] = rng.choice(["x86-64", "x86-64-v3", "x86-64-v4", "generic"])
+    elif how == "reorder":
+        rng.shuffle(builds)
+    else:  # every build says what the most basic one says
+        for other in builds:
+            if isinstance(other, dict):
+                other.update(cpu=builds[-1].get("cpu"), features=builds[-1].get("features"))
+    return f"features {how}"
+
+
+def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[bytes]) -> tuple[dict, list, str, int]:
+    """A mutated (manifest, blobs), what was done, and the version to write in the header."""
     manifest, blobs = copy.deepcopy(manifest), list(blobs)
-    done = []
+    done, version = [], hxb.VERSION
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         what = rng.random()
+        if what >= 0.7:  # issue 28's kinds
+            kind = rng.choice(["custom", "features", "version"])
+            try:
+                if kind == "custom":
+                    done.append(relabel_custom(rng, manifest, blobs))
+                elif kind == "features":
+                    done.append(edit_features(rng, manifest))
+            except (AttributeError, TypeError, KeyError, IndexError):  # an earlier edit broke what it edits
+                done.append(f"{kind}: skipped")
+            if kind == "version":
+                version = rng.choice([1, 2])
+                done.append(f"version {version}")
+            continue
+        what /= 0.7
         if what < 0.6:  # the manifest
             path = rng.choice(_paths(manifest)[1:])
             parent = manifest
@@ -194,9 +281,10 @@ def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[byte
             if not own:
                 continue
             i = rng.choice(own)
-            blobs[i] = (blobs[i][0], rng.choice(libraries))
-            done.append(f"library {blobs[i][0]}")
-    return manifest, blobs, "; ".join(done)
+            index = rng.randrange(len(libraries))
+            blobs[i] = (blobs[i][0], libraries[index])
+            done.append(f"library {blobs[i][0]} -> alternative {index}")
+    return manifest, blobs, "; ".join(done), version
 
 
 # --- running one file (in a worker) ---------------------------------------------------------
@@ -261,8 +349,8 @@ def run_batch(items: list[tuple[int, bytes]], workdir: Path, timeout: float) -> 
         with os.fdopen(fd, "wb") as file:
             pickle.dump(items, file)
         try:
-            result = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True,
-                                    timeout=timeout)
+            result = subprocess.run([sys.executable, SELF, "--worker", name], capture_output=True, text=True,
+                                    timeout=timeout, cwd=workdir)
             stdout, died = result.stdout, result.returncode != 0
         except subprocess.TimeoutExpired as expired:
             stdout, died = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (
@@ -288,8 +376,8 @@ def _alone(item: tuple[int, bytes], workdir: Path) -> str:
     with os.fdopen(fd, "wb") as file:
         pickle.dump([item], file)
     try:
-        result = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True,
-                                timeout=ITEM_TIMEOUT)
+        result = subprocess.run([sys.executable, SELF, "--worker", name], capture_output=True, text=True,
+                                timeout=ITEM_TIMEOUT, cwd=workdir)
         if result.returncode != 0:
             return f"crash (exit {result.returncode}): {result.stderr.strip().splitlines()[-1:] }"[:300]
         return result.stdout.partition(" ")[2].strip() or "crash (no result)"
@@ -304,6 +392,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, help="stop making mutants after this long (the count run is reported)")
     parser.add_argument("--record", help="write the counts as markdown to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -314,21 +403,25 @@ def main() -> None:
     started = time.time()
     try:
         bases = base_modules(workdir)
+        begun = time.time()  # --minutes counts from here
         rng = random.Random(args.seed)
         counts: Counter[str] = Counter()
         examples: dict[str, str] = {}
         by_base: Counter[str] = Counter()
+        made = [0]
 
         def batches():
             index = 0
-            while index < args.count:
+            while index < args.count and not (args.minutes and time.time() - begun > 60 * args.minutes):
                 items, described = [], {}
                 while len(items) < BATCH and index < args.count:
                     name, manifest, blobs, libraries = rng.choice(bases)
-                    mutated, changed, how = mutate(rng, manifest, blobs, libraries)
+                    mutated, changed, how, version = mutate(rng, manifest, blobs, libraries)
                     by_base[name] += 1
                     try:
-                        items.append((index, hxb.encode(mutated, changed)))
+                        data = bytearray(hxb.encode(mutated, changed))
+                        data[8:12] = version.to_bytes(4, "little")  # a downgrade: outside every checksum
+                        items.append((index, bytes(data)))
                         described[index] = f"{name}: {how}"
                     except hxb.HxbFormatError:
                         counts["refused at encode (HxbFormatError)"] += 1
@@ -336,6 +429,7 @@ def main() -> None:
                         counts["undocumented at encode"] += 1
                         examples.setdefault("undocumented at encode", f"{name}: {how}: {type(error).__name__} {error}")
                     index += 1
+                    made[0] = index
                 yield items, described
 
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -347,7 +441,7 @@ def main() -> None:
             for job in pending:
                 _collect(job, counts, examples)
         elapsed = time.time() - started
-        report = _report(args, counts, examples, by_base, elapsed)
+        report = _report(args, made[0], counts, examples, by_base, elapsed)
         print(report)
         if args.record:
             Path(args.record).write_text(report)
@@ -364,10 +458,14 @@ def _collect(job, counts: Counter[str], examples: dict[str, str]) -> None:
             examples.setdefault(f"{kind} {len(examples)}", f"{described[index]} -> {text}")
 
 
-def _report(args, counts: Counter[str], examples: dict[str, str], by_base: Counter[str], elapsed: float) -> str:
+def _report(args, made: int, counts: Counter[str], examples: dict[str, str], by_base: Counter[str],
+            elapsed: float) -> str:
     bad = {kind: counts[kind] for kind in ("crash", "hang", "wrong", "undocumented")}
-    lines = [f"# Fuzz run: {args.count} structure-aware mutations", "",
-             f"Command: `python bench/fuzz.py --count {args.count} --jobs {args.jobs} --seed {args.seed}`", "",
+    limit = f" --minutes {args.minutes:g}" if args.minutes else ""
+    asked = f" (of {args.count} asked)" if made < args.count else ""
+    lines = [f"# Fuzz run: {made} structure-aware mutations{asked}",
+             "", f"Command: `python bench/fuzz.py --count {args.count} --jobs {args.jobs} --seed {args.seed}{limit}`, "
+             f"finished {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
              f"Time: {elapsed / 60:.1f} min on {os.cpu_count()} cores. Base modules: "
              + ", ".join(f"{name} ({count})" for name, count in sorted(by_base.items())), "",
              f"**crashes {bad['crash']}, hangs {bad['hang']}, wrong outputs with exit 0 {bad['wrong']}, "
