@@ -49,14 +49,18 @@ class _Image:
 
     def offset(self, address: int, size: int, what: str) -> int:
         """The file offset of `size` bytes at `address`, which must lie in one segment's file bytes."""
+        return self.span(address, size, what)[0]
+
+    def span(self, address: int, size: int, what: str) -> tuple[int, int]:
+        """`offset`, and how many bytes of the segment's file bytes follow it (what memory holds there)."""
         for start, offset, filesz in self.loads:
             if start <= address and address + size <= start + filesz:
-                return offset + address - start
+                return offset + address - start, start + filesz - address
         self.fail(f"is corrupt: its {what} ({size} bytes at address {address:#x}) lies in no loaded segment")
 
     def string(self, address: int, limit: int, what: str) -> str:
-        start = self.offset(address, 1, what)
-        end = bytes(self.data[start : start + limit]).find(b"\0")
+        start, available = self.span(address, 1, what)
+        end = bytes(self.data[start : start + min(limit, available)]).find(b"\0")
         if end < 0:
             self.fail(f"is corrupt: its {what} has no end")
         return bytes(self.data[start : start + end]).decode("utf-8", "replace")
@@ -154,18 +158,21 @@ def _check_relocations(image: _Image, tags: dict[int, list[int]], irelative: int
 
 
 def _symbol_count(image: _Image, tags: dict[int, list[int]], fail) -> int:
-    """How many entries the dynamic symbol table has: DT_HASH's nchain, or walked from DT_GNU_HASH."""
-    if _DT_HASH in tags:
-        return image.read("I", image.offset(_one(tags, _DT_HASH, fail) + 4, 4, "hash table"))[0]
-    if _DT_GNU_HASH not in tags:
+    """How many entries of the dynamic symbol table a lookup can reach: DT_HASH's nchain, and the
+    end of DT_GNU_HASH's last chain (every chain ends at or before the one of the highest bucket's);
+    the larger where a library has both."""
+    if _DT_HASH not in tags and _DT_GNU_HASH not in tags:
         fail("is corrupt: it has no symbol hash table (DT_HASH or DT_GNU_HASH)")
-    start = image.offset(_one(tags, _DT_GNU_HASH, fail), 16, "hash table")
-    buckets, first, blooms, _ = image.read("IIII", start)
-    buckets_at = start + 16 + 8 * blooms
-    last = max((image.read("I", buckets_at + 4 * i)[0] for i in range(buckets)), default=0)
-    if last < first:
-        return first
-    chains = buckets_at + 4 * buckets
-    while not image.read("I", chains + 4 * (last - first))[0] & 1:  # the chain's last entry has bit 0 set
-        last += 1
-    return last + 1
+    counts = []
+    if _DT_HASH in tags:
+        counts.append(image.read("I", image.offset(_one(tags, _DT_HASH, fail) + 4, 4, "hash table"))[0])
+    if _DT_GNU_HASH in tags:
+        start = image.offset(_one(tags, _DT_GNU_HASH, fail), 16, "hash table")
+        buckets, first, blooms, _ = image.read("IIII", start)
+        buckets_at = start + 16 + 8 * blooms
+        last = max((image.read("I", buckets_at + 4 * i)[0] for i in range(buckets)), default=0)
+        chains = buckets_at + 4 * buckets
+        while last >= first and not image.read("I", chains + 4 * (last - first))[0] & 1:  # an end has bit 0 set
+            last += 1
+        counts.append(max(first, last + 1))
+    return max(counts)
