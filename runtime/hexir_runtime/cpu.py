@@ -12,9 +12,12 @@ from the module's library or from a shared object of its own (its `library` blob
 runs a kernel (its own or its cpu_fallback) is the manifest's `Kernel.cpu_code`.
 
 Trust: a module's CPU code comes in builds for several CPU levels (`cpu.libraries`, best first);
-the first whose features this host has is loaded, so no instruction it lacks can run. Its
-kernel table (`hexir_kernels`, written by the compiler into the code) must describe every kernel
-exactly as the manifest does, and a kernel's symbol must be defined by the library itself: dlsym
+the first whose features this host has is loaded, so no instruction it lacks can run. Before
+dlopen, its ELF is read (elf.py) and a library that would run code or load another library when
+it is loaded is refused. Its kernel table (`hexir_kernels`, written by the compiler into the code)
+must record the level the manifest says (`cpu`, `features`: the host's features were checked
+against the manifest's) and describe every kernel exactly as the manifest does, in files of every
+version, and a kernel's symbol must be defined by the library itself: dlsym
 also finds the symbols of its dependencies (libc's `system`), so each address is checked with
 dladdr. How libraries are loaded without leaking fds or aliasing: see "loading libraries" below.
 """
