@@ -65,8 +65,8 @@ STRINGS = ["", "batch", "n", "system", "printf", "relu", "linear", "custom", "fl
 # --- base modules ---------------------------------------------------------------------------
 
 
-def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
-    """(name, manifest, blobs, alternative cpu libraries) of every base module."""
+def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[tuple[str, bytes]]]]:
+    """(name, manifest, blobs, alternative cpu libraries (what each is, its bytes)) of every base module."""
     spec = importlib.util.spec_from_file_location("runtime_conftest", ROOT / "tests/runtime/conftest.py")
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
@@ -79,9 +79,11 @@ def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
     _cc(CONSTRUCTOR, workdir / "libdep")
     needs = _cc(conftest.KERNELS_SOURCE, workdir / "needs", [f"-L{workdir}", "-ldep", "-Wl,-rpath,$ORIGIN/../cwd",
                                                               "-Wl,--no-as-needed"])
-    libraries = [library, untabled, library[: len(library) // 2], b"\x7fELF", constructor, needs]
+    odd = [("constructor", constructor), ("DT_NEEDED via RUNPATH", needs)]
+    libraries = [("another table", library), ("no table", untabled), ("truncated", library[: len(library) // 2]),
+                 ("ELF magic only", b"\x7fELF"), *odd]
     bases = [(name, *getattr(conftest, name)(library), libraries) for name in ("mlp", "batched", "cuda")]
-    return bases + [(name, manifest, blobs, alternatives + [constructor, needs])
+    return bases + [(name, manifest, blobs, alternatives + odd)
                     for name, manifest, blobs, alternatives in _compiled(workdir)]
 
 
@@ -97,7 +99,7 @@ def _cc(source: str, stem: Path, flags: tuple[str, ...] = ()) -> bytes:
     return output.read_bytes()
 
 
-def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
+def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[tuple[str, bytes]]]]:
     """Modules compiled by hexir (cpu, and cuda-placed), where it compiles here."""
     try:
         import hexir
@@ -122,8 +124,8 @@ def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
         module = hxb.read(path)
         manifest = {key: value for key, value in module.json.items() if key != "blobs"}
         blobs = [(blob["name"], bytes(module.blob(i))) for i, blob in enumerate(module.json["blobs"])]
-        libraries = [data for blob_name, data in blobs if blob_name.endswith(".so")]
-        out.append((name, manifest, blobs, libraries + [libraries[0][:4096]]))
+        libraries = [(f"the {blob_name}", data) for blob_name, data in blobs if blob_name.endswith(".so")]
+        out.append((name, manifest, blobs, libraries + [("truncated", libraries[0][1][:4096])]))
     return out
 
 
@@ -159,7 +161,7 @@ def relabel_custom(rng: random.Random, manifest: dict, blobs: list) -> str:
     scalar): its library the module's cpu library, another blob, or none (the module's library)."""
     kernels = [k for k in manifest.get("kernels", []) if isinstance(k, dict) and k.get("op") != "custom"]
     if not kernels:
-        return "custom: none to relabel"
+        return "custom: skipped"
     kernel = rng.choice(kernels)
     for key in ("epilogues", "sizes", "work", "variants"):
         kernel.pop(key, None)
@@ -185,7 +187,7 @@ def edit_features(rng: random.Random, manifest: dict) -> str:
     its `cpu`, or the builds reordered."""
     builds = manifest.get("cpu", {}).get("libraries") if isinstance(manifest.get("cpu"), dict) else None
     if not isinstance(builds, list) or not builds or not isinstance(builds[0], dict):
-        return "features: no cpu section"
+        return "features: skipped"
     build = rng.choice([b for b in builds if isinstance(b, dict)] or builds[:1])
     how = rng.choice(["basic", "add", "drop", "cpu", "reorder", "copy"])
     if how == "basic":
@@ -205,7 +207,8 @@ def edit_features(rng: random.Random, manifest: dict) -> str:
     return f"features {how}"
 
 
-def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[bytes]) -> tuple[dict, list, str, int]:
+def mutate(rng: random.Random, manifest: dict, blobs: list,
+           libraries: list[tuple[str, bytes]]) -> tuple[dict, list, str, int]:
     """A mutated (manifest, blobs), what was done, and the version to write in the header."""
     manifest, blobs = copy.deepcopy(manifest), list(blobs)
     done, version = [], hxb.VERSION
@@ -281,9 +284,9 @@ def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[byte
             if not own:
                 continue
             i = rng.choice(own)
-            index = rng.randrange(len(libraries))
-            blobs[i] = (blobs[i][0], libraries[index])
-            done.append(f"library {blobs[i][0]} -> alternative {index}")
+            label, data = rng.choice(libraries)
+            blobs[i] = (blobs[i][0], data)
+            done.append(f"library {blobs[i][0]} -> {label}")
     return manifest, blobs, "; ".join(done), version
 
 
@@ -408,6 +411,7 @@ def main() -> None:
         counts: Counter[str] = Counter()
         examples: dict[str, str] = {}
         by_base: Counter[str] = Counter()
+        by_kind: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS.values()}
         made = [0]
 
         def batches():
@@ -425,6 +429,8 @@ def main() -> None:
                         described[index] = f"{name}: {how}"
                     except hxb.HxbFormatError:
                         counts["refused at encode (HxbFormatError)"] += 1
+                        for kind in _kinds(how):
+                            by_kind[kind]["refused at encode"] += 1
                     except Exception as error:  # noqa: BLE001
                         counts["undocumented at encode"] += 1
                         examples.setdefault("undocumented at encode", f"{name}: {how}: {type(error).__name__} {error}")
@@ -437,11 +443,11 @@ def main() -> None:
             for items, described in batches():
                 pending.append((pool.submit(run_batch, items, workdir, BATCH_TIMEOUT), described))
                 if len(pending) >= 2 * args.jobs:
-                    _collect(pending.pop(0), counts, examples)
+                    _collect(pending.pop(0), counts, examples, by_kind)
             for job in pending:
-                _collect(job, counts, examples)
+                _collect(job, counts, examples, by_kind)
         elapsed = time.time() - started
-        report = _report(args, made[0], counts, examples, by_base, elapsed)
+        report = _report(args, made[0], counts, examples, by_base, by_kind, elapsed)
         print(report)
         if args.record:
             Path(args.record).write_text(report)
@@ -449,17 +455,31 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _collect(job, counts: Counter[str], examples: dict[str, str]) -> None:
+KINDS = {"custom": "custom relabel", "features": "features edit", "version": "version downgrade",
+         "-> constructor": "library with a constructor", "-> DT_NEEDED": "library needing one via RUNPATH"}
+
+
+def _kinds(how: str) -> list[str]:
+    """Which of issue 28's mutation kinds a mutant's description shows."""
+    done = [part.split(": ", 1)[-1] for part in how.split("; ")]  # (the base module's name first)
+    return [kind for marker, kind in KINDS.items()
+            if any(part.startswith(marker) or marker.startswith("->") and marker in part for part in done)
+            and not any(part == f"{marker}: skipped" for part in done)]
+
+
+def _collect(job, counts: Counter[str], examples: dict[str, str], by_kind: dict[str, Counter[str]]) -> None:
     future, described = job
     for index, text in future.result().items():
         kind = text.split(" ")[0] if not text.startswith("refused") else text
         counts[kind] += 1
+        for mutation in _kinds(described[index]):
+            by_kind[mutation][kind.split(" (")[0]] += 1
         if kind in ("wrong", "undocumented", "crash", "hang"):
             examples.setdefault(f"{kind} {len(examples)}", f"{described[index]} -> {text}")
 
 
 def _report(args, made: int, counts: Counter[str], examples: dict[str, str], by_base: Counter[str],
-            elapsed: float) -> str:
+            by_kind: dict[str, Counter[str]], elapsed: float) -> str:
     bad = {kind: counts[kind] for kind in ("crash", "hang", "wrong", "undocumented")}
     limit = f" --minutes {args.minutes:g}" if args.minutes else ""
     asked = f" (of {args.count} asked)" if made < args.count else ""
@@ -471,6 +491,10 @@ def _report(args, made: int, counts: Counter[str], examples: dict[str, str], by_
              f"**crashes {bad['crash']}, hangs {bad['hang']}, wrong outputs with exit 0 {bad['wrong']}, "
              f"undocumented exceptions {bad['undocumented']}**", "", "| outcome | count |", "|---|---:|"]
     lines += [f"| {kind} | {count} |" for kind, count in counts.most_common()]
+    lines += ["", "Issue 28's kinds (a mutant may have several; outcomes of the mutants that have each):", "",
+              "| kind | outcomes |", "|---|---|"]
+    lines += [f"| {kind} | {', '.join(f'{outcome} {n}' for outcome, n in tally.most_common()) or 'none'} |"
+              for kind, tally in by_kind.items()]
     if examples:
         lines += ["", "Examples:", ""] + [f"- {key}: `{text}`" for key, text in list(examples.items())[:20]]
     return "\n".join(lines) + "\n"
