@@ -8,9 +8,13 @@ kernel table, and, where hexir compiles here, compiled ones (cpu, and cuda-place
 --device=cpu). Each mutation edits the manifest (a leaf or subtree replaced by an interesting
 value, a key dropped or added, list items swapped or duplicated), a blob (constants' values,
 sizes, the cuda kernel table's JSON, the cpu library swapped for another module's, one without a
-table, or a truncated one), then the file is written again by `format.encode`, so checksums and
-layout are right and only meaning can be wrong. Machine code is never mutated byte by byte: a
-runtime cannot make arbitrary native code safe (that is what signatures are for).
+table, a truncated one, or one whose ELF would run code or load a library when dlopen maps it:
+a constructor, a DT_NEEDED found through RUNPATH $ORIGIN), or, the kinds of issue 28, relabels
+a generated kernel `custom` (its library the module's own cpu library, another blob, or none),
+edits a cpu library's level (`features`, `cpu`, the builds' order), or downgrades the header's
+version to 1 or 2; then the file is written again by `format.encode` (and its version patched),
+so checksums and layout are right and only meaning can be wrong. Machine code is never mutated
+byte by byte: a runtime cannot make arbitrary native code safe (that is what signatures are for).
 
 Each file that encodes is run in a worker subprocess (a batch of them per process): loaded on
 the cpu device and on the reference device, every entry called on fixed inputs. Outcomes:
@@ -44,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+SELF = str(Path(__file__).resolve())  # workers run in the work folder (a RUNPATH $ORIGIN/../cwd points there)
 sys.path[:0] = [str(ROOT / "runtime")]
 
 from hexir_runtime import HexirRuntimeError, load  # noqa: E402
@@ -60,26 +65,41 @@ STRINGS = ["", "batch", "n", "system", "printf", "relu", "linear", "custom", "fl
 # --- base modules ---------------------------------------------------------------------------
 
 
-def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
-    """(name, manifest, blobs, alternative cpu libraries) of every base module."""
+def base_modules(workdir: Path) -> list[tuple[str, dict, list, list[tuple[str, bytes]]]]:
+    """(name, manifest, blobs, alternative cpu libraries (what each is, its bytes)) of every base module."""
     spec = importlib.util.spec_from_file_location("runtime_conftest", ROOT / "tests/runtime/conftest.py")
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     library = _cc(conftest.KERNELS_SOURCE, workdir / "kernels")
     untabled = _cc(conftest.KERNELS_CODE, workdir / "untabled")
-    libraries = [library, untabled, library[: len(library) // 2], b"\x7fELF"]
+    # Would run code at dlopen if loaded: a constructor that kills the worker (a crash, counted), a
+    # library needing one found through RUNPATH $ORIGIN/../cwd: $ORIGIN is the memfd's /proc/self/fd,
+    # so that is the worker's current directory (the workdir), where libdep.so's constructor kills it too.
+    constructor = _cc(conftest.KERNELS_SOURCE + CONSTRUCTOR, workdir / "constructor")
+    _cc(CONSTRUCTOR, workdir / "libdep")
+    needs = _cc(conftest.KERNELS_SOURCE, workdir / "needs", [f"-L{workdir}", "-ldep", "-Wl,-rpath,$ORIGIN/../cwd",
+                                                              "-Wl,--no-as-needed"])
+    odd = [("constructor", constructor), ("DT_NEEDED via RUNPATH", needs)]
+    libraries = [("another table", library), ("no table", untabled), ("truncated", library[: len(library) // 2]),
+                 ("ELF magic only", b"\x7fELF"), *odd]
     bases = [(name, *getattr(conftest, name)(library), libraries) for name in ("mlp", "batched", "cuda")]
-    return bases + _compiled(workdir)
+    return bases + [(name, manifest, blobs, alternatives + odd)
+                    for name, manifest, blobs, alternatives in _compiled(workdir)]
 
 
-def _cc(source: str, stem: Path) -> bytes:
+CONSTRUCTOR = "#include <unistd.h>\n__attribute__((constructor)) static void ran(void) { _exit(86); }\n"
+
+
+def _cc(source: str, stem: Path, flags: tuple[str, ...] = ()) -> bytes:
+    """A shared object linked as hexir links its libraries (-nostartfiles), with `flags`."""
     stem.with_suffix(".c").write_text("#include <stdint.h>\n" + source)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(stem.with_suffix(".so")), str(stem.with_suffix(".c"))],
-                   check=True)
-    return stem.with_suffix(".so").read_bytes()
+    output = stem.with_suffix(".so")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-nostartfiles", "-o", str(output), str(stem.with_suffix(".c")),
+                    *flags], check=True)
+    return output.read_bytes()
 
 
-def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
+def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[tuple[str, bytes]]]]:
     """Modules compiled by hexir (cpu, and cuda-placed), where it compiles here."""
     try:
         import hexir
@@ -104,8 +124,8 @@ def _compiled(workdir: Path) -> list[tuple[str, dict, list, list[bytes]]]:
         module = hxb.read(path)
         manifest = {key: value for key, value in module.json.items() if key != "blobs"}
         blobs = [(blob["name"], bytes(module.blob(i))) for i, blob in enumerate(module.json["blobs"])]
-        libraries = [data for blob_name, data in blobs if blob_name.endswith(".so")]
-        out.append((name, manifest, blobs, libraries + [libraries[0][:4096]]))
+        libraries = [(f"the {blob_name}", data) for blob_name, data in blobs if blob_name.endswith(".so")]
+        out.append((name, manifest, blobs, libraries + [("truncated", libraries[0][1][:4096])]))
     return out
 
 
@@ -133,11 +153,81 @@ def _value(rng: random.Random, old, manifest):
     return rng.choice([None, True, [], {}, [1, 1, 1], ["ceildiv", "batch", 0], ["mul", "batch", 2**40], 2.0, [0]])
 
 
-def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[bytes]) -> tuple[dict, list, str]:
+FEATURES = ["avx512f", "avx512bw", "avx2", "fma", "sse2", "avx9000"]
+
+
+def relabel_custom(rng: random.Random, manifest: dict, blobs: list) -> str:
+    """A generated kernel made `custom` (its code then called once, with every dimension as a
+    scalar): its library the module's cpu library, another blob, or none (the module's library)."""
+    kernels = [k for k in manifest.get("kernels", []) if isinstance(k, dict) and k.get("op") != "custom"]
+    if not kernels:
+        return "custom: skipped"
+    kernel = rng.choice(kernels)
+    for key in ("epilogues", "sizes", "work", "variants"):
+        kernel.pop(key, None)
+    args = kernel.get("args") if isinstance(kernel.get("args"), list) else []
+    kernel.update(op="custom", source="relabelled.c",
+                  scalars=[d for a in args if isinstance(a, dict) for d in a.get("shape", [])])
+    code = kernel if kernel.get("device") == "cpu" else kernel.get("cpu_fallback")
+    if isinstance(code, dict):
+        code.pop("work", None)
+        if code is not kernel:
+            code["source"] = "relabelled.c"
+        own = [b["library"] for b in manifest.get("cpu", {}).get("libraries", []) if isinstance(b, dict)]
+        choice = rng.choice(["own", "own", "other", "none"])
+        if choice == "own" and own:
+            code["library"] = rng.choice(own)
+        elif choice == "other" and blobs:
+            code["library"] = rng.randrange(len(blobs))
+    return f"custom relabel {kernel.get('name')}"
+
+
+def edit_features(rng: random.Random, manifest: dict) -> str:
+    """A cpu library's level changed: its features (an AVX-512 build said to need only SSE2),
+    its `cpu`, or the builds reordered."""
+    builds = manifest.get("cpu", {}).get("libraries") if isinstance(manifest.get("cpu"), dict) else None
+    if not isinstance(builds, list) or not builds or not isinstance(builds[0], dict):
+        return "features: skipped"
+    build = rng.choice([b for b in builds if isinstance(b, dict)] or builds[:1])
+    how = rng.choice(["basic", "add", "drop", "cpu", "reorder", "copy"])
+    if how == "basic":
+        build["features"] = ["sse", "sse2"]
+    elif how == "add":
+        build["features"] = [*build.get("features", []), rng.choice(FEATURES)]
+    elif how == "drop" and build.get("features"):
+        build["features"] = build["features"][1:]
+    elif how == "cpu":
+        build["cpu"] = rng.choice(["x86-64", "x86-64-v3", "x86-64-v4", "generic"])
+    elif how == "reorder":
+        rng.shuffle(builds)
+    else:  # every build says what the most basic one says
+        for other in builds:
+            if isinstance(other, dict):
+                other.update(cpu=builds[-1].get("cpu"), features=builds[-1].get("features"))
+    return f"features {how}"
+
+
+def mutate(rng: random.Random, manifest: dict, blobs: list,
+           libraries: list[tuple[str, bytes]]) -> tuple[dict, list, str, int]:
+    """A mutated (manifest, blobs), what was done, and the version to write in the header."""
     manifest, blobs = copy.deepcopy(manifest), list(blobs)
-    done = []
+    done, version = [], hxb.VERSION
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         what = rng.random()
+        if what >= 0.7:  # issue 28's kinds
+            kind = rng.choice(["custom", "features", "version"])
+            try:
+                if kind == "custom":
+                    done.append(relabel_custom(rng, manifest, blobs))
+                elif kind == "features":
+                    done.append(edit_features(rng, manifest))
+            except (AttributeError, TypeError, KeyError, IndexError):  # an earlier edit broke what it edits
+                done.append(f"{kind}: skipped")
+            if kind == "version":
+                version = rng.choice([1, 2])
+                done.append(f"version {version}")
+            continue
+        what /= 0.7
         if what < 0.6:  # the manifest
             path = rng.choice(_paths(manifest)[1:])
             parent = manifest
@@ -194,9 +284,10 @@ def mutate(rng: random.Random, manifest: dict, blobs: list, libraries: list[byte
             if not own:
                 continue
             i = rng.choice(own)
-            blobs[i] = (blobs[i][0], rng.choice(libraries))
-            done.append(f"library {blobs[i][0]}")
-    return manifest, blobs, "; ".join(done)
+            label, data = rng.choice(libraries)
+            blobs[i] = (blobs[i][0], data)
+            done.append(f"library {blobs[i][0]} -> {label}")
+    return manifest, blobs, "; ".join(done), version
 
 
 # --- running one file (in a worker) ---------------------------------------------------------
@@ -261,8 +352,8 @@ def run_batch(items: list[tuple[int, bytes]], workdir: Path, timeout: float) -> 
         with os.fdopen(fd, "wb") as file:
             pickle.dump(items, file)
         try:
-            result = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True,
-                                    timeout=timeout)
+            result = subprocess.run([sys.executable, SELF, "--worker", name], capture_output=True, text=True,
+                                    timeout=timeout, cwd=workdir)
             stdout, died = result.stdout, result.returncode != 0
         except subprocess.TimeoutExpired as expired:
             stdout, died = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (
@@ -288,8 +379,8 @@ def _alone(item: tuple[int, bytes], workdir: Path) -> str:
     with os.fdopen(fd, "wb") as file:
         pickle.dump([item], file)
     try:
-        result = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True,
-                                timeout=ITEM_TIMEOUT)
+        result = subprocess.run([sys.executable, SELF, "--worker", name], capture_output=True, text=True,
+                                timeout=ITEM_TIMEOUT, cwd=workdir)
         if result.returncode != 0:
             return f"crash (exit {result.returncode}): {result.stderr.strip().splitlines()[-1:] }"[:300]
         return result.stdout.partition(" ")[2].strip() or "crash (no result)"
@@ -304,6 +395,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, help="stop making mutants after this long (the count run is reported)")
     parser.add_argument("--record", help="write the counts as markdown to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -314,28 +406,36 @@ def main() -> None:
     started = time.time()
     try:
         bases = base_modules(workdir)
+        begun = time.time()  # --minutes counts from here
         rng = random.Random(args.seed)
         counts: Counter[str] = Counter()
         examples: dict[str, str] = {}
         by_base: Counter[str] = Counter()
+        by_kind: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS.values()}
+        made = [0]
 
         def batches():
             index = 0
-            while index < args.count:
+            while index < args.count and not (args.minutes and time.time() - begun > 60 * args.minutes):
                 items, described = [], {}
                 while len(items) < BATCH and index < args.count:
                     name, manifest, blobs, libraries = rng.choice(bases)
-                    mutated, changed, how = mutate(rng, manifest, blobs, libraries)
+                    mutated, changed, how, version = mutate(rng, manifest, blobs, libraries)
                     by_base[name] += 1
                     try:
-                        items.append((index, hxb.encode(mutated, changed)))
+                        data = bytearray(hxb.encode(mutated, changed))
+                        data[8:12] = version.to_bytes(4, "little")  # a downgrade: outside every checksum
+                        items.append((index, bytes(data)))
                         described[index] = f"{name}: {how}"
                     except hxb.HxbFormatError:
                         counts["refused at encode (HxbFormatError)"] += 1
+                        for kind in _kinds(how):
+                            by_kind[kind]["refused at encode"] += 1
                     except Exception as error:  # noqa: BLE001
                         counts["undocumented at encode"] += 1
                         examples.setdefault("undocumented at encode", f"{name}: {how}: {type(error).__name__} {error}")
                     index += 1
+                    made[0] = index
                 yield items, described
 
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -343,11 +443,11 @@ def main() -> None:
             for items, described in batches():
                 pending.append((pool.submit(run_batch, items, workdir, BATCH_TIMEOUT), described))
                 if len(pending) >= 2 * args.jobs:
-                    _collect(pending.pop(0), counts, examples)
+                    _collect(pending.pop(0), counts, examples, by_kind)
             for job in pending:
-                _collect(job, counts, examples)
+                _collect(job, counts, examples, by_kind)
         elapsed = time.time() - started
-        report = _report(args, counts, examples, by_base, elapsed)
+        report = _report(args, made[0], counts, examples, by_base, by_kind, elapsed)
         print(report)
         if args.record:
             Path(args.record).write_text(report)
@@ -355,24 +455,46 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _collect(job, counts: Counter[str], examples: dict[str, str]) -> None:
+KINDS = {"custom": "custom relabel", "features": "features edit", "version": "version downgrade",
+         "-> constructor": "library with a constructor", "-> DT_NEEDED": "library needing one via RUNPATH"}
+
+
+def _kinds(how: str) -> list[str]:
+    """Which of issue 28's mutation kinds a mutant's description shows."""
+    done = [part.split(": ", 1)[-1] for part in how.split("; ")]  # (the base module's name first)
+    return [kind for marker, kind in KINDS.items()
+            if any(part.startswith(marker) or marker.startswith("->") and marker in part for part in done)
+            and not any(part == f"{marker}: skipped" for part in done)]
+
+
+def _collect(job, counts: Counter[str], examples: dict[str, str], by_kind: dict[str, Counter[str]]) -> None:
     future, described = job
     for index, text in future.result().items():
         kind = text.split(" ")[0] if not text.startswith("refused") else text
         counts[kind] += 1
+        for mutation in _kinds(described[index]):
+            by_kind[mutation][kind.split(" (")[0]] += 1
         if kind in ("wrong", "undocumented", "crash", "hang"):
             examples.setdefault(f"{kind} {len(examples)}", f"{described[index]} -> {text}")
 
 
-def _report(args, counts: Counter[str], examples: dict[str, str], by_base: Counter[str], elapsed: float) -> str:
+def _report(args, made: int, counts: Counter[str], examples: dict[str, str], by_base: Counter[str],
+            by_kind: dict[str, Counter[str]], elapsed: float) -> str:
     bad = {kind: counts[kind] for kind in ("crash", "hang", "wrong", "undocumented")}
-    lines = [f"# Fuzz run: {args.count} structure-aware mutations", "",
-             f"Command: `python bench/fuzz.py --count {args.count} --jobs {args.jobs} --seed {args.seed}`", "",
+    limit = f" --minutes {args.minutes:g}" if args.minutes else ""
+    asked = f" (of {args.count} asked)" if made < args.count else ""
+    lines = [f"# Fuzz run: {made} structure-aware mutations{asked}",
+             "", f"Command: `python bench/fuzz.py --count {args.count} --jobs {args.jobs} --seed {args.seed}{limit}`, "
+             f"finished {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
              f"Time: {elapsed / 60:.1f} min on {os.cpu_count()} cores. Base modules: "
              + ", ".join(f"{name} ({count})" for name, count in sorted(by_base.items())), "",
              f"**crashes {bad['crash']}, hangs {bad['hang']}, wrong outputs with exit 0 {bad['wrong']}, "
              f"undocumented exceptions {bad['undocumented']}**", "", "| outcome | count |", "|---|---:|"]
     lines += [f"| {kind} | {count} |" for kind, count in counts.most_common()]
+    lines += ["", "Issue 28's kinds (a mutant may have several; outcomes of the mutants that have each):", "",
+              "| kind | outcomes |", "|---|---|"]
+    lines += [f"| {kind} | {', '.join(f'{outcome} {n}' for outcome, n in tally.most_common()) or 'none'} |"
+              for kind, tally in by_kind.items()]
     if examples:
         lines += ["", "Examples:", ""] + [f"- {key}: `{text}`" for key, text in list(examples.items())[:20]]
     return "\n".join(lines) + "\n"

@@ -6,13 +6,17 @@ per level (by default AVX-512, AVX2+FMA and the baseline) and the runtime loads 
 the host supports. The manifest records each level and the CPU features it implies.
 
 Each library also holds its own description, the exported string `hexir_kernels`: the JSON
-table of the kernels it defines (symbol, args, sizes, work record), which the runtime checks
-the manifest against before it calls anything.
+table of the kernels it defines (symbol, args, sizes, work record) and of the level it was built
+for (`cpu`, `features`), which the runtime checks the manifest against before it calls anything.
+Libraries are linked with `-nostartfiles`: no constructor, nothing run when one is loaded, and
+the runtime refuses any library that would run code or load another (hexir_runtime/elf.py); a
+custom kernel's C code that adds one is refused here, when it is linked.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import platform
 import shutil
 import tempfile
@@ -21,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hexir_runtime import HxbFormatError
+from hexir_runtime.elf import check_dynamic
 from mlir import ir
 from mlir.dialects import llvm as llvm_dialect
 
@@ -96,7 +102,8 @@ def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
         work = Path(scratch)
         objects = list(extra_objects)
         if table is not None:  # bytes, not a string literal: no escaping to get wrong
-            data = ", ".join(str(byte) for byte in table + b"\0")
+            record = {**json.loads(table), "cpu": cpu, "features": list(CPU_LEVELS[cpu])}  # what the code needs
+            data = ", ".join(str(byte) for byte in json.dumps(record, separators=(",", ":")).encode() + b"\0")
             (work / "table.c").write_text(f"const char hexir_kernels[] = {{{data}}};\n")
             run_tool([c_compiler(), "-c", "-fPIC", str(work / "table.c"), "-o", str(work / "table.o")],
                      "compiling the kernel table")
@@ -110,5 +117,17 @@ def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
             objects.insert(0, str(work / "kernels.o"))
         if llvm_module is not None:
             objects.append(pool_object())
-        run_tool([c_compiler(), "-shared", "-o", str(work / "kernels.so"), *objects], "linking the cpu kernels")
-        return CpuLibrary((work / "kernels.so").read_bytes(), cpu, CPU_LEVELS[cpu])
+        run_tool([c_compiler(), "-shared", "-nostartfiles", "-o", str(work / "kernels.so"), *objects],
+                 "linking the cpu kernels")
+        shared_object = (work / "kernels.so").read_bytes()
+        check_shared_object(shared_object, f"the cpu library for {cpu}")
+        return CpuLibrary(shared_object, cpu, CPU_LEVELS[cpu])
+
+
+def check_shared_object(data: bytes, what: str) -> None:
+    """CompileError where the runtime would refuse to load `data`: a constructor (a custom kernel's
+    `__attribute__((constructor))`), a library it needs beyond libc and libm, a search path..."""
+    try:
+        check_dynamic(data, "library", what)
+    except HxbFormatError as error:
+        raise CompileError(f"{error.reason}; the runtime would refuse it") from None

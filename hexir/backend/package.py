@@ -20,7 +20,7 @@ from hexir_runtime import format as hxb
 from mlir import ir
 
 from hexir import sizes
-from hexir.backend.cpu import CpuLibrary
+from hexir.backend.cpu import CpuLibrary, check_shared_object
 from hexir.backend.cuda import CudaBinary
 from hexir.backend.custom import CustomBuild
 from hexir.dialects import hexir as hx
@@ -106,7 +106,8 @@ def _custom_fields(kernel: ir.Operation, entry: dict, custom: CustomBuild, packe
         images = {arch: packer.blob_once(f"{file}:{arch}", f"{Path(file).name}:{arch}", data)
                   for arch, data in custom.cuda_images[file].items()}
         return {"images": images}
-    if file in custom.shared_objects:
+    if file in custom.shared_objects:  # embedded as it is: it must load as the runtime allows
+        check_shared_object(custom.shared_objects[file], f"custom kernel {entry['symbol']}: {file}")
         return {"library": packer.blob_once(file, Path(file).name, custom.shared_objects[file])}
     return {}
 

@@ -12,9 +12,12 @@ from the module's library or from a shared object of its own (its `library` blob
 runs a kernel (its own or its cpu_fallback) is the manifest's `Kernel.cpu_code`.
 
 Trust: a module's CPU code comes in builds for several CPU levels (`cpu.libraries`, best first);
-the first whose features this host has is loaded, so no instruction it lacks can run. Its
-kernel table (`hexir_kernels`, written by the compiler into the code) must describe every kernel
-exactly as the manifest does, and a kernel's symbol must be defined by the library itself: dlsym
+the first whose features this host has is loaded, so no instruction it lacks can run. Before
+dlopen, its ELF is read (elf.py) and a library that would run code or load another library when
+it is loaded is refused. Its kernel table (`hexir_kernels`, written by the compiler into the code)
+must record the level the manifest says (`cpu`, `features`: the host's features were checked
+against the manifest's) and describe every kernel exactly as the manifest does, in files of every
+version, and a kernel's symbol must be defined by the library itself: dlsym
 also finds the symbols of its dependencies (libc's `system`), so each address is checked with
 dladdr. How libraries are loaded without leaking fds or aliasing: see "loading libraries" below.
 """
@@ -34,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from .device import HostMemory
+from .elf import check_dynamic
 from .errors import DeviceError, HxbFormatError, KernelError
-from .format import Cpu, CpuLibrary, Expr, Hxb, Work, check_table, evaluate, parse_table
+from .format import Cpu, CpuLibrary, Expr, Hxb, Work, check_build, check_table, evaluate, parse_table
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # ELF e_machine -> architecture, for the clear error; dlopen refuses other foreign objects itself.
@@ -157,28 +161,19 @@ def pick_library(cpu: Cpu, machine: str | None = None, flags: set[str] | None = 
     raise DeviceError(f"no CPU library of the module runs on this machine: {lacks}")
 
 
-def check_library(blob: memoryview, what: str, machine: str | None = None) -> None:
-    """Raise DeviceError if the shared object `blob` is an ELF for another architecture than this
-    machine's, or if its program headers (what dlopen maps) reach past its end: the loader would
-    map pages beyond the end of the file and die of SIGBUS touching them."""
-    header = bytes(blob[:64])
-    if len(header) < 20 or not header.startswith(b"\x7fELF"):
-        return  # not an ELF at all: dlopen says so
-    order = "little" if header[5] == 1 else "big"
-    arch = ELF_MACHINES.get(int.from_bytes(header[18:20], order))
-    machine = machine or platform.machine()
-    if arch is not None and _arch(arch) != _arch(machine):
-        raise DeviceError(f"{what} is for {arch}, but this machine is {machine}")
-    if header[4] != 2 or len(header) < 64:
-        raise DeviceError(f"{what} is not a 64-bit ELF shared object (or is truncated)")
-    field = lambda data, at, size: int.from_bytes(data[at : at + size], order)  # noqa: E731
-    table, size, count = field(header, 32, 8), field(header, 54, 2), field(header, 56, 2)
-    if size < 56 or table + size * count > len(blob):
-        raise DeviceError(f"{what} is truncated or corrupt: its program headers lie outside its {len(blob)} bytes")
-    for i in range(count):
-        entry = bytes(blob[table + i * size : table + i * size + 56])
-        if field(entry, 8, 8) + field(entry, 32, 8) > len(blob):  # p_offset + p_filesz
-            raise DeviceError(f"{what} is truncated or corrupt: its segment {i} ends past its {len(blob)} bytes")
+def check_library(blob: memoryview, what: str, machine: str | None = None, field: str = "library") -> None:
+    """Check the shared object `blob` before dlopen maps it: DeviceError if it is an ELF for another
+    architecture than this machine's; HxbFormatError(`field`) if it is no ELF64 shared object, if
+    what the loader maps reaches past its end (the loader would die of SIGBUS touching it), or if
+    loading it would run any of its code or load another library (elf.py says what is refused)."""
+    header = bytes(blob[:20])
+    if len(header) == 20 and header.startswith(b"\x7fELF"):
+        order = "little" if header[5] == 1 else "big"
+        arch = ELF_MACHINES.get(int.from_bytes(header[18:20], order))
+        machine = machine or platform.machine()
+        if arch is not None and _arch(arch) != _arch(machine):
+            raise DeviceError(f"{what} is for {arch}, but this machine is {machine}")
+    check_dynamic(blob, field, what)
 
 
 def _arch(name: str) -> str:
@@ -336,17 +331,19 @@ class CpuDevice(HostMemory):
                                   f"run this module with --device=cuda on a GPU ({other})")
         shared = [index for index, kernel in kernels.items() if kernel.cpu_code.library is None]
         main, main_where = None, ""
-        if shared:
+        if shared:  # every version is checked alike: a file too old to carry a table is refused
             build = pick_library(manifest.cpu)
+            field = f"cpu.libraries[{manifest.cpu.libraries.index(build)}]"
             where = main_where = f"the CPU library for {build.cpu} (blob {build.library})"
-            check_library(hxb.blob(build.library), where)
+            check_library(hxb.blob(build.library), where, field=f"{field}.library")
             main = open_library(hxb.blob(build.library), manifest.blobs[build.library].sha256, where)
-            if hxb.version >= 2:  # version-1 files predate kernel tables
-                table = main.table()
-                if table is None:
-                    raise HxbFormatError(f"cpu.libraries[{manifest.cpu.libraries.index(build)}].library",
-                                         f"{where} has no kernel table ({TABLE_SYMBOL}): built by an older compiler?")
-                check_table(hxb, parse_table(table, where), shared, False, where)
+            table = main.table()
+            if table is None:
+                raise HxbFormatError(f"{field}.library", f"{where} has no kernel table ({TABLE_SYMBOL}): built by an "
+                                                         "older compiler? (rebuild the module)")
+            entries, record = parse_table(table, where)
+            check_build(record, build, field, where)
+            check_table(hxb, entries, shared, False, where)
         for index, kernel in kernels.items():
             code = kernel.cpu_code
             field = f"kernels[{index}]{'' if kernel.device == 'cpu' else '.cpu_fallback'}"
@@ -355,7 +352,7 @@ class CpuDevice(HostMemory):
             else:  # a custom kernel's prebuilt shared object
                 blob = code.library
                 where = f"its library (blob {blob}, {manifest.blobs[blob].name})"
-                check_library(hxb.blob(blob), f"kernels[{index}] ({kernel.name}): {where}")
+                check_library(hxb.blob(blob), f"kernels[{index}] ({kernel.name}): {where}", field=f"{field}.library")
                 library = open_library(hxb.blob(blob), manifest.blobs[blob].sha256,
                                        f"the library of kernels[{index}] ({kernel.name}) (blob {blob})")
             function = library.function(code.symbol)

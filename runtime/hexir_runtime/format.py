@@ -1,4 +1,4 @@
-"""The .hxb module format, version 2: read, check and write (docs/hxb-format.md).
+"""The .hxb module format, version 3: read, check and write (docs/hxb-format.md).
 
 A file is checked twice before anything uses it: first its structure (header, manifest bytes,
 the blob table against the file's bytes), then its meaning (keys, types, indices, shapes, size
@@ -10,7 +10,9 @@ The meaning pass does not only check the JSON: it builds the frozen `Manifest` t
 the runtime reads. That is also where each kernel's code is decided once: `Kernel.cpu_code` is
 what runs it on the host (its own code, its `cpu_fallback`, or None) and `Kernel.gpu_code` what
 runs it on a GPU, so no device re-derives it from dicts. A version-1 manifest is upgraded to the
-version-2 JSON before the checks (`_upgrade_v1`), so nothing downstream knows version 1 existed.
+version-2 JSON before the checks (`_upgrade_v1`), so nothing downstream knows version 1 existed:
+a file of any version is held to every check (its code's kernel tables included), and one too
+old to be checked is refused.
 
 Shapes may hold symbols (`"batch"`), sizes bound per call from the inputs' shapes; launch grids
 and parallel extents are size expressions over them (`Expr`: an int, a symbol, or
@@ -414,21 +416,23 @@ _V1_OPS = {"linear": [], "linear_bias": ["bias"], "linear_relu": ["relu"], "line
 def _upgrade_v1(manifest: dict[str, Any]) -> dict[str, Any]:
     """The version-2 JSON of a version-1 manifest: fused linear ops become `linear` with
     epilogues, generated kernels get `epilogues` and `sizes` (v1 shapes are static, so none),
-    and `parallel_extent: n` becomes `work: {extent: n, grain: 1}`. Whatever is malformed is
-    left as it is, for the version-2 checks to name."""
+    and `parallel_extent: n` becomes `work: {extent: n, grain: 1}`. A field it reads that is
+    malformed is refused here, naming it; the rest is left for the version-2 checks to name."""
     manifest = copy.deepcopy(manifest)
-    kernels = manifest.get("kernels")
-    for kernel in kernels if isinstance(kernels, list) else []:
-        if not isinstance(kernel, dict) or kernel.get("op") == "custom":
+    for i, kernel in enumerate(_list(manifest.get("kernels"), "kernels")):
+        path = f"kernels[{i}]"
+        _is_object(kernel, path)
+        op = _str(kernel.get("op"), f"{path}.op")
+        if op == "custom":
             continue
-        if kernel.get("op") in _V1_OPS:
-            kernel["epilogues"] = list(_V1_OPS[kernel["op"]])
+        if op in _V1_OPS:
+            kernel["epilogues"] = list(_V1_OPS[op])
             kernel["op"] = "linear"
         else:
             kernel.setdefault("epilogues", [])
         kernel.setdefault("sizes", [])
-        for code in (kernel, kernel.get("cpu_fallback")):
-            if isinstance(code, dict) and "parallel_extent" in code:
+        for code, where in ((kernel, path), (kernel.get("cpu_fallback"), f"{path}.cpu_fallback")):
+            if code is not None and "parallel_extent" in _is_object(code, where):
                 code["work"] = {"extent": code.pop("parallel_extent"), "grain": 1}
     return manifest
 
@@ -447,9 +451,10 @@ def _upgrade_cpu(manifest: dict[str, Any]) -> dict[str, Any]:
 # --- kernel tables: what the code says it holds ------------------------------------------------
 
 
-def parse_table(text: bytes, where: str) -> dict[str, dict[str, Any]]:
-    """A kernel table (`{"kernels": [{"symbol": ..., ...}, ...]}`, UTF-8 JSON, one trailing NUL
-    allowed) as its entries by symbol; HxbFormatError naming `where` if it is malformed."""
+def parse_table(text: bytes, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """A kernel table (`{"kernels": [{"symbol": ..., ...}, ...], ...}`, UTF-8 JSON, one trailing NUL
+    allowed): its entries by symbol, and its other keys (a CPU library's record of the level it was
+    built for: `cpu`, `features`); HxbFormatError naming `where` if it is malformed."""
     try:
         table = json.loads(text.removesuffix(b"\0").decode("utf-8"), object_pairs_hook=_unique_keys,
                            parse_constant=_no_constant)
@@ -464,7 +469,20 @@ def parse_table(text: bytes, where: str) -> dict[str, dict[str, Any]]:
         if kernel["symbol"] in entries:
             _fail(where, f"the kernel table lists symbol {kernel['symbol']!r} twice")
         entries[kernel["symbol"]] = kernel
-    return entries
+    return entries, {key: value for key, value in table.items() if key != "kernels"}
+
+
+def check_build(record: dict[str, Any], build: CpuLibrary, path: str, where: str) -> None:
+    """Check that a CPU library's own record of what it was built for (its kernel table's `cpu` and
+    `features`) is what the manifest says of it at `path` (`cpu.libraries[i]`): the host's features
+    were checked against the manifest's, so the code must need no other. HxbFormatError if not."""
+    for key, value in (("cpu", build.cpu), ("features", list(build.features))):
+        if key not in record:
+            _fail(f"{path}.{key}", f"the kernel table of {where} does not record the CPU it was built for: "
+                                   "built by an older compiler? (rebuild the module)")
+        if _canonical(record[key]) != _canonical(value):
+            _fail(f"{path}.{key}", f"the manifest says {_canonical(value)}, the kernel table of {where} says "
+                                   f"{_canonical(record[key])}")
 
 
 def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], gpu: bool, where: str) -> None:
@@ -635,8 +653,30 @@ def _check_meaning(manifest: dict[str, Any]) -> Manifest:
         if not any(kernel.gpu_code for kernel in kernels):
             _fail("cuda", "present, but the module has no cuda kernels")
         cuda_table = _index(_object(manifest["cuda"], "cuda", ("table",))["table"], "cuda.table", len(blobs), "blob")
+    _check_custom_libraries(constants, kernels, cpu, cuda_table)
     return Manifest(_str(manifest["producer"], "producer"), blobs, tuple(constants), cpu, kernels, tuple(checked),
                     cuda_table)
+
+
+def _check_custom_libraries(constants: list[Constant], kernels: tuple[Kernel, ...], cpu: Cpu | None,
+                            cuda_table: int | None) -> None:
+    """A custom kernel's own `library` blob holds nothing else: no CPU library of the module, no
+    constant, no image, no table. Those are checked by the code's kernel table (or are no code); a
+    custom library has no table, so a manifest pointing a custom kernel at the generated code could
+    call any of its functions (the thread pool's, a kernel's) with arguments of its choosing."""
+    roles = {constant.blob: f"constants[{i}]" for i, constant in enumerate(constants)}
+    roles.update({build.library: f"cpu.libraries[{i}]" for i, build in enumerate(cpu.libraries if cpu else ())})
+    for i, kernel in enumerate(kernels):
+        roles.update({blob: f"kernels[{i}].images.{arch}"
+                      for arch, blob in (kernel.gpu_code.images.items() if kernel.gpu_code else ())})
+    if cuda_table is not None:
+        roles[cuda_table] = "cuda.table"
+    for i, kernel in enumerate(kernels):
+        library = kernel.cpu_code.library if kernel.cpu_code else None
+        if library in roles:
+            path = f"kernels[{i}]{'' if kernel.device == 'cpu' else '.cpu_fallback'}.library"
+            _fail(path, f"blob {library} is {roles[library]}'s; a custom kernel's library is a shared object of "
+                        "its own")
 
 
 def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
@@ -934,6 +974,12 @@ def _object(value: Any, path: str, required: tuple[str, ...], optional: tuple[st
     for key in required:
         if key not in value:
             _fail(f"{path}.{key}" if path else key, "missing")
+    return value
+
+
+def _is_object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(path, f"expected an object, got {_describe(value)}")
     return value
 
 

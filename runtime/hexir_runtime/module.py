@@ -385,13 +385,11 @@ def notice(message: str, stacklevel: int = 5) -> None:
 
 
 def _check_cuda_table(hxb: Hxb) -> None:
-    """Check the CUDA kernels against the table the compiler wrote next to their images
-    (version 1 files have none); HxbFormatError naming the kernel and field on any difference."""
-    if hxb.version == 1:
-        return
+    """Check the CUDA kernels against the table the compiler wrote next to their images (a file
+    of any version without one is refused); HxbFormatError naming the kernel and field on any difference."""
     manifest = hxb.manifest
     if manifest.cuda_table is None:
         raise HxbFormatError("cuda", "no kernel table for the CUDA kernels: built by an older compiler?")
     where = f"the CUDA kernels (blob {manifest.cuda_table})"
-    table = parse_table(bytes(hxb.blob(manifest.cuda_table)), "cuda.table")
+    table, _ = parse_table(bytes(hxb.blob(manifest.cuda_table)), "cuda.table")
     check_table(hxb, table, [i for i, kernel in enumerate(manifest.kernels) if kernel.gpu_code], True, where)

@@ -84,7 +84,7 @@ def test_custom_kernels_from_files_of_one_name_keep_their_own_code(tmp_path):
                           f"int64_t b, int64_t c, int64_t d) {{ for (int64_t i = 0; i < a * b; ++i) "
                           f"y[i] = {factor} * x[i]; }}\n")
         built = tmp_path / folder / "k.so"
-        subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(built)], check=True)
+        subprocess.run(["cc", "-shared", "-fPIC", "-nostartfiles", str(source), "-o", str(built)], check=True)
         kernels.append(hexir.kernel(f"scale_{folder}", cpu=built, out=lambda x: hexir.TensorSpec(x.shape, x.dtype),
                                     dtypes=("float32", "float32")))
     path = tmp_path / "m.hxb"

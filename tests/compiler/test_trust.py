@@ -97,3 +97,45 @@ def test_a_prebuilt_kernel_must_declare_its_dtypes_and_calls_must_match(tmp_path
         hexir.jit(lambda x: kernel(x)).compile(hexir.TensorSpec((2, 3), "float32"))
     x = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(hexir.jit(lambda x: kernel(x))(x), 2 * x)
+
+
+# --- issue 28: what the compiler links loads without running code, and records its level ----------
+
+
+def test_a_prebuilt_library_with_a_constructor_is_refused_at_export(tmp_path):
+    import subprocess
+    (tmp_path / "scale2.c").write_text(DOUBLE_KERNEL)
+    built = tmp_path / "scale2.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(tmp_path / "scale2.c"), "-o", str(built)], check=True)  # start files
+    kernel = _scale2(built, dtypes=("float64", "float64"))
+    with pytest.raises(hexir.CompileError, match=rf"^custom kernel scale2: {built} has a constructor \(DT_INIT\): a "
+                                                 r"library must run no code when it is loaded \(link it with "
+                                                 r"-nostartfiles.*; the runtime would refuse it$"):
+        hexir.jit(lambda x: kernel(x)).compile(hexir.TensorSpec((2, 3), "float64"))
+
+
+def test_c_code_with_a_constructor_is_refused_when_the_library_is_linked(tmp_path):
+    (tmp_path / "scale2.c").write_text(DOUBLE_KERNEL + "volatile int greeted;\n"
+                                       "__attribute__((constructor)) static void hello(void) { greeted = 1; }\n")
+    kernel = _scale2(tmp_path / "scale2.c")
+    with pytest.raises(hexir.CompileError, match=r"^the cpu library for x86-64(-v\d)? has constructors "
+                                                 r"\(DT_INIT_ARRAY\): .*; the runtime would refuse it$"):
+        hexir.jit(lambda x: kernel(x)).compile(hexir.TensorSpec((2, 3), "float64"))
+
+
+def test_each_library_records_its_level_and_loads_without_running_code(tmp_path):
+    import hexir_runtime
+    from hexir_runtime import elf
+    from hexir_runtime import format as hxb
+
+    path = tmp_path / "m.hxb"
+    hexir.export(lambda x: hexir.relu(hexir.linear(x, W)), path, hexir.TensorSpec(("batch", 8), "float32"))
+    module = hxb.read(path)
+    for i, build in enumerate(module.manifest.cpu.libraries):
+        library = bytes(module.blob(build.library))
+        elf.check_dynamic(library, f"cpu.libraries[{i}].library", build.cpu)  # no error
+        start = library.index(b'{"kernels"')
+        _, record = hxb.parse_table(library[start : library.index(b"\0", start)], build.cpu)
+        assert record == {"cpu": build.cpu, "features": list(build.features)}
+    x = np.ones((3, 8), np.float32)
+    np.testing.assert_array_equal(hexir_runtime.load(path, "cpu").main(x), np.maximum(x @ W, 0))

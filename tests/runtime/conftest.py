@@ -82,7 +82,11 @@ def c_source(op: str, shapes: list[list[int]], dtype: str) -> str:
 """
 
 
-def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False) -> str:
+# What the test libraries are built for, as the manifest says and their kernel table records it.
+CPU_BUILD = {"cpu": "generic", "features": ["sse", "sse2"] if platform.machine().lower() in ("x86_64", "amd64") else []}
+
+
+def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False, build: dict[str, Any] | None = None) -> str:
     """The kernel table (JSON) that the compiler embeds in its code, for manifest `kernels`
     (docs/hxb-format.md, "Kernel tables"): the host code of the module's CPU library (cpu kernels
     and cuda kernels' cpu_fallbacks, without a library of their own), or with `gpu` the cuda
@@ -103,12 +107,12 @@ def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False) -> str:
         elif kernel["op"] != "custom":
             entry["work"] = code["work"]
         entries.setdefault(code["symbol"], entry)
-    return json.dumps({"kernels": list(entries.values())})
+    return json.dumps({"kernels": list(entries.values()), **({} if gpu else build or CPU_BUILD)})
 
 
-def table_c(kernels: list[dict[str, Any]]) -> str:
+def table_c(kernels: list[dict[str, Any]], build: dict[str, Any] | None = None) -> str:
     """`kernel_table(kernels)` as the C definition of `hexir_kernels` (JSON escapes are C escapes for ASCII)."""
-    return f"const char hexir_kernels[] = {json.dumps(kernel_table(kernels))};\n"
+    return f"const char hexir_kernels[] = {json.dumps(kernel_table(kernels, build=build))};\n"
 
 
 KERNELS_CODE = "\n".join(c_source(*kernel) for kernel in KERNELS)
@@ -181,10 +185,8 @@ class Builder:
         blobs = list(self.blobs)
         if any(uses_cpu_library(kernel) for kernel in self.kernels):
             blobs.append(("cpu.so", library if library is not None else b"\x7fELF not a real library"))
-            x86 = platform.machine().lower() in ("x86_64", "amd64")
-            features = ["sse", "sse2"] if x86 else []
-            manifest["cpu"] = {"arch": platform.machine(),
-                               "libraries": [{"cpu": "generic", "features": features, "library": len(blobs) - 1}]}
+            manifest["cpu"] = {"arch": platform.machine(), "libraries": [{
+                "cpu": CPU_BUILD["cpu"], "features": list(CPU_BUILD["features"]), "library": len(blobs) - 1}]}
         if any(kernel["device"] == "cuda" for kernel in self.kernels):
             blobs.append(("cuda-kernels.json", kernel_table(self.kernels, gpu=True).encode()))
             manifest["cuda"] = {"table": len(blobs) - 1}
@@ -342,8 +344,9 @@ def modules() -> SimpleNamespace:
 
 @pytest.fixture(scope="session")
 def compile_c(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], bytes]:
-    """`compile_c(source, name)`: the bytes of a shared object built from C `source` with `cc`
-    (skips without `cc`; fails with the compiler's stderr and command)."""
+    """`compile_c(source, name)`: the bytes of a shared object built from C `source` with `cc`, as
+    hexir links its libraries (`-nostartfiles`: no constructor, which the runtime refuses) (skips
+    without `cc`; fails with the compiler's stderr and command)."""
     compiler = shutil.which("cc")
     if compiler is None:
         pytest.skip("no C compiler (cc) on PATH to build the test kernels")
@@ -351,7 +354,7 @@ def compile_c(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], 
 
     def compile_shared_object(source: str, name: str) -> bytes:
         (directory / f"{name}.c").write_text("#include <stdint.h>\n\n" + source)
-        command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(directory / f"{name}.so"),
+        command = [compiler, "-O2", "-shared", "-fPIC", "-nostartfiles", "-o", str(directory / f"{name}.so"),
                    str(directory / f"{name}.c")]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

@@ -74,7 +74,8 @@ def test_info_checks_the_format_and_loads_no_code(capsys, modules, tmp_path):
                  "[3] cpu.so: 19 bytes at", "constants", "blobs"]:
         assert line in out, line
     code, _, err = run(capsys, path)
-    assert code == 1 and err.startswith("hexir-run: cannot load the CPU library for generic (blob 3): file too short")
+    assert code == 1 and err == (f"hexir-run: {path}: cpu.libraries[0].library: the CPU library for generic (blob 3) "
+                                 "is not a 64-bit little-endian ELF shared object\n")
 
 
 def test_info_describes_cuda_kernels(capsys, modules, tmp_path):

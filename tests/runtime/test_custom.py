@@ -177,10 +177,14 @@ def test_a_missing_custom_symbol_names_its_library(modules, libraries):
         load(hxb.encode(manifest, blobs), "cpu")
 
 
-def test_a_library_that_cannot_be_loaded_is_named(modules, libraries):
-    message = r"^cannot load the library of kernels\[2\] \(k2_scale_columns\) \(blob 4\): "
+def test_a_library_that_cannot_be_loaded_is_named(modules, libraries, compile_c):
+    with pytest.raises(HxbFormatError, match=r"^kernels\[2\]\.library: kernels\[2\] \(k2_scale_columns\): its library "
+                                             r"\(blob 4, ops\.so\) is not a 64-bit little-endian ELF shared object$"):
+        load(hxb.encode(*cpu_module(modules, libraries[0], FAKE_SO)), "cpu")  # refused before dlopen sees it
+    unresolved = compile_c("int missing(void);\nint use(void) { return missing(); }\n", "unresolved")
+    message = r"^cannot load the library of kernels\[2\] \(k2_scale_columns\) \(blob 4\): .*undefined symbol: missing"
     with pytest.raises(DeviceError, match=message):
-        load(hxb.encode(*cpu_module(modules, libraries[0], FAKE_SO)), "cpu")
+        load(hxb.encode(*cpu_module(modules, libraries[0], unresolved)), "cpu")
 
 
 def test_a_library_for_another_architecture_is_refused(modules, libraries):
@@ -199,7 +203,8 @@ def test_check_library_reads_the_elf_machine(libraries):
     check_library(memoryview(ops_library), "ops.so", machine=platform.machine().upper())
     with pytest.raises(DeviceError, match=r"^ops\.so is for \w+, but this machine is sparc64$"):
         check_library(memoryview(ops_library), "ops.so", machine="sparc64")
-    check_library(memoryview(FAKE_SO), "not an ELF", machine="sparc64")  # dlopen says what is wrong
+    with pytest.raises(HxbFormatError, match=r"^kernels\[2\]\.library: not an ELF is not a 64-bit little-endian ELF "):
+        check_library(memoryview(FAKE_SO), "not an ELF", machine="sparc64", field="kernels[2].library")
 
 
 # --- the reference device and hexir-run ---------------------------------------------------------
@@ -349,11 +354,11 @@ def test_what_custom_kernels_may_do(modules):
     """Mixed dtypes, rank-0 args, no scalars at all, and a module whose cpu code is all in library
     blobs of its own, without a cpu section."""
     builder = modules.Builder()
-    ops = builder.blob("ops.so", FAKE_SO)
+    ops, fatbin = builder.blob("ops.so", FAKE_SO), builder.blob("twice.fatbin", b"fatbin")
     scalar = builder.custom("negate", [([], "float64"), ([], "float32")], library=ops)
     fallback = {"symbol": "twice", "source": "ops.so", "library": ops}
-    gpu = builder.custom("twice", [([], "float32"), ([], "float32")], "cuda", images={"fatbin": ops, "sm_90": ops},
-                         cpu_fallback=fallback)
+    gpu = builder.custom("twice", [([], "float32"), ([], "float32")], "cuda",
+                         images={"fatbin": fatbin, "sm_90": fatbin}, cpu_fallback=fallback)
     entry = builder.entry()
     on_cpu = entry.call(scalar, entry.input("x", [], "float64"))
     entry.ret(entry.transfer(entry.call(gpu, entry.transfer(on_cpu, "cuda")), "cpu"))

@@ -218,7 +218,12 @@ def test_missing_cpu_features(modules, c_library, monkeypatch):
         with pytest.raises(DeviceError, match="needs CPU features this machine lacks: avx9000, quantum"):
             load(data, "cpu")
     monkeypatch.setattr(cpu_device, "_cpu_flags", lambda: None)  # /proc/cpuinfo unreadable: not checked
-    assert load(data, "cpu").main(np.ones((2, 8), np.float32)).shape == (2, 4)
+    assert load(hxb.encode(*modules.mlp(c_library)), "cpu").main(np.ones((2, 8), np.float32)).shape == (2, 4)
+    # the manifest's word is checked against the library's own record (its kernel table)
+    with pytest.raises(HxbFormatError, match=r'^cpu\.libraries\[0\]\.features: the manifest says \["sse", "sse2", '
+                                             r'"avx9000", "quantum"\], the kernel table of the CPU library for generic '
+                                             r'\(blob 3\) says \["sse", "sse2"\]$'):
+        load(data, "cpu")
 
 
 def test_pick_library_normalises_architectures_and_takes_the_best_that_fits(monkeypatch):
@@ -262,7 +267,8 @@ def test_two_libraries_in_one_process(modules, c_library, tmp_path, monkeypatch)
     source.write_text("#include <stdint.h>\nvoid doubled(const float *x, float *out, int64_t first, int64_t last)"
                       " { for (int64_t i = first * 16; i < last * 16; ++i) out[i] = 2 * x[i]; }\n"
                       + modules.table_c(builder.kernels))
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "other.so"), str(source)], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-nostartfiles", "-o", str(tmp_path / "other.so"), str(source)],
+                   check=True)
     monkeypatch.setattr(cpu_device, "_libraries", {})
     first = load(hxb.encode(*modules.mlp(c_library)), "cpu")
     del first

@@ -165,3 +165,44 @@ def test_edited_real_modules_refuse_cleanly_or_agree_with_the_reference(modules,
         expected = reference.run(entry, *arrays[entry])
         for got, want in zip(*(r if isinstance(r, tuple) else (r,) for r in (result, expected)), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+# --- issue 28: a manifest relabelling, downgrading or re-levelling the code it carries ----------
+
+
+@pytest.mark.parametrize("factory", ["mlp", "batched", "cuda"])
+@FUZZ
+@given(st.data())
+def test_relabelled_downgraded_or_relevelled_modules_refuse_or_agree(modules, c_library, factory, draw):
+    """The audit's manifest-only doors, combined at random: a kernel made `custom` (its library the
+    module's own, another blob, or none), the header's version 1 or 2, a build's features or cpu
+    changed. Each file is refused with a documented error or computes what the reference does."""
+    manifest, blobs = getattr(modules, factory)(c_library)
+    manifest = copy.deepcopy(manifest)
+    for kernel in draw.draw(st.lists(st.sampled_from(manifest["kernels"]), max_size=2, unique_by=id)):
+        kernel.update(op="custom", source="k.c", scalars=[d for arg in kernel["args"] for d in arg["shape"]])
+        for key in ("epilogues", "sizes", "work"):
+            kernel.pop(key, None)
+        code = kernel if kernel["device"] == "cpu" else kernel["cpu_fallback"]
+        code.pop("work", None)
+        code["source"] = "k.c"
+        library = draw.draw(st.sampled_from([None, *range(len(blobs))]))
+        if library is not None:
+            code["library"] = library
+    build = manifest["cpu"]["libraries"][0]
+    build.update(draw.draw(st.sampled_from([{}, {"features": ["sse2"]}, {"features": [*build["features"], "avx512f"]},
+                                            {"cpu": "x86-64-v4"}])))
+    try:
+        data = hxb.encode(manifest, blobs)
+    except HxbFormatError:
+        return
+    version = draw.draw(st.sampled_from([1, 2, 3]))
+    data = data[:8] + version.to_bytes(4, "little") + data[12:]
+    try:
+        module = load(data, "cpu")
+        x = np.random.default_rng(0).standard_normal([3 if isinstance(d, str) else d for d in
+                                                     module.signature("main").inputs[0][1].shape]).astype(np.float32)
+        result = module.main(x)
+    except HexirRuntimeError:
+        return  # a documented refusal
+    np.testing.assert_allclose(result, load(data, "reference").main(x), rtol=1e-4, atol=1e-4)

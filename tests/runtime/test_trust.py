@@ -94,13 +94,15 @@ def test_the_table_must_agree_with_the_manifest_field_by_field(modules, c_librar
         load(hxb.encode(*modules.batched(old)), "cpu")
 
 
-def test_the_best_cpu_library_this_host_runs_is_loaded(modules, answer_library, monkeypatch):
+def test_the_best_cpu_library_this_host_runs_is_loaded(modules, compile_c, monkeypatch):
     manifest, blobs = answer_module(modules)
     build = manifest["cpu"]["libraries"][0]
-    blobs.append(("cpu-future.so", salted(answer_library, 7)))
-    future = {"cpu": "future", "features": ["sse2", "avx9000"], "library": len(blobs) - 1}
-    blobs.append(("cpu-fast.so", salted(answer_library, 8)))
-    fast = {"cpu": "fast", "features": build["features"], "library": len(blobs) - 1}
+    future = {"cpu": "future", "features": ["sse2", "avx9000"]}
+    fast = {"cpu": "fast", "features": build["features"]}
+    for level, salt in ((future, 7), (fast, 8)):  # each library records the level it was built for
+        library = compile_c(ANSWER + modules.table_c(manifest["kernels"], dict(level)), f"answer_{level['cpu']}")
+        blobs.append((f"cpu-{level['cpu']}.so", salted(library, salt)))
+        level["library"] = len(blobs) - 1
     manifest["cpu"]["libraries"] = [future, fast, build]
     monkeypatch.setattr(cpu_device, "_cpu_flags", lambda: set(build["features"]))
     assert load(hxb.encode(manifest, blobs), "cpu").main().tolist() == [8]
@@ -111,25 +113,22 @@ def test_the_best_cpu_library_this_host_runs_is_loaded(modules, answer_library, 
 
 
 def test_a_non_utf8_dlerror_is_one_clean_device_error(tmp_path, modules, compile_c):
-    (tmp_path / "dep.c").write_text("int dep(void) { return 1; }\n")
-    soname = b"libhexir\xff\xfe.so"
-    subprocess.run([b"cc", b"-shared", b"-fPIC", b"-Wl,-soname," + soname, b"-o", bytes(tmp_path / "dep.so"),
-                    bytes(tmp_path / "dep.c")], check=True)
-    (tmp_path / "main.c").write_text("int dep(void);\nint use(void) { return dep(); }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "main.so", tmp_path / "main.c", tmp_path / "dep.so"],
-                   check=True)
-    manifest, blobs = modules.mlp((tmp_path / "main.so").read_bytes())
-    with pytest.raises(DeviceError, match=r"^cannot load the CPU library for generic \(blob 3\): libhexir\ufffd\ufffd"):
+    source = 'extern int dep(void) __asm__("hexir\\xff\\xfe");\nint use(void) { return dep(); }\n'
+    manifest, blobs = modules.mlp(compile_c(source, "unresolved_non_utf8"))
+    with pytest.raises(DeviceError, match=r"^cannot load the CPU library for generic \(blob 3\): .*undefined symbol: "
+                                          r"hexir\ufffd\ufffd"):
         load(hxb.encode(manifest, blobs), "cpu")
 
 
-def test_the_fallback_file_is_removed_whether_dlopen_succeeds_or_not(modules, c_library, monkeypatch, tmp_path):
+def test_the_fallback_file_is_removed_whether_dlopen_succeeds_or_not(modules, c_library, compile_c, monkeypatch,
+                                                                     tmp_path):
+    unresolved = compile_c("int missing(void);\nint use(void) { return missing(); }\n", "unresolved")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     monkeypatch.setattr(cpu_device, "_libraries", {})
     monkeypatch.delattr(os, "memfd_create", raising=False)
     load(hxb.encode(*modules.mlp(c_library)), "cpu")
-    with pytest.raises(DeviceError, match="file too short"):
-        load(hxb.encode(*modules.mlp(b"\x7fELF")), "cpu")
+    with pytest.raises(DeviceError, match="undefined symbol: missing"):
+        load(hxb.encode(*modules.mlp(unresolved)), "cpu")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -184,3 +183,195 @@ def test_answers_are_not_aliased_in_process(modules, answer_library):
         blobs[-1] = ("cpu.so", salted(answer_library, i))
         assert load(hxb.encode(manifest, blobs), "cpu").main().tolist() == [i]
     assert np.float32(SALT & 0xFFFFFF) != 11  # the marker itself is no answer used here
+
+
+# --- issue 28: a module calls only its own kernels, as compiled; nothing runs before the checks -----
+
+
+def _custom(kernel: dict, **keys) -> None:
+    """Relabel a generated kernel `custom`, as a manifest-only edit would."""
+    for key in ("epilogues", "sizes", "work"):
+        kernel.pop(key)
+    kernel.update(op="custom", source="relabelled.c", scalars=[d for arg in kernel["args"] for d in arg["shape"]],
+                  **keys)
+
+
+def test_a_custom_kernel_cannot_take_the_generated_code_as_its_library(modules, c_library):
+    manifest, blobs = modules.mlp(c_library)
+    _custom(manifest["kernels"][1], library=3)  # blob 3: the module's cpu library, which has hexir_pool_run
+    with pytest.raises(HxbFormatError, match=r"^kernels\[1\]\.library: blob 3 is cpu\.libraries\[0\]'s; a custom "
+                                             r"kernel's library is a shared object of its own$"):
+        hxb.encode(manifest, blobs)
+    manifest["kernels"][1]["library"] = 0
+    with pytest.raises(HxbFormatError, match=r"^kernels\[1\]\.library: blob 0 is constants\[0\]'s"):
+        hxb.encode(manifest, blobs)
+    del manifest["kernels"][1]["library"]  # in the module's library: the kernel table says what it is
+    with pytest.raises(HxbFormatError, match=r"^kernels\[1\]\.scalars: k1_relu: the manifest says \[2, 16, 2, 16\], "
+                                             r"the kernel table of the CPU library for generic \(blob 3\) says null$"):
+        load(hxb.encode(manifest, blobs), "cpu")
+    manifest, blobs = modules.cuda(c_library)  # a cuda kernel's cpu_fallback, relabelled
+    kernel = manifest["kernels"][0]
+    kernel.update(op="custom", source="relu.cu", scalars=[2, 3, 4, 2, 3, 4])
+    for key in ("epilogues", "sizes"):
+        kernel.pop(key)
+    kernel["cpu_fallback"] = {"symbol": kernel["symbol"], "source": "relu.c", "library": kernel["images"]["sm_90"]}
+    del manifest["cpu"]
+    with pytest.raises(HxbFormatError, match=r"^kernels\[0\]\.cpu_fallback\.library: blob 0 is "
+                                             r"kernels\[0\]\.images\.sm_90's"):
+        hxb.encode(manifest, blobs)
+
+
+def _downgraded(data: bytes, version: int) -> bytes:
+    """The file with another version in its header (no checksum covers it)."""
+    return data[:8] + version.to_bytes(4, "little") + data[12:]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_version_is_held_to_every_check(modules, c_library, compile_c, version):
+    manifest, blobs = modules.cuda(c_library)  # run on the cpu: the relu's cpu_fallback
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 3, 4)
+    module = load(_downgraded(hxb.encode(manifest, blobs), version), "cpu")
+    assert module.hxb.version == version and module.main(x).tolist() == np.maximum(x, 0).tolist()
+    manifest["kernels"][0]["cpu_fallback"]["work"]["grain"] = 2
+    with pytest.raises(HxbFormatError, match=r"^kernels\[0\]\.cpu_fallback\.work: k0_relu: the manifest says "):
+        load(_downgraded(hxb.encode(manifest, blobs), version), "cpu")
+    untabled = compile_c(modules.kernels_code, "untabled")
+    with pytest.raises(HxbFormatError, match=r"^cpu\.libraries\[0\]\.library: the CPU library for generic \(blob 2\) "
+                                             r"has no kernel table \(hexir_kernels\): built by an older compiler\?"):
+        load(_downgraded(hxb.encode(*modules.cuda(untabled)), version), "cpu")
+    builder = modules.Builder()
+    relus = [builder.kernel("relu", [[2, 16], [2, 16]]) for _ in range(2)]
+    entry = builder.entry()
+    entry.ret(entry.call(relus[1], entry.call(relus[0], entry.input("x", [2, 16]))))
+    manifest, blobs = builder.build(c_library)
+    _custom(manifest["kernels"][1], library=0)
+    with pytest.raises(HxbFormatError, match=r"^kernels\[1\]\.library: blob 0 is cpu\.libraries\[0\]'s"):
+        hxb.decode(_downgraded(_encode_unchecked(manifest, blobs), version))
+
+
+@pytest.mark.parametrize(("edit", "field", "reason"), [
+    (lambda m: m["kernels"][1].update(op=["linear_relu"]), "kernels[1].op", "expected a string, got an array"),
+    (lambda m: m.update(kernels={"a": 1}), "kernels", "expected an array, got an object"),
+    (lambda m: m["kernels"].append(["linear"]), "kernels[4]", "expected an object, got an array"),
+    (lambda m: m["kernels"][0].update(cpu_fallback=[1]), "kernels[0].cpu_fallback", "expected an object, got an array"),
+])
+def test_a_malformed_version_1_manifest_is_one_line_naming_the_field(modules, c_library, tmp_path, capsys, edit,
+                                                                     field, reason):
+    manifest, blobs = modules.mlp(c_library)
+    edit(manifest)
+    try:
+        data = hxb.encode(manifest, blobs)
+    except HxbFormatError:  # version 3 refuses it too: write the bytes by hand, as a v1 writer would
+        data = _encode_unchecked(manifest, blobs)
+    with pytest.raises(HxbFormatError) as error:
+        hxb.decode(_downgraded(data, 1))
+    assert (error.value.field, error.value.reason) == (field, reason)
+    (tmp_path / "v1.hxb").write_bytes(_downgraded(data, 1))
+    from hexir_runtime.cli import main as hexir_run
+    assert hexir_run([str(tmp_path / "v1.hxb"), "--info"]) == 1
+    assert capsys.readouterr().err == f"hexir-run: {tmp_path / 'v1.hxb'}: {field}: {reason}\n"
+
+
+def _encode_unchecked(manifest: dict, blobs: list) -> bytes:
+    """`hxb.encode` without its final check of the meaning (as a writer of another version would)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hxb, "decode", lambda data: None)
+        return hxb.encode(manifest, blobs)
+
+
+RUNS = "#include <unistd.h>\n__attribute__((constructor)) static void ran(void) { _exit(86); }\n"  # kills pytest if run
+KERNEL = "void k(float *x) { x[0] = 1; }\n"
+IFUNC = "static void real(void) {}\nstatic void (*pick(void))(void) { return real; }\n" \
+        "void picked(void) __attribute__((ifunc(\"pick\")));\n"
+
+
+def _shared(tmp_path: Path, name: str, source: str, *flags: str) -> bytes:
+    """A shared object built with `cc -shared` and `flags` (without -nostartfiles unless given)."""
+    (tmp_path / f"{name}.c").write_text(source)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(tmp_path / f"{name}.so"), str(tmp_path / f"{name}.c"),
+                    *flags], check=True)
+    return (tmp_path / f"{name}.so").read_bytes()
+
+
+@pytest.mark.parametrize(("source", "flags", "found"), [
+    (KERNEL, (), "has a constructor (DT_INIT): a library must run no code when it is loaded (link it with "
+                 "-nostartfiles, and without __attribute__((constructor)))"),
+    (KERNEL + RUNS, ("-nostartfiles",), "has constructors (DT_INIT_ARRAY): "),
+    (KERNEL + "#include <unistd.h>\n__attribute__((destructor)) static void end(void) { _exit(87); }\n",
+     ("-nostartfiles",),
+     "has destructors (DT_FINI_ARRAY): "),
+    (KERNEL, ("-nostartfiles", "-Wl,--no-as-needed", "-L.", "-ldep"),
+     "needs the library 'libdep.so' (DT_NEEDED): a library may need only libc.so.6, libm.so.6"),
+    (KERNEL, ("-nostartfiles", "-Wl,-rpath,$ORIGIN/../cwd", "-Wl,--enable-new-dtags"),
+     "has a DT_RUNPATH entry: a library may name no other library and no search path"),
+    (KERNEL, ("-nostartfiles", "-Wl,-rpath,/tmp", "-Wl,--disable-new-dtags"), "has a DT_RPATH entry: "),
+    (KERNEL, ("-nostartfiles", "-Wl,-soname,libcuda.so.1"), "has a DT_SONAME entry: "),
+    (KERNEL + IFUNC, ("-nostartfiles",), "defines an IFUNC symbol 'picked', whose resolver would run when it is "
+                                         "loaded or looked up"),
+    (KERNEL, ("-nostartfiles", "-Wl,-z,execstack"), "asks for an executable stack (PT_GNU_STACK)"),
+])
+def test_a_library_that_would_run_code_or_load_another_is_refused_before_dlopen(
+        modules, tmp_path, monkeypatch, source, flags, found):
+    """The audit's RUNPATH $ORIGIN/../cwd: $ORIGIN is the memfd's /proc/self/fd, so ../cwd is the
+    current directory, here one holding a libdep.so whose constructor would end the process."""
+    monkeypatch.chdir(tmp_path)
+    _shared(tmp_path, "libdep", RUNS, "-nostartfiles")
+    library = _shared(tmp_path, "library", source, *flags)
+    with pytest.raises(HxbFormatError) as error:
+        load(hxb.encode(*modules.mlp(library)), "cpu")
+    assert error.value.field == "cpu.libraries[0].library"
+    assert error.value.reason.startswith(f"the CPU library for generic (blob 3) {found}")
+
+
+def test_libc_and_libm_are_the_libraries_a_library_may_need(tmp_path):
+    library = _shared(tmp_path, "maths", "#include <math.h>\nfloat e(float x) { return expf(x); }\n",
+                      "-nostartfiles", "-Wl,--no-as-needed", "-lm")
+    cpu_device.check_library(memoryview(library), "maths.so")  # no error
+
+
+@pytest.mark.parametrize(("edit", "found"), [
+    (lambda elf: elf[:40], "is not a 64-bit little-endian ELF shared object"),
+    (lambda elf: elf[:16] + (1).to_bytes(2, "little") + elf[18:], "is not a shared object (ELF type 1)"),
+    (lambda elf: elf[:32] + (len(elf) - 8).to_bytes(8, "little") + elf[40:], "is truncated or corrupt: "),
+    (lambda elf: elf[:54] + (8).to_bytes(2, "little") + elf[56:], "is corrupt: its program header table is malformed"),
+])
+def test_a_malformed_elf_is_refused_naming_the_blob(modules, c_library, edit, found):
+    with pytest.raises(HxbFormatError) as error:
+        load(hxb.encode(*modules.mlp(edit(bytearray(c_library)))), "cpu")
+    assert str(error.value).startswith(f"cpu.libraries[0].library: the CPU library for generic (blob 3) {found}")
+
+
+def test_a_dynamic_section_outside_the_loaded_segments_is_refused(modules, c_library):
+    elf = bytearray(c_library)
+    table, size, count = (int.from_bytes(elf[at : at + n], "little") for at, n in ((32, 8), (54, 2), (56, 2)))
+    for i in range(count):
+        entry = table + i * size
+        if int.from_bytes(elf[entry : entry + 4], "little") == 2:  # PT_DYNAMIC: its address moved away
+            elf[entry + 16 : entry + 24] = (1 << 40).to_bytes(8, "little")
+    with pytest.raises(HxbFormatError, match=r"^cpu\.libraries\[0\]\.library: the CPU library for generic \(blob 3\) "
+                                             r"is corrupt: its dynamic section \(\d+ bytes at address 0x10000000000\) "
+                                             r"lies in no loaded segment$"):
+        load(hxb.encode(*modules.mlp(bytes(elf))), "cpu")
+
+
+def test_a_custom_kernels_own_library_is_checked_alike(modules, tmp_path):
+    builder = modules.Builder()
+    ops = builder.blob("ops.so", _shared(tmp_path, "ops", KERNEL))
+    kernel = builder.custom("k", [([1], "float32"), ([1], "float32")], library=ops)
+    entry = builder.entry()
+    entry.ret(entry.call(kernel, entry.input("x", [1])))
+    with pytest.raises(HxbFormatError, match=r"^kernels\[0\]\.library: kernels\[0\] \(k0_k\): its library \(blob 0, "
+                                             r"ops\.so\) has a constructor \(DT_INIT\)"):
+        load(hxb.encode(*builder.build()), "cpu")
+
+
+def test_a_library_records_the_level_it_was_built_for(modules, compile_c):
+    manifest, blobs = modules.mlp()
+    for build, field, said in [({"features": ["sse", "sse2"]}, "cpu", "does not record the CPU it was built for"),
+                               ({"cpu": "x86-64-v4", "features": ["sse", "sse2"]}, "cpu",
+                                'the manifest says "generic", the kernel table of the CPU library for generic '
+                                '(blob 3) says "x86-64-v4"')]:
+        library = compile_c(modules.kernels_code + modules.table_c(manifest["kernels"], build), "recorded")
+        with pytest.raises(HxbFormatError) as error:
+            load(hxb.encode(*modules.mlp(library)), "cpu")
+        assert error.value.field == f"cpu.libraries[0].{field}" and said in error.value.reason
