@@ -64,12 +64,13 @@ class Signature:
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | Hxb
 
 
-def load(source: Source, device: str | Device = "auto") -> Module:
+def load(source: Source, device: str | Device = "auto", *, prints: bool = True) -> Module:
     """Load a module from a path, the bytes of a .hxb file or a decoded `Hxb`.
 
     `device` is "auto" (cuda if the module has CUDA kernels and a GPU is usable, else cpu),
     "cpu" (CUDA kernels run as their cpu fallbacks), "cuda", "reference" (numpy, the oracle),
-    or a device object such as `CpuDevice(threads=4)`.
+    or a device object such as `CpuDevice(threads=4)`. `prints=False` leaves the program's
+    `print` commands out of every call (a server's calls: they are slow and flood its log).
     Raises HxbFormatError, DeviceError or KernelError; OSError if the file cannot be read;
     TypeError if `source` is none of these (an int is not read as a file descriptor).
     """
@@ -81,7 +82,7 @@ def load(source: Source, device: str | Device = "auto") -> Module:
         hxb = read(source)
     else:
         raise TypeError(f"load() takes a path, the bytes of a .hxb file or an Hxb, got {type(source).__name__}")
-    return Module(hxb, device)
+    return Module(hxb, device, prints=prints)
 
 
 class Module:
@@ -91,7 +92,7 @@ class Module:
     until `close()`, the end of a `with` block, or the last reference going away.
     """
 
-    def __init__(self, hxb: Hxb, device: str | Device = "auto") -> None:
+    def __init__(self, hxb: Hxb, device: str | Device = "auto", *, prints: bool = True) -> None:
         self.hxb = hxb
         manifest = hxb.manifest
         kinds = {kernel.device for kernel in manifest.kernels}
@@ -120,7 +121,7 @@ class Module:
             for entry in manifest.entries:
                 self._signatures[entry.name] = Signature.of(entry)
                 try:
-                    self._executors[entry.name] = Executor(entry, devices, programs, constants)
+                    self._executors[entry.name] = Executor(entry, devices, programs, constants, prints)
                 except MemoryError:
                     raise DeviceError(f"out of memory allocating the buffers of entry {entry.name!r}") from None
         except BaseException:
