@@ -38,6 +38,11 @@ EXIT_CODES = """exit codes:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `hexir-run` with `argv` (default: sys.argv[1:]); return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # `hexir-run serve MODEL.hxb ...` (a module file named serve: ./serve)
+        from .serving.command import main as serve
+
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
     try:
         data = _read_module(args.module)

@@ -1,0 +1,68 @@
+"""`hexir-run serve`: what it checks before Ray starts, and what it says without Ray. No cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hexir_runtime.cli import main
+
+RUNTIME = str(Path(__file__).parents[2] / "runtime")
+ENVIRONMENT = {**os.environ, "PYTHONPATH": RUNTIME + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+# Setting a module to None in sys.modules makes every later import of it raise ImportError.
+WITHOUT_RAY = """
+import sys
+sys.modules['ray'] = None
+import hexir_runtime, hexir_runtime.serving
+from hexir_runtime.cli import main
+code = main(['serve', sys.argv[1]])
+assert not [name for name in sys.modules if name.split('.')[0] == 'ray' and sys.modules[name]]
+sys.exit(code)
+"""
+
+
+def test_without_ray_it_says_what_to_install(mlp_model):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_RAY, str(mlp_model)], capture_output=True, text=True,
+                            env=ENVIRONMENT, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "hexir-run serve needs Ray Serve: pip install 'hexir-runtime[serve]'" in result.stderr
+
+
+def test_the_runtime_and_its_serving_protocol_do_not_import_ray():
+    program = "import sys, hexir_runtime, hexir_runtime.serving, hexir_runtime.cli; print('ray' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=ENVIRONMENT,
+                            timeout=300)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize("make, extra, message", [
+    (lambda d, m: d / "missing.hxb", [], "missing.hxb: No such file or directory"),
+    (lambda d, m: (d / "bad.hxb").write_bytes(b"HXB?junk") and d / "bad.hxb", [], "bad.hxb: "),
+    (lambda d, m: (d / "has space.hxb").write_bytes(m.read_bytes()) and d / "has space.hxb", [],
+     "the model's name 'has space' (the file's stem) must be letters"),
+    (lambda d, m: m, ["--num-gpus", "1", "--device", "cpu"], "--num-gpus 1.0 runs replicas on cuda, not --device cpu"),
+    (lambda d, m: m, ["--device", "cuda"], "--device cuda needs --num-gpus > 0"),
+    (lambda d, m: m, ["--replicas", "1000"], "1000 replica(s) of 1.0 CPU(s) each need 1000 CPUs"),
+])
+def test_bad_models_and_options_fail_before_ray_starts(tmp_path, capsys, mlp_model, make, extra, message):
+    assert main(["serve", str(make(tmp_path, mlp_model)), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hexir-run serve: ") and message in err, err
+
+
+def test_two_models_with_one_name(tmp_path, capsys, mlp_model):
+    (tmp_path / "mlp.hxb").write_bytes(mlp_model.read_bytes())
+    assert main(["serve", str(mlp_model), str(tmp_path / "mlp.hxb")]) == 1
+    assert "a second model named 'mlp'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--replicas", "0"], ["--replicas", "x"], ["--max-batch", "0"],
+                                    ["--num-cpus", "-1"], ["--num-gpus", "nan"], []])
+def test_bad_arguments_exit_2(capsys, option):
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", *option] if option else ["serve"])
+    assert caught.value.code == 2
