@@ -46,7 +46,7 @@ def test_the_runtime_and_its_serving_protocol_do_not_import_ray():
      "the model's name 'has space' (the file's stem) must be letters"),
     (lambda d, m: m, ["--num-gpus", "1", "--device", "cpu"], "--num-gpus 1.0 runs replicas on cuda, not --device cpu"),
     (lambda d, m: m, ["--device", "cuda"], "--device cuda needs --num-gpus > 0"),
-    (lambda d, m: m, ["--replicas", "1000"], "1000 replica(s) of 1.0 CPU(s) each need 1000 CPUs"),
+    (lambda d, m: m, ["--replicas", "1000"], "1 model(s) x 1000 replica(s) x 1 CPU(s) need 1000 CPUs"),
 ])
 def test_bad_models_and_options_fail_before_ray_starts(tmp_path, capsys, mlp_model, make, extra, message):
     assert main(["serve", str(make(tmp_path, mlp_model)), *extra]) == 1

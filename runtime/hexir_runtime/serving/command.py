@@ -45,10 +45,11 @@ def main(argv: list[str]) -> int:
         if args.num_gpus == 0 and args.device == "cuda":
             raise HexirRuntimeError("--device cuda needs --num-gpus > 0 (a GPU per replica)")
         replicas = args.replicas if args.replicas == "auto" else int(args.replicas)
-        if args.address is None and replicas != "auto" and replicas * args.num_cpus > (os.cpu_count() or 1):
-            raise HexirRuntimeError(f"{replicas} replica(s) of {args.num_cpus} CPU(s) each need "
-                                    f"{replicas * args.num_cpus:g} CPUs, this machine has {os.cpu_count()}: "
-                                    "lower --replicas or --num-cpus, or join a cluster with --address")
+        needed = len(models) * (1 if replicas == "auto" else replicas) * args.num_cpus
+        if args.address is None and needed > (os.cpu_count() or 1):  # Ray would wait for them forever
+            raise HexirRuntimeError(f"{len(models)} model(s) x {replicas} replica(s) x {args.num_cpus:g} CPU(s) "
+                                    f"need {needed:g} CPUs, this machine has {os.cpu_count()}: lower --replicas "
+                                    "or --num-cpus, or join a cluster with --address")
         if args.address is None:
             os.environ.update(LOOPBACK_ENVIRONMENT)  # inherited by every process of the cluster
         try:
