@@ -3,13 +3,15 @@ per request, for 1-row and 64-row requests of a 784 -> 64 -> 10 float32 MLP, fro
 clients, JSON and binary tensors, with `--max-batch 1` and `--max-batch 32`; against calling
 `module.main` directly. Every response is checked against numpy.
 
-    python bench/serve.py [--seconds 3] [--max-requests 3000] [--out FILE.md]
+    python bench/serve.py [--seconds 3] [--max-requests 3000] [--pre-encoded] [--out FILE.md]
 
-It starts `hexir-run serve` twice (one replica of 1 CPU, a one-node cluster on 127.0.0.1, an
-ephemeral port), each time for every (encoding, rows, clients) in turn, `--seconds` of traffic
+It starts a one-node cluster on 127.0.0.1 (an ephemeral port) serving the module as b1
+(max-batch 1) and b32 (max-batch 32), one replica of 1 CPU each, and measures, for every
+(rows, clients, encoding), b1 then b32 right after each other, `--seconds` of traffic
 after a warm-up (at most `--max-requests`). Clients are threads with a persistent connection
-each, sending request bodies encoded beforehand (what is measured is the server, not the
-client's float formatting), on the same machine: on 2 cores they take CPU from the server.
+each; each encodes its request and decodes and checks the response, as a real client must
+(`--pre-encoded`: bodies encoded beforehand, the server's side alone). They run on the same
+machine: on 2 cores they take CPU from the server.
 Server CPU = user+system time of every process the server started (proxy, replica, controller,
 raylet, gcs...) over the run, per request.
 """
@@ -67,15 +69,37 @@ def server_cpu_seconds(root: int) -> float:
     return total
 
 
+# The server: one one-node cluster on 127.0.0.1 serving the module twice, as b1 (max-batch 1) and
+# b32 (max-batch 32), one replica of 1 CPU each, so that the two are measured one right after the
+# other under the same load (hexir-run serve's --max-batch is one for all its models).
+SERVER = """
+import os, signal, sys
+from hexir_runtime.serving.command import LOOPBACK_ENVIRONMENT
+os.environ.update(LOOPBACK_ENVIRONMENT)
+import ray
+from ray import serve
+from hexir_runtime.serving import ray as engine
+ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False)
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[2])})
+data = open(sys.argv[1], "rb").read()
+for max_batch in (1, 32):
+    engine.deploy_model(f"b{max_batch}", data, replicas=1, num_cpus=1, max_batch=max_batch, batch_wait_ms=2)
+engine.deploy_server(["b1", "b32"])
+signal.signal(signal.SIGTERM, lambda number, frame: None)  # pause() returns on it
+print("ready", flush=True)
+signal.pause()
+serve.shutdown()
+ray.shutdown()
+"""
+
+
 class Server:
-    def __init__(self, model: Path, max_batch: int) -> None:
+    def __init__(self, model: Path) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hexir_runtime", "serve", str(model), "--port", str(self.port), "--replicas", "1",
-             "--num-cpus", "1", "--max-batch", str(max_batch), "--batch-wait-ms", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER, str(model), str(self.port)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout], daemon=True).start()
         while not lines.get(timeout=600).startswith("ready"):
@@ -86,7 +110,7 @@ class Server:
         self.process.wait(timeout=300)
 
 
-def load(port: int, bodies: list[tuple[bytes, dict]], expected: list[np.ndarray], clients: int, seconds: float,
+def load(port: int, path: str, bodies: list, expected: list[np.ndarray], clients: int, seconds: float,
          max_requests: int, root: int) -> dict[str, float]:
     """Run `clients` threads against the server; requests/s, latencies, server CPU per request."""
     latencies: list[float] = []
@@ -98,9 +122,9 @@ def load(port: int, bodies: list[tuple[bytes, dict]], expected: list[np.ndarray]
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         turn = index
         while not stop.is_set():
-            body, headers = bodies[turn % len(bodies)]
             start = time.perf_counter()
-            connection.request("POST", "/v2/models/mlp/infer", body, headers)
+            body, headers = bodies[turn % len(bodies)]()
+            connection.request("POST", path, body, headers)
             response = connection.getresponse()
             data, header = response.read(), response.getheader(HEADER_LENGTH)
             elapsed = time.perf_counter() - start
@@ -134,15 +158,23 @@ def load(port: int, bodies: list[tuple[bytes, dict]], expected: list[np.ndarray]
             "p99": float(np.percentile(ms, 99)), "cpu_ms": cpu / len(ms) * 1e3}
 
 
-def warm_up(port: int, bodies: list[tuple[bytes, dict]]) -> None:
+def warm_up(port: int, path: str, bodies: list) -> None:
     """A few requests first: the replica plans this shape, the connection is made."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    for body, headers in bodies[:3]:
-        connection.request("POST", "/v2/models/mlp/infer", body, headers)
+    for body, headers in (make() for make in bodies[:3]):
+        connection.request("POST", path, body, headers)
         response = connection.getresponse()
         response.read()
         assert response.status == 200, response.status
     connection.close()
+
+
+def encoder(x: np.ndarray, binary: bool, pre_encoded: bool):
+    """What makes a request's body and headers: encoding `x`, or handing out bytes made once."""
+    if pre_encoded:
+        made = encode_request({"x": x}, binary=binary)
+        return lambda: made
+    return lambda: encode_request({"x": x}, binary=binary)
 
 
 def direct(model: Path, inputs: dict[int, list[np.ndarray]]) -> dict[int, float]:
@@ -164,13 +196,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="traffic per configuration (default 3)")
     parser.add_argument("--max-requests", type=int, default=3000, help="at most this many per configuration")
+    parser.add_argument("--pre-encoded", action="store_true", help="encode the request bodies beforehand")
     parser.add_argument("--out", help="also write the report (markdown) here")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="hexir-serve-bench-"))
     model = hexir.export(mlp, folder / "mlp.hxb", hexir.TensorSpec(("batch", 784), "float32"))
     inputs = {rows: [rng.random((rows, 784), np.float32) for _ in range(8)] for rows in (1, 64)}
     expected = {rows: [np.maximum(x @ W1, 0) @ W2 for x in arrays] for rows, arrays in inputs.items()}
-    bodies = {(rows, binary): [encode_request({"x": x}, binary=binary) for x in arrays]
+    bodies = {(rows, binary): [encoder(x, binary, args.pre_encoded) for x in arrays]
               for rows, arrays in inputs.items() for binary in (False, True)}
     lines = ["| max-batch | encoding | rows | clients | requests | req/s | p50 ms | p99 ms | server CPU ms/req |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -178,22 +211,23 @@ def main() -> None:
         lines.append(f"| (module.main) | - | {rows} | 1 | 5 x 2000 | {1e6 / micros:,.0f} | {micros / 1e3:.3f} "
                      "| - | - |")
     results = {}
-    for max_batch in (1, 32):
-        server = Server(model, max_batch)
-        try:
-            for binary in (False, True):
-                for rows in (1, 64):
-                    warm_up(server.port, bodies[rows, binary])
-                    for clients in (1, 32):
+    server = Server(model)
+    try:
+        for rows in (1, 64):
+            for clients in (1, 32):
+                for binary in (False, True):
+                    for max_batch in (1, 32):
+                        path = f"/v2/models/b{max_batch}/infer"
+                        warm_up(server.port, path, bodies[rows, binary])
                         result = results[max_batch, binary, rows, clients] = load(
-                            server.port, bodies[rows, binary], expected[rows], clients, args.seconds,
+                            server.port, path, bodies[rows, binary], expected[rows], clients, args.seconds,
                             args.max_requests, server.process.pid)
                         lines.append(f"| {max_batch} | {'binary' if binary else 'JSON'} | {rows} | {clients} | "
                                      f"{result['requests']} | {result['rps']:,.1f} | {result['p50']:.1f} | "
                                      f"{result['p99']:.1f} | {result['cpu_ms']:.1f} |")
                         print(lines[-1], flush=True)
-        finally:
-            server.stop()
+    finally:
+        server.stop()
     lines.append("")
     for binary in (False, True):
         for rows in (1, 64):
@@ -206,6 +240,8 @@ def main() -> None:
             lines.append(f"- binary / JSON, 64x784 f32, max-batch {max_batch}, {clients} client(s): {gain:.2f}x "
                          "(target >= 5x)")
     lines.append("- every response checked against numpy: all correct")
+    encoded = "encoded beforehand" if args.pre_encoded else "encoded by each client per request"
+    lines.append(f"- request bodies {encoded}")
     report = "\n".join(lines)
     print(report)
     if args.out:

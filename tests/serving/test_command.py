@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,15 @@ def test_bad_models_and_options_fail_before_ray_starts(tmp_path, capsys, mlp_mod
     assert main(["serve", str(make(tmp_path, mlp_model)), *extra]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hexir-run serve: ") and message in err, err
+
+
+def test_a_port_in_use_fails_before_ray_starts(capsys, mlp_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(mlp_model), "--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in capsys.readouterr().err
 
 
 def test_two_models_with_one_name(tmp_path, capsys, mlp_model):

@@ -128,6 +128,9 @@ def test_integers_take_no_floats():
     assert good.arrays[0].dtype == np.int64 and good.arrays[0][3] == 2**40
     with pytest.raises(ProtocolError, match="data holds floats, not int64 values"):
         decode_request(request({"name": "ids", "datatype": "INT64", "shape": [4], "data": [1, 2, 3, 1.5]}), COUNTS)
+    with pytest.raises(ProtocolError, match="data holds integers outside int64's range"):
+        decode_request(request({"name": "ids", "datatype": "INT64", "shape": [4], "data": [2**64 - 1] * 4}),
+                       COUNTS)
 
 
 def mlp_numpy(x: np.ndarray) -> np.ndarray:

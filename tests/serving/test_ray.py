@@ -12,10 +12,12 @@ import ipaddress
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -32,10 +34,12 @@ pytest.importorskip("ray", reason="serving needs ray[serve] (pip install 'hexir-
 from hexir_runtime.serving import decode_response, encode_request  # noqa: E402
 from hexir_runtime.serving.protocol import HEADER_LENGTH  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray 2.60's own, on pydantic's API
 RUNTIME = str(Path(__file__).parents[2] / "runtime")
 START_S, STOP_S, REQUEST_S, REPLACE_S = 600, 300, 180, 420
 MAX_BATCH = 8
 IN_FLIGHT = max(2 * MAX_BATCH, 16)  # a replica's max_ongoing_requests (serving/ray.py)
+PRINTED_ROW = re.compile(r"^(-?\d+\.\d{6} ){10}$", re.M)  # a row of the mlp's output as hexir.print writes it
 
 
 def free_loopback_port() -> int:
@@ -204,12 +208,35 @@ def server(mlp_model, static_model):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_applications_for_ray_configs(mlp_model):
+    from hexir_runtime.errors import InputError
+    from hexir_runtime.serving import ray as engine
+    from ray.serve import Application
+
+    for args in ({"path": str(mlp_model)}, {"path": str(mlp_model), "replicas": "auto", "max_batch": 4},
+                 {"path": str(mlp_model), "name": "other", "num_gpus": 0.5}):
+        assert isinstance(engine.model_app(args), Application)
+    assert isinstance(engine.server_app({"models": ["mlp"]}), Application)
+    with pytest.raises(InputError, match="a replica with a GPU .num_gpus=1. runs on cuda, not cpu"):
+        engine.model_app({"path": str(mlp_model), "num_gpus": 1, "device": "cpu"})
+    assert engine.replica_device("auto", 1.5, 0).threads == 2  # a replica's threads follow its CPUs
+    assert engine.replica_device("auto", 0, 1) == "cuda"
+
+
 def test_serves_checks_and_batches(server):
     assert get(f"{server.base}/v2/health/live") == (200, {"live": True})
     assert get(f"{server.base}/v2/health/ready") == (200, {"ready": True})
     status, metadata = get(f"{server.base}/v2/models/mlp")
     assert status == 200 and metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 784]}]
     assert get(f"{server.base}/v2/models/static/ready")[0] == 200
+    body, headers = encode_request({"x": np.zeros((1, 784), np.float32)})
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{server.base}/v2/models/mlp/infer", body,
+                                                      {**headers, HEADER_LENGTH: "many"}), timeout=REQUEST_S)
+    except urllib.error.HTTPError as error:
+        assert error.code == 400 and f"{HEADER_LENGTH} is not a byte count: 'many'" in error.read().decode()
+    else:
+        pytest.fail("a request with a bad header length was answered")
     status, error = get(f"{server.base}/v2/models/nope")
     assert status == 404 and "unknown model 'nope' (models: mlp, static)" in error["error"]
     rng = np.random.default_rng(0)
@@ -294,3 +321,8 @@ def test_stops_cleanly_on_sigterm(server):
         time.sleep(0.5)  # polling: processes exit in their own time after the cluster stops
     started = " ".join(line for _, line in server.seen.values())
     assert "raylet" in started and "gcs_server" in started and "ServeReplica:static:" in started
+    # hexir.print (mlp has one) is left out of served calls: no row of it in a replica's log
+    replicas = {pid for pid, (_, line) in server.seen.items() if "ServeReplica:mlp:" in line}
+    logs = [log for log in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/worker-*.out")
+            if int(log.stem.rpartition("-")[2]) in replicas]
+    assert logs and not [log for log in logs if PRINTED_ROW.search(log.read_text())]

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -32,12 +33,53 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a model's name is one URL pa
 
 
 class Stop(BaseException):
-    """SIGINT or SIGTERM arrived: unwind whatever runs (ray.init, a deployment, the wait) and stop."""
+    """SIGINT or SIGTERM arrived: unwind and stop."""
+
+
+class _Signals:
+    """Where a signal may interrupt: anywhere but inside a call into Ray, where an exception raised
+    asynchronously once made the process crash as it shut Ray down; there it is held until the
+    call returns (`between_ray_calls`)."""
+
+    in_ray = False
+    held = False
+
+
+def _stop(signum: int, frame: Any) -> None:
+    if _Signals.in_ray:
+        _Signals.held = True
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup that follows runs to its end
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stop
+
+
+def _in_ray(call: Any, *args: Any, **keywords: Any) -> Any:
+    """`call(...)` with signals held until it returns; then Stop if one came."""
+    _Signals.in_ray = True
+    try:
+        return call(*args, **keywords)
+    finally:
+        _Signals.in_ray = False
+        if _Signals.held:
+            _Signals.held = False
+            _stop(signal.SIGTERM, None)
 
 
 def main(argv: list[str]) -> int:
     """Run `hexir-run serve` with `argv` (the arguments after `serve`); return the exit code."""
     args = _parser().parse_args(argv)
+    # from here on a signal stops quietly (even while Ray is imported); the caller's handlers come back at the end
+    previous = {number: signal.signal(number, _stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _checked_serve(args)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _checked_serve(args: argparse.Namespace) -> int:
+    """Check the files and options, import Ray, serve."""
     try:
         models = _read_models(args.models)
         if args.num_gpus > 0 and args.device in ("cpu", "reference"):
@@ -50,6 +92,7 @@ def main(argv: list[str]) -> int:
             raise HexirRuntimeError(f"{len(models)} model(s) x {replicas} replica(s) x {args.num_cpus:g} CPU(s) "
                                     f"need {needed:g} CPUs, this machine has {os.cpu_count()}: lower --replicas "
                                     "or --num-cpus, or join a cluster with --address")
+        _check_port(args.host, args.port)  # Ray's proxy would retry a port in use for ever
         if args.address is None:
             os.environ.update(LOOPBACK_ENVIRONMENT)  # inherited by every process of the cluster
         try:
@@ -58,6 +101,8 @@ def main(argv: list[str]) -> int:
             raise HexirRuntimeError(f"{INSTALL} ({error})") from None
     except HexirRuntimeError as error:
         return _fail(str(error))
+    except Stop:
+        return 0
     options = {"replicas": replicas, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus,
                "max_batch": args.max_batch, "batch_wait_ms": args.batch_wait_ms, "device": args.device,
                "prints": args.prints}
@@ -69,26 +114,22 @@ def _serve(engine: Any, models: dict[str, bytes], args: argparse.Namespace, opti
     import ray
     from ray import serve
 
-    def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below runs to its end
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Stop
     started = deployed = False
     code = 0
     try:
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
         if args.address is None:
             started = True
-            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            _in_ray(ray.init, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                    configure_logging=False)
         else:
-            ray.init(address=args.address, log_to_driver=False, configure_logging=False)
-        signal.signal(signal.SIGINT, stop)  # ray.init sets its own SIGTERM handler
-        signal.signal(signal.SIGTERM, stop)
-        serve.start(http_options={"host": args.host, "port": args.port})
+            _in_ray(ray.init, address=args.address, log_to_driver=False, configure_logging=False)
+        signal.signal(signal.SIGINT, _stop)  # ray.init sets its own SIGTERM handler
+        signal.signal(signal.SIGTERM, _stop)
         deployed = True
-        engine.deploy(models, **options)
+        _in_ray(serve.start, http_options={"host": args.host, "port": args.port})
+        for name, source in models.items():
+            _in_ray(engine.deploy_model, name, source, **options)
+        _in_ray(engine.deploy_server, list(models))
         for name in models:
             print(f"serving {name} at http://{_url_host(args.host)}:{args.port}/v2/models/{name}", flush=True)
         print("ready (SIGINT or SIGTERM stops)", flush=True)
@@ -133,6 +174,15 @@ def _read_models(paths: list[str]) -> dict[str, bytes]:
             raise HexirRuntimeError(f"{path}: no entry main to serve (entries: {', '.join(entries) or 'none'})")
         models[name] = data
     return models
+
+
+def _check_port(host: str, port: int) -> None:
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.bind((host, port))
+    except OSError as error:
+        raise HexirRuntimeError(f"cannot listen on {host} port {port}: {error.strerror or error}") from None
 
 
 def _url_host(host: str) -> str:

@@ -166,6 +166,10 @@ def _decode_input(item: dict[str, Any], expected: Any, body: bytes, offset: int)
         raise ProtocolError(f"{what}: data holds {_kind(array)}, not {expected.dtype} values")
     if array.size != count:
         raise ProtocolError(f"{what}: data has {array.size} values, shape {shape} needs {count}")
+    if array.size and dtype.kind in "iu":  # no silent wrap-around of an out-of-range integer
+        limits = np.iinfo(dtype)
+        if array.min() < limits.min or array.max() > limits.max:
+            raise ProtocolError(f"{what}: data holds integers outside {expected.dtype}'s range")
     return array.astype(expected.dtype).reshape(shape), offset
 
 

@@ -108,11 +108,11 @@ class HexirModel:
         if request.method != "POST":
             return _error(405, f"{request.url.path} takes POST")
         header = request.headers.get(protocol.HEADER_LENGTH)
+        if header is not None and not header.strip().isdigit():
+            return _error(400, f"{protocol.HEADER_LENGTH} is not a byte count: {header!r}")
         try:
             length = None if header is None else int(header)
             decoded = protocol.decode_request(await request.body(), self.signature, length)
-        except ValueError:
-            return _error(400, f"{protocol.HEADER_LENGTH} is not an integer: {header!r}")
         except protocol.ProtocolError as error:
             return _error(error.status, f"model {self.name!r}: {error}")
         result = await self.infer_batch(decoded.arrays)
@@ -209,7 +209,17 @@ def deploy(models: dict[str, bytes | str], **options: Any) -> None:
     """Run every model's application and the server's on the connected Ray cluster (serve.start
     first sets where the proxy listens); returns once all are ready."""
     for name, source in models.items():
-        serve.run(model_application(source, name, **options), name=name, route_prefix=f"/v2/models/{name}")
+        deploy_model(name, source, **options)
+    deploy_server(list(models))
+
+
+def deploy_model(name: str, source: bytes | str, **options: Any) -> None:
+    """Run one model's application at /v2/models/{name}; returns once it is ready."""
+    serve.run(model_application(source, name, **options), name=name, route_prefix=f"/v2/models/{name}")
+
+
+def deploy_server(models: Sequence[str]) -> None:
+    """Run the server's application at / for these models; returns once it is ready."""
     serve.run(server_application(list(models)), name="hexir", route_prefix="/")
 
 
