@@ -237,7 +237,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="how long a batch waits to fill (default 2)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "reference"), default="auto",
                         help="as hexir-run's; auto: cuda with --num-gpus, else cpu (default auto)")
-    parser.add_argument("--address", help="join this running Ray cluster (ray://... or HOST:PORT) instead of "
+    parser.add_argument("--address", help="join this running Ray cluster (the head's HOST:PORT) instead of "
                         "starting a one-node one on loopback")
     parser.add_argument("--prints", action="store_true", help="let hexir.print write to the replicas' logs "
                         "(off: it slows every call)")
