@@ -176,7 +176,8 @@ def _discard_stdout() -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hexir-run",
-        description="Run an entry of a compiled hexir module (.hxb).",
+        description="Run an entry of a compiled hexir module (.hxb). To serve modules over HTTP: "
+                    "hexir-run serve --help.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
