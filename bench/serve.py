@@ -79,7 +79,8 @@ os.environ.update(LOOPBACK_ENVIRONMENT)
 import ray
 from ray import serve
 from hexir_runtime.serving import ray as engine
-ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False)
+ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+         configure_logging=False)
 serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[2])})
 data = open(sys.argv[1], "rb").read()
 for max_batch in (1, 32):

@@ -76,3 +76,23 @@ def test_bad_arguments_exit_2(capsys, option):
     with pytest.raises(SystemExit) as caught:
         main(["serve", *option] if option else ["serve"])
     assert caught.value.code == 2
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray 2.60's own, on pydantic's API
+def test_a_local_cluster_is_new_and_on_loopback(monkeypatch, capsys, mlp_model):
+    """Without --address: address="local" (ray.init() would join a cluster that `ray start` left on
+    this machine, and the stop would shut down its Serve), node address 127.0.0.1, no dashboard."""
+    ray = pytest.importorskip("ray")
+    calls = []
+
+    def init(**options):
+        calls.append(options)
+        raise RuntimeError("no cluster in this test")
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the loopback variables stay in this test
+    assert main(["serve", str(mlp_model)]) == 1
+    assert "serving failed: RuntimeError: no cluster in this test" in capsys.readouterr().err
+    (options,) = calls
+    assert (options["address"], options["_node_ip_address"], options["include_dashboard"]) == ("local", "127.0.0.1",
+                                                                                              False)
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"

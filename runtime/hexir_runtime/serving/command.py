@@ -119,8 +119,10 @@ def _serve(engine: Any, models: dict[str, bytes], args: argparse.Namespace, opti
     try:
         if args.address is None:
             started = True
-            _in_ray(ray.init, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-                    configure_logging=False)
+            # "local": a new cluster even where `ray start` left one on this machine, which
+            # ray.init() would otherwise join (and whose Serve the stop would shut down)
+            _in_ray(ray.init, address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                    log_to_driver=False, configure_logging=False)
         else:
             _in_ray(ray.init, address=args.address, log_to_driver=False, configure_logging=False)
         signal.signal(signal.SIGINT, _stop)  # ray.init sets its own SIGTERM handler
