@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,3 +98,24 @@ def test_a_local_cluster_is_new_and_on_loopback(monkeypatch, capsys, mlp_model):
     assert (options["address"], options["_node_ip_address"], options["include_dashboard"]) == ("local", "127.0.0.1",
                                                                                               False)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
+def test_a_signal_inside_a_call_into_ray_waits_for_it_and_a_second_one_does_not():
+    from hexir_runtime.serving import command
+
+    done = []
+
+    def call(signals: int) -> None:
+        for _ in range(signals):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs right here, in this thread
+        done.append(signals)
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for signals, finished in ((0, [0]), (1, [0, 1]), (2, [0, 1])):
+            signal.signal(signal.SIGTERM, command._stop)  # _stop ignores later signals once it stops
+            with pytest.raises(command.Stop) if signals else contextlib.nullcontext():
+                command._in_ray(call, signals)
+            assert done == finished
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

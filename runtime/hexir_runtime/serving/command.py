@@ -38,15 +38,15 @@ class Stop(BaseException):
 
 class _Signals:
     """Where a signal may interrupt: anywhere but inside a call into Ray, where an exception raised
-    asynchronously once made the process crash as it shut Ray down; there it is held until the
-    call returns (`between_ray_calls`)."""
+    asynchronously once made the process crash as it shut Ray down; there the first one is held
+    until the call returns (`_in_ray`), a second one interrupts it all the same."""
 
     in_ray = False
     held = False
 
 
 def _stop(signum: int, frame: Any) -> None:
-    if _Signals.in_ray:
+    if _Signals.in_ray and not _Signals.held:
         _Signals.held = True
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup that follows runs to its end
