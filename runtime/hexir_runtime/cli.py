@@ -39,6 +39,11 @@ EXIT_CODES = """exit codes:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `hexir-run` with `argv` (default: sys.argv[1:]); return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # `hexir-run serve MODEL.hxb ...` (a module file named serve: ./serve)
+        from .serving.command import main as serve
+
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
     try:
         keys = signing.trusted_keys(args.trust) if args.trust else None
@@ -178,7 +183,8 @@ def _discard_stdout() -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hexir-run",
-        description="Run an entry of a compiled hexir module (.hxb).",
+        description="Run an entry of a compiled hexir module (.hxb). To serve modules over HTTP: "
+                    "hexir-run serve --help.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -117,9 +117,11 @@ class Executor:
     """One entry, ready to run: its constants bound, its call shapes planned on first use."""
 
     def __init__(
-        self, entry: Entry, devices: dict[str, Device], programs: list[Program], constants: Constants
+        self, entry: Entry, devices: dict[str, Device], programs: list[Program], constants: Constants,
+        prints: bool = True,
     ) -> None:
         self.entry = entry
+        self.prints = prints  # False: the program's print commands are left out of its plans
         self.programs = programs
         self.places = [devices[buffer.device] for buffer in entry.buffers]
         by_device = {program.device: program for program in programs if hasattr(program, "begin")}
@@ -329,7 +331,7 @@ class Executor:
                 source = next((index for index, gpu in self.device_inputs.items() if gpu == command.dst), None)
                 steps.append(_transfer(views[command.src], views[command.dst], runners[command.src],
                                        runners[command.dst], source))
-            elif op == "print":
+            elif op == "print" and self.prints:
                 launches = None
                 steps.append(_print(views[command.src], runners[command.src]))
         outputs = []

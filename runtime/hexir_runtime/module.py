@@ -64,7 +64,7 @@ class Signature:
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | Hxb
 
 
-def load(source: Source, device: str | Device = "auto", trusted_keys: Any = None) -> Module:
+def load(source: Source, device: str | Device = "auto", trusted_keys: Any = None, *, prints: bool = True) -> Module:
     """Load a module from a path, the bytes of a .hxb file or a decoded `Hxb`.
 
     `device` is "auto" (cuda if the module has CUDA kernels and a GPU is usable, else cpu),
@@ -72,6 +72,8 @@ def load(source: Source, device: str | Device = "auto", trusted_keys: Any = None
     or a device object such as `CpuDevice(threads=4)`. `trusted_keys` (paths of PEM public keys
     or Ed25519PublicKey objects) loads only a module signed by one of them, checked before its
     manifest is read (signing.py); None loads signed and unsigned modules alike.
+    `prints=False` leaves the program's `print` commands out of every call (a server's calls:
+    they are slow and flood its log).
     Raises HxbFormatError (UntrustedModuleError: not signed by a trusted key), KeyFileError,
     DeviceError or KernelError; OSError if the file cannot be read; TypeError if `source` is
     none of these (an int is not read as a file descriptor).
@@ -89,7 +91,7 @@ def load(source: Source, device: str | Device = "auto", trusted_keys: Any = None
     if keys is not None:
         signing.verify(data, keys)
     # A given Hxb is decoded again when keys are required: its manifest must be the signed bytes'.
-    return Module(source if isinstance(source, Hxb) and keys is None else decode(data), device)
+    return Module(source if isinstance(source, Hxb) and keys is None else decode(data), device, prints=prints)
 
 
 class Module:
@@ -99,7 +101,7 @@ class Module:
     until `close()`, the end of a `with` block, or the last reference going away.
     """
 
-    def __init__(self, hxb: Hxb, device: str | Device = "auto") -> None:
+    def __init__(self, hxb: Hxb, device: str | Device = "auto", *, prints: bool = True) -> None:
         self.hxb = hxb
         manifest = hxb.manifest
         kinds = {kernel.device for kernel in manifest.kernels}
@@ -128,7 +130,7 @@ class Module:
             for entry in manifest.entries:
                 self._signatures[entry.name] = Signature.of(entry)
                 try:
-                    self._executors[entry.name] = Executor(entry, devices, programs, constants)
+                    self._executors[entry.name] = Executor(entry, devices, programs, constants, prints)
                 except MemoryError:
                     raise DeviceError(f"out of memory allocating the buffers of entry {entry.name!r}") from None
         except BaseException:

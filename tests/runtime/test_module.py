@@ -145,6 +145,18 @@ def test_print_goes_to_the_current_stdout(modules, capsys):
     assert capsys.readouterr().out == "8.000000 17.000000 \n12.000000 14.000000 \n"
 
 
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_prints_false_leaves_the_prints_out(modules, c_library, capsys, device):
+    a = np.array([[10, -1], [-8, 10]], np.float32)
+    b = np.array([[1, 2], [2, 3]], np.float32)
+    quiet = load(hxb.encode(*modules.mlp(c_library)), device, prints=False)
+    np.testing.assert_array_equal(quiet.matmul(a, b), [[8, 17], [12, 14]])
+    assert capsys.readouterr().out == ""
+    loud = load(hxb.encode(*modules.mlp(c_library)), device)  # the default still prints
+    loud.matmul(a, b)
+    assert capsys.readouterr().out == "8.000000 17.000000 \n12.000000 14.000000 \n"
+
+
 @pytest.mark.parametrize(
     "array, text",
     [
