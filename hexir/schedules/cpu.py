@@ -32,7 +32,8 @@ against the streamed kernels (run 78 of bench/results/2026-12-01-h200.md, two pa
 thread 1-row products the same or faster, 4-16 rows up to 30% slower.
 
 A w known only at run time (an argument, or computed) of a static product tall enough
-(`packs_w`, `PACK_ROWS`: f64 from 1024 rows) comes in the same panels: lower-to-tir calls a `pack_panels` kernel on it first,
+(`packs_w`, `PACK_ROWS`: f64 from 1024 rows) comes in the same panels: lower-to-tir calls a
+`pack_panels` kernel on it first,
 once per call, parallel over the panels' blocks of KC k's (BLIS's order: each tile copying its
 own block of w packed each block once per row tile, 11 times at 2048 rows). A symbolic batch's
 tiles still copy their block of w on their stack (`_pack`), if they have PACK_FROM_ROWS rows.

@@ -223,9 +223,10 @@ class Executor:
         for position in plan.direct:  # written by their kernel straight into what the call returns
             view = plan.outputs[position][1]
             given = out[position] if out is not None else None
+            in_place = given is not None and _writable_in_place(given, arrays, out)
             try:
-                handles[len(arrays) + position] = given if given is not None and _writable_in_place(given, arrays, out) \
-                    else np.empty(view.shape, view.dtype) if out is None else None
+                handles[len(arrays) + position] = given if in_place else np.empty(view.shape, view.dtype) \
+                    if out is None else None
             except MemoryError:
                 raise self._no_memory_for(plan) from None
         if plan.fast is not None and plan.fast(arrays, handles):  # host memory: a copy is the view's
