@@ -50,10 +50,10 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
+from hexir_runtime.format import exprs
 from mlir import ir
 from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
 
-from hexir import sizes
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
 from hexir.target import MAX_SHARED_BYTES
@@ -92,7 +92,7 @@ ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
 ELEMENTWISE_BLOCK = 256
 
 
-def linear_tiling(m: sizes.Expr, n: int, k: int = 0, element_bytes: int = 4) -> tuple[int, int, int]:
+def linear_tiling(m: exprs.Expr, n: int, k: int = 0, element_bytes: int = 4) -> tuple[int, int, int]:
     """The tiling of an [m, n] output (of a product over k): the first of TILINGS that gives
     enough blocks, K's splits counted (a symbolic m: the largest; `linear_variants` adds the
     smaller ones, for the batches they fill the GPU at)."""
@@ -309,7 +309,7 @@ def _dmma_tiles(tiling: tuple[int, ...], buffers: int) -> tuple[list[int], list[
     return [buffers, tile_m, step + pad[0]], [buffers, step, tile_n + pad[1]]
 
 
-def dmma_tiling(m: sizes.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)) -> tuple[int, ...]:
+def dmma_tiling(m: exprs.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)) -> tuple[int, ...]:
     """The DMMA tiling of an [m, n] output over K = k: the first of its `dmma_table` that gives
     enough blocks (a symbolic m: the largest; `linear_variants` adds the smaller ones)."""
     table = dmma_table(k, n, archs)
@@ -446,7 +446,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                     _store(total, out, (ht.index(r), column), (rows, columns), bias, request)
                     scf.YieldOp([])
                 ht.barrier()
-    return ht.Launch((sizes.ceildiv(n, 32), 1, 1), (32, warps, 1))
+    return ht.Launch((exprs.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 
 def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
@@ -461,7 +461,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     threads = tile // per                                    # 16 threads per axis
     width = min(per, 16 // _width_bytes(element))                  # elements per 128-bit shared load
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
-    tiles = (sizes.ceildiv(n, tile), sizes.ceildiv(m, tile))
+    tiles = (exprs.ceildiv(n, tile), exprs.ceildiv(m, tile))
     splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
                                                   tile * tile * _width_bytes(element))
     grid = (*tiles, splits)
@@ -534,7 +534,7 @@ def _fence() -> None:
 
 def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
                    finish: Callable[[int, Callable[[], ir.Value]], None], split: ir.Value | None,
-                   block: tuple[ir.Value, ir.Value], grid: tuple[sizes.Expr, ...], thread: ir.Value,
+                   block: tuple[ir.Value, ir.Value], grid: tuple[exprs.Expr, ...], thread: ir.Value,
                    threads: int) -> None:
     """finish(c, value) for each of a thread's sums: directly without a split; with one, each block
     writes its partial sums to device memory (`global` buffers) and counts itself in its tile's
@@ -623,7 +623,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
     mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
-    tiles = (sizes.ceildiv(n, tile_n), sizes.ceildiv(m, tile_m))
+    tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))
     splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
                                                   tile_m * tile_n * _width_bytes(element), *DMMA_SPLIT)
     grid = (*tiles, splits)
@@ -730,16 +730,16 @@ def _mma_f64(m: int, a: list[ir.Value], b: ir.Value, c: list[ir.Value]) -> ir.Va
 def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     x, out = args
     shaped = ir.MemRefType(x.type)
-    total: sizes.Expr = 1
+    total: exprs.Expr = 1
     for axis in range(shaped.rank):
-        total = sizes.mul(total, extent(x, axis, request))
+        total = exprs.mul(total, extent(x, axis, request))
     flat_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size() if isinstance(total, tuple | str) else total],
                                   shaped.element_type)
     reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get(
         [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in range(shaped.rank)])])
     flat_x = memref.CollapseShapeOp(flat_type, x, reassociation).result if shaped.rank > 1 else x
     flat_out = memref.CollapseShapeOp(flat_type, out, reassociation).result if shaped.rank > 1 else out
-    blocks = sizes.ceildiv(total, ELEMENTWISE_BLOCK)
+    blocks = exprs.ceildiv(total, ELEMENTWISE_BLOCK)
     count = ht.size_value(total, symbols)
     apply = request.scalars[request.op]
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
