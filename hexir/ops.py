@@ -27,7 +27,7 @@ from mlir.dialects import arith
 
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
-from hexir.schedules import Builder, Variants, cpu, cuda
+from hexir.schedules import Builder, Variants, cpu, cuda, cuda_tiles
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,6 @@ def _zero_like(value: ir.Value) -> ir.Value:
 
 register(OpDef("linear", ("x", "w", "bias?"), linear_shape,
                reference=lambda x, w, bias=None: x @ w + (0 if bias is None else bias),
-               schedules={"cpu": cpu.linear, "cuda": cuda.linear}, variants={"cuda": cuda.linear_variants}))
+               schedules={"cpu": cpu.linear, "cuda": cuda.linear}, variants={"cuda": cuda_tiles.linear_variants}))
 register(OpDef("relu", ("x",), elementwise_rule("relu"), reference=lambda x: np.maximum(x, 0),
                schedules=ELEMENTWISE, scalar=lambda v: arith.MaximumFOp(v, _zero_like(v)).result))

@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 
 from hexir_runtime import format as hxb
+from hexir_runtime.format import exprs
 from mlir import ir
 
-from hexir import sizes
 from hexir.backend.cpu import CpuLibrary, check_shared_object
 from hexir.backend.cuda import CudaBinary
 from hexir.backend.custom import CustomBuild
@@ -66,10 +66,10 @@ def _record(kernel: ir.Operation) -> dict:
     """The kernel's work (cpu) or launch (cuda) record, in the manifest's form."""
     record = ht.record_of(kernel)
     if isinstance(record, ht.Work):
-        return {"work": {"extent": sizes.to_json(record.extent), "grain": record.grain,
+        return {"work": {"extent": exprs.to_json(record.extent), "grain": record.grain,
                          **({"spans": True} if record.spans else {})}}
     if isinstance(record, ht.Launch):
-        return {"launch": {"grid": [sizes.to_json(e) for e in record.grid], "block": list(record.block),
+        return {"launch": {"grid": [exprs.to_json(e) for e in record.grid], "block": list(record.block),
                            "shared_bytes": record.shared_bytes}}
     return {}
 

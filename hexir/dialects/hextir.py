@@ -31,10 +31,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hexir_runtime.format import exprs
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from hexir import sizes
 from hexir.dialects.irdl_text import one_of
 
 LOOP_KINDS = ("serial", "parallel", "unrolled")
@@ -197,7 +197,7 @@ class Work:
     at least `grain`; with `spans`, at most one chunk a thread (the loop is bound to `chunk`:
     the kernel walks its chunk as one span)."""
 
-    extent: sizes.Expr
+    extent: exprs.Expr
     grain: int = 1
     spans: bool = False
 
@@ -218,27 +218,27 @@ def _i64(value: int) -> ir.IntegerAttr:
 def set_record(kernel: ir.Operation, record: Work | Launch) -> None:
     if isinstance(record, Work):
         kernel.attributes[WORK] = ir.DictAttr.get({
-            "extent": ir.StringAttr.get(sizes.text(record.extent)), "grain": _i64(record.grain),
+            "extent": ir.StringAttr.get(exprs.to_text(record.extent)), "grain": _i64(record.grain),
             **({"spans": ir.BoolAttr.get(True)} if record.spans else {})})
     else:
         kernel.attributes[LAUNCH] = ir.DictAttr.get({
-            "grid": ir.ArrayAttr.get([ir.StringAttr.get(sizes.text(e)) for e in record.grid]),
+            "grid": ir.ArrayAttr.get([ir.StringAttr.get(exprs.to_text(e)) for e in record.grid]),
             "block": ir.DenseI64ArrayAttr.get(list(record.block)), "shared_bytes": _i64(record.shared_bytes)})
 
 
 def record_of(kernel: ir.Operation) -> Work | Launch | None:
     if WORK in kernel.attributes:
         work = ir.DictAttr(kernel.attributes[WORK])
-        return Work(sizes.parse(ir.StringAttr(work["extent"]).value), ir.IntegerAttr(work["grain"]).value,
+        return Work(exprs.parse(ir.StringAttr(work["extent"]).value), ir.IntegerAttr(work["grain"]).value,
                     "spans" in work)
     if LAUNCH in kernel.attributes:
         launch = ir.DictAttr(kernel.attributes[LAUNCH])
-        grid = tuple(sizes.parse(ir.StringAttr(e).value) for e in ir.ArrayAttr(launch["grid"]))
+        grid = tuple(exprs.parse(ir.StringAttr(e).value) for e in ir.ArrayAttr(launch["grid"]))
         return Launch(grid, tuple(ir.DenseI64ArrayAttr(launch["block"])), ir.IntegerAttr(launch["shared_bytes"]).value)
     return None
 
 
-def size_value(expr: sizes.Expr, symbols: dict[str, ir.Value]) -> ir.Value:
+def size_value(expr: exprs.Expr, symbols: dict[str, ir.Value]) -> ir.Value:
     """The index value of a size expression, built from the kernel's size arguments."""
     if isinstance(expr, int):
         return index(expr)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hexir_runtime.format import exprs
 from mlir import ir
 
-from hexir import sizes
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
 from hexir.target import Target
@@ -50,7 +50,7 @@ Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht
 Variants = Callable[[list[ir.Type], Request], list[tuple[str, dict[str, int]]]]
 
 
-def extent(buffer: ir.Value | ir.Type, axis: int, request: Request) -> sizes.Expr:
+def extent(buffer: ir.Value | ir.Type, axis: int, request: Request) -> exprs.Expr:
     """The extent of `buffer` (a value or its type) along `axis`: an int, or the kernel's size
     symbol for a `?` (a generated kernel has at most one: its rows)."""
     shaped = ir.MemRefType(buffer.type if isinstance(buffer, ir.Value) else buffer)

@@ -66,10 +66,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from hexir_runtime.format import exprs
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 
-from hexir import sizes
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
 
@@ -143,7 +143,7 @@ assert all(size % (nr * np.dtype(dtype).itemsize) == 0 for (_, dtype), (_, nr) i
 MC_PANELS = (48, 24, 12)
 
 
-def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool = False) -> tuple[int, int, int, int]:
+def tiling(level: str, dtype: str, m: exprs.Expr = 0, n: int = 0, panels: bool = False) -> tuple[int, int, int, int]:
     """(MR, NR, MC, NC) for a level, a dtype and an [m, n] output, w in `panels` or not (a
     symbolic m: MC_SYMBOLIC rows, for the small batches)."""
     mr, nr = MICRO[level, dtype]
@@ -162,7 +162,7 @@ def tiling(level: str, dtype: str, m: sizes.Expr = 0, n: int = 0, panels: bool =
 PACK_ROWS: dict[str, int | None] = {"float32": None, "float64": 1024}
 
 
-def packs_w(m: sizes.Expr, n: int, dtype: str) -> bool:
+def packs_w(m: exprs.Expr, n: int, dtype: str) -> bool:
     """Whether a cpu linear of [m, n] whose w comes at run time has it packed in panels first, by a
     `pack_panels` kernel of its own (launched once per call, before the linear, which then reads
     the panels as it reads a constant's): a static product too tall to stream w, and w wider
@@ -232,7 +232,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     if isinstance(m, int) and m <= STREAM_ROWS and not request.panels:
         return _stream((x, w, out, bias, request), m, k_extent, n, nr, nc)
     column_tiles = -(-n // nc)
-    tiles = sizes.mul(sizes.ceildiv(m, mc), column_tiles)
+    tiles = exprs.mul(exprs.ceildiv(m, mc), column_tiles)
     rows = ht.size_value(m, symbols)
     element = ir.MemRefType(out.type).element_type
     # w's block of the tile, KC rows x the tile's columns, copied panel by panel (NR columns, k
@@ -240,7 +240,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) \
         if _packs(m, mc) and not request.panels else None
     operands = (x, w, out, bias, request)
-    row_tiles = ht.size_value(sizes.ceildiv(m, mc), symbols)
+    row_tiles = ht.size_value(exprs.ceildiv(m, mc), symbols)
     with ht.loop(0, ht.size_value(tiles, symbols), "parallel") as tile:
         # tiles in column order: a thread's run of tiles mostly shares one column block of w,
         # which the caches then keep between its tiles
@@ -363,7 +363,7 @@ def _copy_x(x: ir.Value, xs: ir.Value, block, m: int) -> None:
             scf.YieldOp([])
 
 
-def _packs(m: sizes.Expr, mc: int) -> bool:
+def _packs(m: exprs.Expr, mc: int) -> bool:
     """Whether the kernel packs w: unless every tile has too few rows for the copy to pay."""
     return isinstance(m, str) or (m >= PACK_FROM_ROWS and mc >= PACK_FROM_ROWS)
 

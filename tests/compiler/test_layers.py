@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hexir"
 
 #: Lowest first. A prefix names a module or a package (every module inside it).
 LAYERS = [
-    ("base", ("hexir.version", "hexir.errors", "hexir.sizes", "hexir.target")),
+    ("base", ("hexir.version", "hexir.errors", "hexir.target")),
     ("dialects", ("hexir.dialects",)),
     ("schedules", ("hexir.schedules",)),
     ("ops", ("hexir.ops",)),

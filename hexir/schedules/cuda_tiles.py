@@ -1,0 +1,169 @@
+"""The cuda linear's tile tables and the choices made from them: the SIMT kernel's tilings
+(`linear_tiling`), the FP64 tensor-core kernel's (`dmma_table`, `dmma_tiling`, `uses_dmma`),
+split-K (`split_k`) and, for a symbolic batch, the variants tried per call (`linear_variants`).
+Each table says what it was measured against; the kernels that use them are in cuda.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hexir_runtime.format import exprs
+from mlir import ir
+
+from hexir.schedules import Request, extent
+from hexir.target import MAX_SHARED_BYTES
+
+#: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
+#: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
+#: H100/H200) to be chosen: the first that fills the GPU wins. Bigger tiles do more work per
+#: shared-memory load (128x128: 0.95 of cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66; at
+#: 1024x2048x2048, 128 blocks of 128x128 0.94, 512 of 64x64 0.69) but leave SMs idle on small
+#: outputs (512^3: 32x32 1.27, 64x64 1.02, 128x128 0.47; 1024^3: 64x64 0.99, 128x128 0.66); 16x16
+#: tiles keep a product of a few dozen rows from running on a few dozen blocks
+#: (bench/results/2026-11-30-h200-pipelines.md). With K split, 64x64 tiles win at 512^3,
+#: 256x1024x1024 and 4096x1024x33, 32x32 from 128 blocks at 64x784x512 and 64x1024x1024
+#: (bench/results/2026-11-30-h200-splitk.md).
+TILINGS = (((128, 16, 8), 128), ((64, 16, 4), 256), ((32, 16, 2), 128), ((16, 16, 1), 0))
+LARGE_TILING = TILINGS[0][0]
+
+
+def linear_tiling(m: exprs.Expr, n: int, k: int = 0, element_bytes: int = 4) -> tuple[int, int, int]:
+    """The tiling of an [m, n] output (of a product over k): the first of TILINGS that gives
+    enough blocks, K's splits counted (a symbolic m: the largest; `linear_variants` adds the
+    smaller ones, for the batches they fill the GPU at)."""
+    if isinstance(m, str):
+        return LARGE_TILING
+    for (tile, step, per), fewest in TILINGS:
+        blocks = -(-m // tile) * -(-n // tile)
+        if blocks * split_k(blocks, k, step, tile * tile * element_bytes) >= fewest:
+            return tile, step, per
+    return TILINGS[-1][0]
+
+
+def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, dict[str, int]]]:
+    """With a symbolic batch, a kernel per tile of TILINGS (SIMT) or DMMA_TILINGS (FP64 tensor
+    cores): the smaller tiles run the batches too small for the larger ones to give the GPU
+    enough blocks (what the static choice does at compile time, done per call)."""
+    m, n = extent(types[0], 0, request), extent(types[-1], 1, request)
+    if not isinstance(m, str):
+        return []
+    # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
+    if uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
+        table = dmma_table(extent(types[0], 1, request), n, request.target.cuda_archs)
+        starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in table[:-1]]
+        return [(dmma_name(table[i][0]), {m: starts[i - 1]}) for i in range(len(table) - 1, 0, -1)]
+    starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
+    return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
+
+
+def dmma_name(tiling: tuple[int, ...]) -> str:
+    return f"dmma{tiling[0]}x{tiling[1]}"
+
+
+def uses_dmma(request: Request) -> bool:
+    return request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs)
+
+
+#: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
+#: rows, warps along columns, k's a thread's x fragment load takes: 1, or 2 in one 16-byte load),
+#: with the fewest blocks each must give the GPU to be chosen. On the H200 (of cuBLAS): 128x64 with
+#: 16-deep slices (dynamic shared memory, see to_gpu) 0.79/0.77 at 2048^3/4096^3, 8-deep
+#: 0.70/0.70, 64x64 0.74/0.68; at 1024^3 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35
+#: (64x64: 1.03), 256x1024x1024 0.88 (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87
+#: (64x32 0.80, 64x64 0.65) (bench/results/2026-11-30-h200-pipelines.md). With cp.async (runs
+#: 48-49 of bench/results/2026-11-30-h200-night.md), 4x2 warps on 128x128 with paired loads: 8192^3
+#: 0.81-0.82 (128x64: 0.78), 4096^3 0.81-0.82 (0.79-0.80; unpaired 0.79), 2048^3 level, 1024^3
+#: 0.54 (too few blocks); paired loads on the smaller tiles: 1-8% either way, 4096x1024x33 -13%.
+#: Tiles as wide as DMMA_EVEN_WIDTH are for 16-byte copies (K and N even) only: with 8-byte ones
+#: (not measured on them) 128x64 keeps its register pipeline, measured the better there. A tiling
+#: whose buffers need more shared memory than a target's block may have is not used.
+DMMA_TILINGS = (((128, 128, 16, 4, 2, 2), 512), ((128, 64, 16, 2, 2, 1), 264), ((64, 64, 16, 2, 2, 1), 256),
+                ((64, 32, 16, 2, 2, 1), 128), ((32, 32, 16, 2, 2, 1), 0))
+DMMA_EVEN_WIDTH = 128
+
+
+def dmma_table(k: int, n: int, archs: Sequence[str]) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The DMMA tilings a product with K = k, N = n may use on every one of `archs`."""
+    room = min(MAX_SHARED_BYTES[arch] for arch in archs)
+    return tuple((tiling, fewest) for tiling, fewest in DMMA_TILINGS
+                 if (copy_run(k, n) > 1 or tiling[1] < DMMA_EVEN_WIDTH)
+                 and 8 * sum(map(math.prod, dmma_tiles(tiling, DMMA_STAGES))) <= room)
+
+
+def copy_run(k: int, n: int) -> int:
+    """Elements a cp.async copy of the DMMA kernel's slices takes: DMMA_RUN (16 bytes) where K and N
+    are even (every row then starts 16-byte aligned), else one."""
+    return DMMA_RUN if k % DMMA_RUN == 0 and n % DMMA_RUN == 0 else 1
+
+
+def dmma_tiles(tiling: tuple[int, ...], buffers: int) -> tuple[list[int], list[int]]:
+    """The shapes of the DMMA kernel's x and w slice buffers, rows padded against bank conflicts
+    in the warps' fragment loads (DMMA_PAD, by the fragment loads' mode)."""
+    tile_m, tile_n, step, *_, pairs = tiling
+    pad = DMMA_PAD[pairs == 2]
+    return [buffers, tile_m, step + pad[0]], [buffers, step, tile_n + pad[1]]
+
+
+def dmma_tiling(m: exprs.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)) -> tuple[int, ...]:
+    """The DMMA tiling of an [m, n] output over K = k: the first of its `dmma_table` that gives
+    enough blocks (a symbolic m: the largest; `linear_variants` adds the smaller ones)."""
+    table = dmma_table(k, n, archs)
+    for tiling, fewest in table:
+        if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
+            return tiling
+    return table[-1][0]
+
+
+#: Whether the DMMA kernel's blocks inside the matrices load their slices without a test per
+#: element, and the SIMT tiles whose blocks do: on the H200 (run 20 of bench/results/
+#: 2026-11-30-h200-pipelines.md, hexir's times) 32x32 tiles gain 12-16% (512^3, 256x1024x1024,
+#: 4096x1024x33), 128x128 lose 8% (4096^3), 64x64 and 16x16 move by 3% or less.
+DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
+#: Shared buffers of the DMMA kernel's slices filled by asynchronous copies (cp.async,
+#: `_pipeline_async`), DMMA_RUN elements (16 bytes) a copy where K and N are even (every row then
+#: starts 16-byte aligned), else one; with one-element copies DMMA_REGISTER_TILE keeps two buffers
+#: filled through registers (`_pipeline`). On the H200 (runs 41 and 43 of bench/results/
+#: 2026-11-30-h200-splitk.md), against registers: 16-byte copies, 3 stages: 4096^3 0.80 -> 0.84
+#: of cuBLAS, 8192^3 0.77 -> 0.79, 2048x2046x2050 0.64 -> 0.85 (kernels alone), 1024^3 0.67 ->
+#: 0.77, 64x784x512 9.2 -> 8.6 us; 8-byte copies lost 2-4% on 128x64 tiles; 2 and 4 stages were
+#: slower than 3.
+DMMA_STAGES, DMMA_RUN, DMMA_REGISTER_TILE = 3, 2, (128, 64)
+#: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts, for
+#: fragment loads of one k a thread, and of two (x's in one 16-byte load, DMMA_TILINGS). One k:
+#: a half warp's 16 8-byte loads, x's from 4 rows (group) 8 banks apart, w's from 4 rows
+#: (in_group) 24 banks apart, each 4 columns, fall on 32 distinct banks. Two: x's rows are 16
+#: banks apart (a quarter warp's 8 loads, 2 rows x 4 pairs, on 32 banks) and w's row 2 in_group 8
+#: banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32). On the H200 (run 56
+#: of bench/results/2026-11-30-h200-night.md, kernels alone), w's one-k padding 12 against 8,
+#: whose rows 0 and 2 shared banks: 256x1024x1024 0.59 -> 0.72 of cuBLAS, 512^3 0.67 -> 0.79,
+#: 4096x1024x33 0.76 -> 0.85, 1024^3-4096x1024x1024 +3%; 4: as 12 but for 4096x1024x33 (0.69).
+DMMA_PAD = ((4, 12), (8, 2))
+#: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
+DMMA_FROM = 80
+#: Split-K: a (static) product over SPLIT_MIN_K or more k's whose tiles give the GPU fewer than
+#: SPLIT_FILL blocks splits K over up to SPLIT_MAX blocks per tile (as many as bring it to
+#: SPLIT_FILL), each walking at least SPLIT_MIN_STEPS slices, while the partial sums that a tile's
+#: last block adds up stay within SPLIT_BYTES (`_reduce_splits`). The FP64 tensor-core kernel's
+#: blocks do more per slice: it splits only to reach DMMA_SPLIT's fill, over its K. On the H200,
+#: against the best of 1, 2, 4, 8 splits for each tiling, the rule's choice is within 6% at 16 of
+#: 18 shapes and within 18% at all (bench/results/2026-11-30-h200-splitk.md); e.g. 64x784x512 f32
+#: (the MLP's first layer) 11.9 -> 8.6 us, f64 16.6 -> 10.4; 64x512x10 8.1 -> 4.4 / 13.4 -> 6.8.
+SPLIT_FILL, SPLIT_MIN_K, SPLIT_MAX, SPLIT_MIN_STEPS, SPLIT_BYTES = 256, 256, 8, 4, 64 << 10
+DMMA_SPLIT = (128, 512)  # (fill, min K)
+
+
+def split_k(blocks: int, k: int, step: int, tile_bytes: int, fill: int = SPLIT_FILL, min_k: int = SPLIT_MIN_K) -> int:
+    """How many blocks share each tile's K (1: no split), for a grid of `blocks` tiles."""
+    if blocks >= fill or k < min_k:
+        return 1
+    splits = min(-(-fill // blocks), SPLIT_MAX, k // (SPLIT_MIN_STEPS * step), SPLIT_BYTES // tile_bytes)
+    if splits <= 1:
+        return 1
+    return -(-k // split_length(k, splits, step))
+
+
+def split_length(k: int, splits: int, step: int) -> int:
+    """The k's of each of K's `splits` parts: whole slices of `step` (the last part may be shorter)."""
+    return -(-k // splits // step) * step

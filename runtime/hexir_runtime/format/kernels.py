@@ -1,0 +1,188 @@
+"""The meaning of one kernel: its keys by (device, custom), its args' shapes by op, its size
+expressions, its host code, launch and variants; builds the frozen `Kernel`."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .exprs import _expr
+from .fields import _choice, _describe, _fail, _identifier, _index, _int, _json, _list, _object, _str, _tensor
+from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorType, Variant, Work
+
+MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
+_IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
+# A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
+_KERNEL_KEYS = {
+    ("cpu", False): (("epilogues", "sizes", "work"), ()),
+    ("cpu", True): (("scalars", "source"), ("library",)),
+    ("cuda", False): (("epilogues", "sizes", "launch", "images"), ("cpu_fallback", "variants")),
+    ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
+}
+_OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
+
+
+def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
+    _object(kernel, path, ("name", "op", "device", "symbol", "args"), _OPTIONAL_KERNEL_KEYS)
+    name = _str(kernel["name"], f"{path}.name")
+    op = _identifier(kernel["op"], f"{path}.op")
+    device = _choice(kernel["device"], f"{path}.device", DEVICES)
+    custom = op == "custom"
+    required, optional = _KERNEL_KEYS[device, custom]
+    for key in _OPTIONAL_KERNEL_KEYS:
+        if key in kernel and key not in required + optional:
+            _fail(f"{path}.{key}", f"only {_kernels_with(key)} have this key")
+        if key in required and key not in kernel:
+            _fail(f"{path}.{key}", f"missing ({_kernels_with(key)} need it)")
+    symbol = _identifier(kernel["symbol"], f"{path}.symbol")
+    epilogues = () if custom else tuple(_identifier(e, f"{path}.epilogues[{j}]")
+                                        for j, e in enumerate(_list(kernel["epilogues"], f"{path}.epilogues")))
+    args = _check_args(op, epilogues, _list(kernel["args"], f"{path}.args"), path)
+    symbols = list(dict.fromkeys(dim for arg in args for dim in arg.symbols))
+    if custom:  # its code takes every dimension of every arg, in order, after the pointers
+        dims = [dim for arg in args for dim in arg.shape]
+        integers = tuple(_expr(scalar, f"{path}.scalars[{j}]", symbols)
+                         for j, scalar in enumerate(_list(kernel["scalars"], f"{path}.scalars")))
+        if list(integers) != dims:
+            _fail(f"{path}.scalars", f"expected the dimensions of every arg in order, {_json(dims)}, "
+                                     f"got {_json(kernel['scalars'])}")
+        own = _custom_code(kernel, symbol, path, blob_count) if device == "cpu" else None
+    else:  # generated: it takes one int64 per distinct symbol of its args
+        integers = tuple(_list(kernel["sizes"], f"{path}.sizes"))
+        if list(integers) != symbols:
+            _fail(f"{path}.sizes", f"expected the distinct symbols of the args in order, {_json(symbols)}, "
+                                   f"got {_json(kernel['sizes'])}")
+        own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
+    if device == "cpu":
+        return Kernel(name, op, device, args, epilogues, integers, own, None, own.source)
+    variants = []
+    for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
+        where = f"{path}.variants[{j}]"
+        _object(variant, where, ("symbol", "launch", "below"))
+        below = _object(variant["below"], f"{where}.below", tuple(symbols))
+        if not below:
+            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
+        variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
+                                _launch(variant["launch"], f"{where}.launch", symbols),
+                                {name: _int(bound, f"{where}.below.{name}", 1) for name, bound in below.items()}))
+    images = kernel["images"]
+    if not isinstance(images, dict) or not images:
+        _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
+    for arch, blob in images.items():
+        if not _IMAGE.fullmatch(arch):
+            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX) or fatbin")
+        if arch == "fatbin" and not custom:
+            _fail(f"{path}.images.fatbin", "only custom kernels have a fatbin image")
+        _index(blob, f"{path}.images.{arch}", blob_count, "blob")
+    fallback = None
+    if "cpu_fallback" in kernel:
+        where = f"{path}.cpu_fallback"
+        keys = (("symbol", "source"), ("library",)) if custom else (("symbol", "work"), ())
+        spec = _object(kernel["cpu_fallback"], where, *keys)
+        fallback_symbol = _identifier(spec["symbol"], f"{where}.symbol")
+        fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
+                    else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
+    gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants))
+    return Kernel(name, op, device, args, epilogues, integers, fallback, gpu, kernel.get("source"))
+
+
+def _launch(spec: Any, path: str, symbols: list[str]) -> Launch:
+    launch = _object(spec, path, ("grid", "block", "shared_bytes"))
+    grid = tuple(_expr(size, f"{path}.grid[{j}]", symbols) for j, size in enumerate(_triple(launch, "grid", path)))
+    block = tuple(_int(size, f"{path}.block[{j}]", 1) for j, size in enumerate(_triple(launch, "block", path)))
+    if math.prod(block) > 1024:
+        _fail(f"{path}.block", f"{block[0]} x {block[1]} x {block[2]} threads: a block has at most 1024")
+    shared = _int(launch["shared_bytes"], f"{path}.shared_bytes")
+    if shared > MAX_SHARED_BYTES:
+        _fail(f"{path}.shared_bytes", f"{shared} bytes: a block has at most {MAX_SHARED_BYTES}")
+    return Launch(grid, block, shared)
+
+
+def _triple(launch: dict[str, Any], key: str, path: str) -> list[Any]:
+    sizes = _list(launch[key], f"{path}.{key}")
+    if len(sizes) != 3:
+        _fail(f"{path}.{key}", f"expected [x, y, z], got {len(sizes)} numbers")
+    return sizes
+
+
+def _work(work: Any, path: str, symbols: list[str]) -> Work:
+    _object(work, path, ("extent", "grain"), ("spans",))
+    if work.get("spans", True) is not True:
+        _fail(f"{path}.spans", f"expected true (or no key), got {_describe(work['spans'])}")
+    return Work(_expr(work["extent"], f"{path}.extent", symbols), _int(work["grain"], f"{path}.grain", 1),
+                "spans" in work)
+
+
+def _kernels_with(key: str) -> str:
+    """Which kernels have `key`, in words: "cuda kernels", "custom kernels", "generated cpu kernels"."""
+    kinds = [kind for kind, keys in _KERNEL_KEYS.items() if key in sum(keys, ())]
+    devices, customs = {device for device, _ in kinds}, {custom for _, custom in kinds}
+    words = []
+    if len(customs) == 1:
+        words.append("custom" if customs.pop() else "generated")
+    if len(devices) == 1:
+        words.append(devices.pop())
+    return " ".join([*words, "kernels"])
+
+
+def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) -> Code:
+    """The host code of a custom kernel (or of its cpu_fallback): `source` and its own `library`, if any."""
+    if not isinstance(code["source"], str) or not code["source"]:
+        _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
+    library = _index(code["library"], f"{path}.library", blob_count, "blob") if "library" in code else None
+    return Code(symbol, None, library, code["source"])
+
+
+# The ops the runtime knows are linear (linear_panels: its w packed; pack_panels packs one) and
+# relu (checked by their shapes); any other identifier is an op the runtime runs only as native code (no numpy
+# reference). A linear's epilogues are an optional "bias" first, then the element-wise ops fused
+# into it (relu, or ops the runtime does not know, which the reference device then refuses).
+def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str) -> tuple[TensorType, ...]:
+    """A kernel's args: their types and access, and the shapes its op needs (a symbol is a
+    dimension equal only to itself). `path` is the kernel's."""
+    args = tuple(_tensor(arg, f"{path}.args[{j}]", ("access",)) for j, arg in enumerate(specs))
+    for j, arg in enumerate(specs):
+        _choice(arg["access"], f"{path}.args[{j}].access", ("write",) if j == len(args) - 1 else ("read",))
+    if op == "custom":  # any shapes; float32 and float64 may mix
+        if not 2 <= len(args) <= 5:
+            _fail(f"{path}.args", f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
+        return args
+    if not args:
+        _fail(f"{path}.args", f"{op} takes at least one arg (its destination)")
+    for j, arg in enumerate(args):
+        if arg.dtype != args[0].dtype:
+            _fail(f"{path}.args[{j}].dtype", f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
+    if op in ("relu", "pack_panels"):
+        expected = ["x", "out of the same shape"] if op == "relu" else ["w[K, N]", "out[P, K, L] (P = ceil(N / L))"]
+        if epilogues:
+            _fail(f"{path}.epilogues", f"{op} has none, got {_json(list(epilogues))}")
+    elif op in ("linear", "linear_panels"):
+        if "bias" in epilogues[1:]:  # (an element-wise op may repeat: relu(relu(x @ w)) fuses twice)
+            _fail(f"{path}.epilogues", f"expected [bias] then fused element-wise ops, got "
+                                       f"{_json(list(epilogues))}")
+        expected = ["x[M, K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
+                    *(["bias[N]"] if "bias" in epilogues else []), "out[M, N]"]
+    else:  # an op the runtime does not know: native code only
+        return args
+    if len(args) != len(expected):
+        _fail(f"{path}.args", f"{op} takes {len(expected)} args ({', '.join(expected)}), got {len(args)}")
+    shapes = [arg.shape for arg in args]
+    if op == "relu":
+        consistent = shapes[0] == shapes[1]
+    elif op == "pack_panels":
+        w, out = shapes
+        consistent = len(w) == 2 and len(out) == 3 and all(type(d) is int for d in (*w, *out)) and out[1] == w[0] \
+            and out[2] > 0 and out[0] == -(-w[1] // out[2])
+    else:
+        x, w, out = shapes[0], shapes[1], shapes[-1]
+        n = out[1] if len(out) == 2 else None
+        if op == "linear":
+            consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
+        else:  # the panels' columns, static, cover N with fewer than L to spare
+            consistent = len(x) == 2 and len(w) == 3 and x[1] == w[1] and out == (x[0], n) and all(
+                type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
+        consistent = consistent and (len(args) == 3 or shapes[2] == (n,))
+    if not consistent:
+        _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
+    return args

@@ -1,0 +1,231 @@
+"""The typed manifest: the frozen records the meaning checks build from the JSON and the rest
+of the runtime reads, so that no device re-derives anything from dicts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .exprs import Expr
+
+DTYPES = {"float32": 4, "float64": 8}
+DEVICES = ("cpu", "cuda")
+HOST = "cpu"
+
+Dim = int | str  # a dimension: a size, or a symbol bound per call
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A tensor's shape (ints and symbols) and dtype name; prints as `float32[batch, 8]`."""
+
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def symbols(self) -> list[str]:
+        """The symbols of the shape, in order of first appearance."""
+        return list(dict.fromkeys(dim for dim in self.shape if isinstance(dim, str)))
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a static tensor (a symbol counts as 1)."""
+        return math.prod(dim for dim in self.shape if isinstance(dim, int)) * self.itemsize
+
+    def concrete(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape with every symbol replaced by its size."""
+        return tuple(sizes[dim] if isinstance(dim, str) else dim for dim in self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Work:
+    """A generated CPU kernel's parallel loop: its trip count per call, and the fewest
+    iterations worth giving a thread."""
+
+    extent: Expr
+    grain: int
+    spans: bool = False  # the kernel walks each chunk as one span: at most one chunk a thread
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A CUDA kernel's geometry: grid (size expressions), block and dynamic shared memory."""
+
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class Code:
+    """Host code for a kernel: a symbol in the module's `cpu.library` (or in blob `library`,
+    a custom kernel's own shared object); `work` for generated code, `source` for custom code."""
+
+    symbol: str
+    work: Work | None = None
+    library: int | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another kernel in the same images computing the same thing, run instead when every size
+    of the call is below its bound (`below`: symbol -> bound)."""
+
+    symbol: str
+    launch: Launch
+    below: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class GpuCode:
+    """CUDA code for a kernel: its symbol in `images` (architecture -> blob) and its launch, and
+    the variants tried first, in order."""
+
+    symbol: str
+    launch: Launch
+    images: Mapping[str, int]
+    variants: tuple[Variant, ...] = ()
+
+    def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
+        """The symbol and launch that run a call with `sizes`."""
+        for variant in self.variants:
+            if all(sizes[name] < bound for name, bound in variant.below.items()):
+                return variant.symbol, variant.launch
+        return self.symbol, self.launch
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A checked kernel. `integers` are the int64 values it takes after its pointers (its
+    `sizes` as symbols, or a custom kernel's `scalars`), evaluated per call."""
+
+    name: str
+    op: str
+    device: str
+    args: tuple[TensorType, ...]
+    epilogues: tuple[str, ...]
+    integers: tuple[Expr, ...]
+    cpu_code: Code | None  # what runs it on the host: its own code, its cpu_fallback, or nothing
+    gpu_code: GpuCode | None  # what runs it on a GPU (cuda kernels only)
+    source: str | None = None  # a custom kernel's file name
+
+    @property
+    def custom(self) -> bool:
+        return self.op == "custom"
+
+    @property
+    def symbol(self) -> str:
+        return self.gpu_code.symbol if self.gpu_code else self.cpu_code.symbol
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    type: TensorType
+    blob: int
+
+
+@dataclass(frozen=True)
+class CpuLibrary:
+    """One build of the module's CPU code: the `-mcpu` it targets, the CPU features it needs, its blob."""
+
+    cpu: str
+    features: tuple[str, ...]
+    library: int
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """The module's CPU code: its architecture and its builds, best first (each defines the same symbols)."""
+
+    arch: str
+    libraries: tuple[CpuLibrary, ...]
+
+
+@dataclass(frozen=True)
+class Blob:
+    name: str
+    offset: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Buffer:
+    type: TensorType
+    device: str
+
+
+@dataclass(frozen=True)
+class Input:
+    index: int
+    dst: int
+    op = "input"
+
+
+@dataclass(frozen=True)
+class Bind:
+    constant: int
+    dst: int
+    op = "constant"
+
+
+@dataclass(frozen=True)
+class Call:
+    kernel: int
+    args: tuple[int, ...]
+    op = "call"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    op = "transfer"
+
+
+@dataclass(frozen=True)
+class Print:
+    src: int
+    op = "print"
+
+
+@dataclass(frozen=True)
+class Return:
+    srcs: tuple[int, ...]
+    op = "return"
+
+
+Command = Input | Bind | Call | Transfer | Print | Return
+_COMMAND_TYPES = {kind.op: kind for kind in (Input, Bind, Call, Transfer, Print, Return)}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    inputs: tuple[tuple[str, TensorType], ...]
+    outputs: tuple[TensorType, ...]
+    buffers: tuple[Buffer, ...]
+    program: tuple[Command, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    producer: str
+    blobs: tuple[Blob, ...]
+    constants: tuple[Constant, ...]
+    cpu: Cpu | None
+    kernels: tuple[Kernel, ...]
+    entries: tuple[Entry, ...]
+    cuda_table: int | None = None  # the blob holding the CUDA kernels' table (version 1: none)
