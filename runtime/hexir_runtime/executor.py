@@ -223,7 +223,7 @@ class Executor:
         for position in plan.direct:  # written by their kernel straight into what the call returns
             view = plan.outputs[position][1]
             given = out[position] if out is not None else None
-            in_place = given is not None and _writable_in_place(given, arrays, out)
+            in_place = given is not None and given.shape == view.shape and _writable_in_place(given, arrays, out)
             try:
                 handles[len(arrays) + position] = given if in_place else np.empty(view.shape, view.dtype) \
                     if out is None else None
@@ -503,7 +503,7 @@ def _writable_in_place(array: np.ndarray, arrays: Sequence[Any], out: Sequence[n
     sharing no memory with an input (which a kernel may still read) or another output."""
     return array.flags.c_contiguous and array.flags.aligned and not any(
         np.may_share_memory(array, other) for other in (*arrays, *out)
-        if other is not array and type(other) is np.ndarray)
+        if other is not array and isinstance(other, np.ndarray))
 
 
 def _print(view: Any, runner: Any) -> Step:

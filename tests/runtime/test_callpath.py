@@ -93,6 +93,17 @@ def test_out_with_a_symbolic_batch_must_have_the_calls_shape(batched):
         batched.main(np.ones((2, 8), np.float32), out=np.empty((3, 4), np.float32))
 
 
+def test_a_big_out_of_another_batch_is_an_input_error_and_left_as_it_was(batched):
+    """An output big enough to be written by its kernel in place: an out= of fewer rows than
+    the call's is refused, never written past its end."""
+    rows = IN_PLACE_BYTES // 16 + 1  # 16 bytes a row of out
+    guard = np.full((2 * rows, 4), 7.0, np.float32)
+    message = rf"^main\(\): out\[0\] has shape \(1, 4\), this call's output 0 \({rows}, 4\)$"
+    with pytest.raises(InputError, match=message):
+        batched.main(np.ones((rows, 8), np.float32), out=guard[:1])
+    assert (guard == 7.0).all()
+
+
 @pytest.fixture
 def copied_out(monkeypatch) -> list[Any]:
     """The buffers copied out of the module (HostMemory.copy_out's and copy_out_into's sources)."""
@@ -151,6 +162,16 @@ def test_an_out_array_overlapping_an_input_gets_the_result_after_the_program(mod
     out = memory[150 * 96: 150 * 96 + 300 * 64].reshape(300, 64)  # its first rows lie on x's last
     assert module.main(x, out=out) is out
     np.testing.assert_array_equal(out, wanted)
+    memory = rng.standard_normal(300 * 96 + 300 * 64)  # the same with x an ndarray subclass (np.memmap is one)
+    x = memory[: 300 * 96].reshape(300, 96).view(_Subclass)
+    wanted = module.main(np.array(x))
+    out = memory[150 * 96: 150 * 96 + 300 * 64].reshape(300, 64)
+    assert module.main(x, out=out) is out
+    np.testing.assert_array_equal(out, wanted)
+
+
+class _Subclass(np.ndarray):
+    pass
 
 
 class CountingCpu(CpuDevice):
