@@ -135,7 +135,11 @@ def key(module: ir.Module, options: Options) -> str:
             digest.update(hx.constant_array(op.operation).tobytes())
         elif op.name == "hexir.custom_call":
             for _, path in sorted(hx.objects_of(op.operation).items()):
-                for file in _kernel_files(Path(path), options.kernel_search_path):
+                try:
+                    files = _kernel_files(Path(path), options.kernel_search_path)
+                except CompileError:  # the compile itself says what is wrong with the file
+                    raise _Uncacheable(f"the headers of {path}") from None
+                for file in files:
                     _put(digest, str(file), file.read_bytes() if file.is_file() else b"<missing>")
         elif ops.lookup(op.name) is not None:
             used.add(op.name)

@@ -22,6 +22,7 @@ import pytest
 import hexir
 from hexir import cache, ops
 from hexir.driver import Options
+from hexir.errors import CompileError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,6 +192,19 @@ def test_a_header_a_custom_kernel_includes_is_in_the_key_and_its_edit_recompiles
     (tmp_path / "factor.h").write_text("#define FACTOR 3.0f\n")  # two includes deep
     np.testing.assert_array_equal(hexir.jit(lambda x: kernel(x))(x), 3 * x)
     assert len(entries(tmp_path / "cache")) == 2
+
+
+def test_a_missing_header_is_the_compiles_own_error_with_the_cache_on(tmp_path, monkeypatch):
+    """The key cannot list a kernel's headers when one is missing: the module compiles without the
+    cache, so the user sees the C compiler's error about the file, not the key's."""
+    monkeypatch.setenv("HEXIR_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "broken.c"
+    source.write_text('#include <stdint.h>\n#include "missing.h"\n'
+                      "void broken(const float *x, float *y, int64_t a, int64_t b, int64_t c, int64_t d) {}\n")
+    kernel = hexir.kernel("broken", cpu=source, out=lambda x: x)
+    with pytest.raises(CompileError, match=r"(?s)compiling custom kernel broken \(broken\.c\).*missing\.h") as caught:
+        hexir.jit(lambda x: kernel(x))(np.ones((2, 4), np.float32))
+    assert "listing the headers" not in str(caught.value)
 
 
 def test_a_cuda_kernels_quoted_includes_are_followed(tmp_path):
