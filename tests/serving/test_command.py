@@ -73,7 +73,7 @@ def test_two_models_with_one_name(tmp_path, capsys, mlp_model):
 
 
 @pytest.mark.parametrize("option", [["--replicas", "0"], ["--replicas", "x"], ["--max-batch", "0"],
-                                    ["--num-cpus", "-1"], ["--num-gpus", "nan"], []])
+                                    ["--num-cpus", "-1"], ["--num-gpus", "nan"], ["--port", "70000"], []])
 def test_bad_arguments_exit_2(capsys, option):
     with pytest.raises(SystemExit) as caught:
         main(["serve", *option] if option else ["serve"])

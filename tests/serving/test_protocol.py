@@ -20,7 +20,7 @@ from hexir_runtime.serving import (
     metadata,
     run_batched,
 )
-from hexir_runtime.serving.protocol import HEADER_LENGTH
+from hexir_runtime.serving.protocol import HEADER_LENGTH, header_length
 
 MLP = Signature("main", (("x", TensorType(("batch", 8), "float32")),), (TensorType(("batch", 4), "float32"),))
 PAIR = Signature("main", (("a", TensorType(("batch", 3), "float64")), ("b", TensorType(("batch", "n"), "float64"))),
@@ -201,3 +201,14 @@ def test_an_error_response_is_raised_by_the_client():
         decode_response(b'{"error": "input \'x\' is bad"}')
     with pytest.raises(ProtocolError, match="malformed response"):
         decode_response(b'{"outputs": [{"name": "y"}]}')
+
+
+@pytest.mark.parametrize("text", ["12x", "-1", "\xb2", "9" * 5000, "1e3", ""])
+def test_a_header_length_that_is_not_a_plain_count_is_a_400(text):
+    with pytest.raises(ProtocolError, match=f"^{HEADER_LENGTH} is not a byte count") as caught:
+        header_length(text)
+    assert caught.value.status == 400
+
+
+def test_a_header_length_is_read_as_a_decimal_count():
+    assert header_length(None) is None and header_length(" 42 ") == 42

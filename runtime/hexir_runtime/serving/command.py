@@ -205,15 +205,15 @@ def _replicas(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected a count of at least 1 or auto, got {text!r}")
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, limit: float = math.inf) -> Any:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             value = -1
-        if not value >= 0 or (kind is int and value < 1) or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a {'count >= 1' if kind is int else 'number >= 0'}, "
-                                             f"got {text!r}")
+        if not value >= 0 or (kind is int and value < 1) or not math.isfinite(value) or value > limit:
+            wanted = "number >= 0" if kind is float else "count >= 1" if limit == math.inf else f"count 1-{limit}"
+            raise argparse.ArgumentTypeError(f"expected a {wanted}, got {text!r}")
         return value
     return parse
 
@@ -226,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("models", nargs="+", metavar="MODEL.hxb", help="the modules to serve (entry main)")
     parser.add_argument("--host", default="127.0.0.1", help="where the HTTP proxy listens (default 127.0.0.1)")
-    parser.add_argument("--port", type=_positive(int), default=8000, help="its port (default 8000)")
+    parser.add_argument("--port", type=_positive(int, 65535), default=8000, help="its port (default 8000)")
     parser.add_argument("--replicas", type=_replicas, default="1", help="replicas per model: a count, or auto "
                         "(Ray's autoscaling) (default 1)")
     parser.add_argument("--num-cpus", type=_positive(float), default=1.0,

@@ -93,6 +93,17 @@ def batch_symbol(signature: Signature) -> str | None:
     return None
 
 
+def header_length(text: str | None) -> int | None:
+    """The byte count an `Inference-Header-Content-Length` header gives (None: no header); a
+    header that is not a plain decimal count (ASCII digits, at most 18) is a ProtocolError."""
+    if text is None:
+        return None
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+        raise ProtocolError(f"{HEADER_LENGTH} is not a byte count: {text!r}")
+    return int(digits)
+
+
 def decode_request(body: bytes, signature: Signature, header_length: int | None = None) -> Request:
     """An inference request checked against `signature`; ProtocolError (400) naming what is wrong."""
     if header_length is not None and not 0 <= header_length <= len(body):

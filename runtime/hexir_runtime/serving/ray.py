@@ -107,11 +107,8 @@ class HexirModel:
             return _error(404, f"no endpoint {request.url.path} (model {self.name!r} has {{,/ready,/infer}})")
         if request.method != "POST":
             return _error(405, f"{request.url.path} takes POST")
-        header = request.headers.get(protocol.HEADER_LENGTH)
-        if header is not None and not header.strip().isdigit():
-            return _error(400, f"{protocol.HEADER_LENGTH} is not a byte count: {header!r}")
         try:
-            length = None if header is None else int(header)
+            length = protocol.header_length(request.headers.get(protocol.HEADER_LENGTH))
             decoded = protocol.decode_request(await request.body(), self.signature, length)
         except protocol.ProtocolError as error:
             return _error(error.status, f"model {self.name!r}: {error}")
