@@ -10,10 +10,9 @@ block any more. The linear is marked `hexir.w_panels`, and lower-to-tir makes it
 `linear_panels` (docs/hxb-format.md). A weight that only 1-row products read comes in panels of a
 column tile's width instead (`NC_BYTES`, 512 bytes): a tile's share of w is then one contiguous
 stream, where its four 128-byte panels were four (it reads each panel once: there are no row
-groups to share its slices, which a wider panel would spread over more cache sets). On the
-H200's 16-core host (run 79 of bench/results/2026-12-01-h200.md) 1x4096x4096 took 0.87-0.91 of
-the 128-byte panels' time, f32 and f64, on 16 threads and on one; 8 and 16 rows 5-25% slower,
-so they keep 128. (A w known only at run time is packed in the same panels by a kernel that
+groups to share its slices, which a wider panel would spread over more cache sets); products
+of more rows were slower with it, so they keep 128 (docs/tuning.md, "CPU panels for 1-row
+weights"). (A w known only at run time is packed in the same panels by a kernel that
 lower-to-tir adds: schedules/cpu.py's `pack_panels`.) A weight no other op uses is dropped; a cuda linear's
 (its cpu twin's too) stays as it is, and so does a weight of L columns or fewer: its rows,
 at most a panel's width (128 bytes; 512 for one only 1-row products read), are one contiguous

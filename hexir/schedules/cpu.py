@@ -26,10 +26,7 @@ A constant w wider than a panel comes packed at compile time (passes/pack_weight
 of PANEL_BYTES columns, K-major; `request.panels`): no tile copies it, and every micro-kernel reads its panel
 slice contiguously, w[k, j] at panels[j / L, k, j % L]. Such a product takes tiles whatever its
 rows: each tile's KC x NR slices are contiguous already, where streaming them KS rows at a time
-reads a few hundred bytes of each panel per step. On the H200's 16-core host, timed in turns
-against the streamed kernels (run 78 of bench/results/2026-12-01-h200.md, two passes): faster in
-27 of 28 pairs of 1-16 rows (by up to 2.9x: 16x784x512 f32), one level (1x4096^2 f64); on one
-thread 1-row products the same or faster, 4-16 rows up to 30% slower.
+reads a few hundred bytes of each panel per step (docs/tuning.md, "CPU constant w in panels").
 
 A w known only at run time (an argument, or computed) of a static product tall enough
 (`packs_w`, `PACK_ROWS`: f64 from 1024 rows) comes in the same panels: lower-to-tir calls a
@@ -55,8 +52,7 @@ blocks in another (`held`), out written once, at the last block:
 
 x's rows and out's are often a multiple of 4 KiB apart, as w's are (K, N powers of two): reading
 x in place, a group's rows fell on one set of the L1 cache, and each sum written to out stalled
-the next call's loads of w, 4 KiB apart. On a 2-core AVX-512 machine, one thread, 16x4096^2 f32:
-15-19 ms in place (19 where out and w start alike), 10 ms through the buffers.
+the next call's loads of w, 4 KiB apart (docs/tuning.md, "CPU streamed products").
 
 elementwise (relu, ...): the outermost axis parallel, the others serial.
 """
@@ -82,11 +78,8 @@ MICRO = {
 }
 #: k block: w's KC x NR slice stays in the L1 cache (16-32 KiB).
 KC = 256
-#: k's a trip of a tile's micro-kernel loop (LLVM leaves the loop as it is). On the H200's
-#: 16-core Intel host, variants timed in turns (runs 70-72 of bench/results/2026-11-30-h200-late.md),
-#: 4 against 1: 256^3-2048^3 3-26% faster on one thread (both runs), on 16 threads 5-13% in run
-#: 70 and level within the host's noise in run 71; 4096x1024x33 0-13%; 64x1024^2 mixed. On a
-#: 2-core AMD machine within 2%. Streamed products too (runs 94-96).
+#: k's a trip of a tile's micro-kernel loop (LLVM leaves the loop as it is): 4 beat 1, tiled and
+#: streamed (docs/tuning.md, "CPU micro-kernel").
 UNROLL = 4
 #: A constant w comes packed in panels this wide (passes/pack_weights.py; one a 1-row product alone
 #: reads, NC_BYTES wide): every level's NR divides both.
@@ -94,52 +87,30 @@ PANEL_BYTES = 128
 #: A product of at most this many rows (static) streams w (`_stream`): its span in sub-blocks of
 #: STREAM_COLUMNS columns, STREAM_KS rows of w at a time, each call's sums at most STREAM_SUMS
 #: vectors (of 32 registers on AVX-512, else 16: `_stream_groups`), a prefetch of w STREAM_AHEAD
-#: calls ahead. On the H200's 16-core host, against the kernel before (KS 8 or 16 rows, x and the
-#: sums in place), timed in turns with twins (run 96 of bench/results/2026-12-01-h200.md, three
-#: passes, ms): 16x4096^2 f32 1.72-2.03 -> 1.00-1.23, f64 3.03-3.22 -> 1.98-2.21; 12x4096^2 f32
-#: 1.26-1.82 -> 0.74-1.10, f64 2.40-3.12 -> 1.90-2.50; 16x1024^2 2-2.5x faster; 1x1024^2 f32 25%;
-#: 1-4 rows of 4096^2 level to 20% faster. Runs 94-95: 8 rows 0-45% faster; 512 columns level,
-#: 128 slower; KS 64, or KS 16 without unrolling, slower; a prefetch 4 or 8 calls ahead, or 1-4
-#: blocks of rows ahead (run 96), slower than 2 calls ahead.
+#: calls ahead: the values that were fastest on the 16-core host (docs/tuning.md, "CPU streamed
+#: products").
 STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32, {"x86-64-v4": 16}, 2
 #: A product of up to STREAM_FEW rows reads w from memory more than it computes: blocks of
 #: STREAM_FEW_KS rows of w (fewer concurrent streams of w), sub-blocks of up to STREAM_FEW_BYTES of
 #: sums (w's rows read in long runs where a thread's span is wide), and a prefetch of w's row
-#: k + STREAM_FEW_AHEAD at each vector of a call. On a 2-core AVX-512 machine (w from DRAM, spans of
-#: 8-16 KiB a row), in turns with twins, two passes (bench/results/2026-11-30-local-cpu.md): 1 and
-#: 4 rows of 4096^2 1.6-3x faster than blocks of 32 rows in 256-column sub-blocks (f64 4 rows
-#: 8.1-10.1 -> 3.7-4.2 ms), and 8-31% faster than the kernel before this one. On the H200's 16-core
-#: host (run 101 of bench/results/2026-12-01-h200.md, three passes; spans of 1-2 KiB): f64 1-8 rows
-#: 5-12% faster, f32 1 row 8% slower, 2-8 rows level.
+#: k + STREAM_FEW_AHEAD at each vector of a call (docs/tuning.md, "CPU streamed products").
 STREAM_FEW, STREAM_FEW_KS, STREAM_FEW_BYTES, STREAM_FEW_AHEAD = 8, 8, 65536, {"float32": 32, "float64": 8}
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
 #: every NR). The same on every level, so the work record is too: a module's libraries for
 #: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
-#: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more
-#: (single core, f32 on AVX-512: 2048^3 at 55 GF/s unpacked, 70 packed with 48 rows, 92 with
-#: 192; 1024^3: 94, 87, 95). 512-byte columns rather than 1 KiB give small products tiles
-#: enough for 16 cores: on the H200's host (run 23 of bench/results/2026-11-30-h200-pipelines.md,
-#: hexir's times, two passes) 256^3 f32 0.15-0.22 -> 0.09 ms, 512^3 0.49-0.54 -> 0.39-0.40,
-#: 64x1024x1024 0.49-0.56 -> 0.30, 1024^3 and 2048^3 the same or better. 24-row tiles for the
-#: products that even 48 rows leave short of items: the 64x784x512x10 MLP on the 16-core host
-#: 178-190 -> 124-147 µs f32, 351-370 -> 306-334 f64 (three passes; on a 2-core machine 5-7%
-#: slower, where 8 items already occupy its cores: bench/results/2026-11-30-h200-evening.md).
-#: 12-row tiles (never packing) for static products that 24 rows leave short of items too: on
-#: the 16-core host (runs 51-52 of bench/results/2026-11-30-h200-night.md, hexir's times, two
-#: passes) 64x512x10 f64 0.10-0.12 -> 0.05-0.06 ms, 128^3 0.06-0.10 -> 0.04-0.08, 256^3 f32
-#: 0.07-0.10 -> 0.06, f64 0.15-0.18 -> 0.12, the MLP f64 0.60-0.77 -> 0.74-0.81 of numpy (six
-#: passes); the rest within the host's noise, as on the 2-core machine. A symbolic batch's
-#: tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
+#: (twice the cores of a 16-core host): more rows per tile reuse each packed block of w more.
+#: 512-byte columns rather than 1 KiB give small products tiles enough for 16 cores; 24-row tiles
+#: are for the products that even 48 rows leave short of items, 12-row tiles (never packing) for
+#: static products that 24 rows leave short too (docs/tuning.md, "CPU tile sizes"). A symbolic
+#: batch's tiles keep MC_SYMBOLIC rows (12 would never pack w, whatever the batch).
 MC_CHOICES, NC_BYTES, WORK_ITEMS, MC_SYMBOLIC = (192, 96, 48, 24, 12), 512, 32, 24
 assert all(size % (nr * np.dtype(dtype).itemsize) == 0 for (_, dtype), (_, nr) in MICRO.items()
            for size in (PANEL_BYTES, NC_BYTES))  # the widths of panels: passes/pack_weights.py
 #: A w in panels (a constant) is copied by no tile, so a tile's rows buy no reuse of a copy: its
 #: tiles take at most 48 rows, whose x block (48 x KC) the panel loop re-reads from nearer
-#: caches. On the H200's 16-core host, timed in turns against 192 and 96 (run 80 of
-#: bench/results/2026-12-01-h200.md): on one thread 512^3-2048^3 3-18% faster but for 512^3 f32
-#: (level); on 16 threads 2048^3 f32 +16%, f64 +6%, 1024^3 f32 +13%, f64 -10%, 512^3 level.
+#: caches (docs/tuning.md, "CPU tiles of a w in panels").
 MC_PANELS = (48, 24, 12)
 
 
@@ -158,7 +129,8 @@ def tiling(level: str, dtype: str, m: exprs.Expr = 0, n: int = 0, panels: bool =
 
 #: The fewest rows from which a cpu linear's run-time w is packed once per call (`packs_w`), by
 #: dtype; None: never (each tile packs its own block). On the H200's host only f64 products of
-#: 1024 rows and more gained; smaller ones and f32 were level or lost (docs/tuning.md).
+#: 1024 rows and more gained; smaller ones and f32 were level or lost (docs/tuning.md, "CPU
+#: linear with w known at run time").
 PACK_ROWS: dict[str, int | None] = {"float32": None, "float64": 1024}
 
 

@@ -76,23 +76,18 @@ from hexir.schedules.cuda_tiles import (
     uses_dmma,
 )
 
-#: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row). At
-#: 4096 x 4096 on the H200 (f32/f64, of cuBLAS) it gives 1.03/1.19 at 1 row, 1.44/0.99 at 8,
-#: 1.52/0.40 at 16 where the tiled kernel gives 0.63/0.32, and loses at 32 (0.36/0.21 against
-#: 0.26/0.26) (bench/results/2026-11-30-h200-pipelines.md).
+#: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row); it beats
+#: the tiled kernel up to 16 rows and loses at 32 (docs/tuning.md, "CUDA rows kernel").
 ROWS_MAX = 16
 #: Bytes of x per shared buffer (two) in the rows kernel, and its k's per block per step (their
 #: loads of w in flight together, split among the warps): 128 (4 each of 32 warps), or 256 for
-#: 16 warps where x's two buffers still fit ROWS_X_LIMIT. On the H200 (of cuBLAS): 16 rows, 4 ->
-#: 8 per warp, f32 1.18 -> 1.62, f64 0.38 -> 0.57; 8 rows f32 (32 warps) 1.30 with 128, 1.08 with
-#: 256; 8 rows f64 (16 warps) 0.72 with 128, 1.13 with 256 (bench/results/2026-11-30-h200-pipelines.md).
+#: 16 warps where x's two buffers still fit ROWS_X_LIMIT: the faster of the two at each row count
+#: (docs/tuning.md, "CUDA rows kernel").
 ROWS_X_BYTES, ROWS_X_LIMIT = 4096, 32768
 #: x's rows in shared memory (of more than one 128-bit vector) are padded by this many vectors:
 #: its transposing stores (consecutive threads at consecutive k's, a row apart) then spread over
-#: the banks. On the H200, at 4096 x 4096 (queued, of cuBLAS): 16 rows f32 1.51 -> 1.95, f64 0.47
-#: -> 0.66; 8 rows f64 0.92 -> 0.98; one row (one vector) lost 4-8%, so it is not padded
-#: (nsight compute had 47% of the kernel's shared wavefronts excessive at 16 rows f64;
-#: bench/results/2026-11-30-h200-splitk.md).
+#: the banks; one row (one vector) lost with the padding, so it is not padded (docs/tuning.md,
+#: "CUDA rows kernel").
 ROWS_X_PAD = 1
 ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
 ELEMENTWISE_BLOCK = 256
@@ -485,8 +480,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         next(t for t, _ in DMMA_TILINGS if dmma_name(t) == request.variant)
     tile_m, tile_n, step, warps_m, warps_n, pairs = tiling
     threads = 32 * warps_m * warps_n
-    # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4 on an H200, 66 against
-    # 33 TFLOP/s, bench/results/2026-11-30-h200-pipelines.md), else m8n8k4 (sm_80 on)
+    # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4; docs/tuning.md, "CUDA
+    # DMMA instruction"), else m8n8k4 (sm_80 on)
     mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))

@@ -1,7 +1,8 @@
 """The cuda linear's tile tables and the choices made from them: the SIMT kernel's tilings
 (`linear_tiling`), the FP64 tensor-core kernel's (`dmma_table`, `dmma_tiling`, `uses_dmma`),
 split-K (`split_k`) and, for a symbolic batch, the variants tried per call (`linear_variants`).
-Each table says what it was measured against; the kernels that use them are in cuda.py.
+Each table says why it is as it is; what was measured to choose it is in docs/tuning.md. The
+kernels that use them are in cuda.py.
 """
 
 from __future__ import annotations
@@ -18,13 +19,9 @@ from hexir.target import MAX_SHARED_BYTES
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
 #: H100/H200) to be chosen: the first that fills the GPU wins. Bigger tiles do more work per
-#: shared-memory load (128x128: 0.95 of cuBLAS at 4096^3 f32 on the H200, 64x64: 0.66; at
-#: 1024x2048x2048, 128 blocks of 128x128 0.94, 512 of 64x64 0.69) but leave SMs idle on small
-#: outputs (512^3: 32x32 1.27, 64x64 1.02, 128x128 0.47; 1024^3: 64x64 0.99, 128x128 0.66); 16x16
-#: tiles keep a product of a few dozen rows from running on a few dozen blocks
-#: (bench/results/2026-11-30-h200-pipelines.md). With K split, 64x64 tiles win at 512^3,
-#: 256x1024x1024 and 4096x1024x33, 32x32 from 128 blocks at 64x784x512 and 64x1024x1024
-#: (bench/results/2026-11-30-h200-splitk.md).
+#: shared-memory load but leave SMs idle on small outputs; 16x16 tiles keep a product of a few
+#: dozen rows from running on a few dozen blocks (docs/tuning.md, "CUDA SIMT tilings" and "CUDA
+#: split-K").
 TILINGS = (((128, 16, 8), 128), ((64, 16, 4), 256), ((32, 16, 2), 128), ((16, 16, 1), 0))
 LARGE_TILING = TILINGS[0][0]
 
@@ -68,16 +65,10 @@ def uses_dmma(request: Request) -> bool:
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along
 #: rows, warps along columns, k's a thread's x fragment load takes: 1, or 2 in one 16-byte load),
-#: with the fewest blocks each must give the GPU to be chosen. On the H200 (of cuBLAS): 128x64 with
-#: 16-deep slices (dynamic shared memory, see to_gpu) 0.79/0.77 at 2048^3/4096^3, 8-deep
-#: 0.70/0.70, 64x64 0.74/0.68; at 1024^3 64x64 0.91, 64x32 0.77, 32x32 0.45; 64x32 at 512^3 1.35
-#: (64x64: 1.03), 256x1024x1024 0.88 (0.66), 4096x1024x33 1.30 (0.71); 32x32 at 64x1024x1024 0.87
-#: (64x32 0.80, 64x64 0.65) (bench/results/2026-11-30-h200-pipelines.md). With cp.async (runs
-#: 48-49 of bench/results/2026-11-30-h200-night.md), 4x2 warps on 128x128 with paired loads: 8192^3
-#: 0.81-0.82 (128x64: 0.78), 4096^3 0.81-0.82 (0.79-0.80; unpaired 0.79), 2048^3 level, 1024^3
-#: 0.54 (too few blocks); paired loads on the smaller tiles: 1-8% either way, 4096x1024x33 -13%.
-#: Tiles as wide as DMMA_EVEN_WIDTH are for 16-byte copies (K and N even) only: with 8-byte ones
-#: (not measured on them) 128x64 keeps its register pipeline, measured the better there. A tiling
+#: with the fewest blocks each must give the GPU to be chosen: the biggest tile that still fills
+#: the GPU was the fastest, and 4x2 warps with paired loads on 128x128 beat 128x64 from 4096^3
+#: (docs/tuning.md, "CUDA DMMA tilings"). Tiles as wide as DMMA_EVEN_WIDTH are for 16-byte copies
+#: (K and N even) only: with 8-byte ones 128x64 keeps its register pipeline. A tiling
 #: whose buffers need more shared memory than a target's block may have is not used.
 DMMA_TILINGS = (((128, 128, 16, 4, 2, 2), 512), ((128, 64, 16, 2, 2, 1), 264), ((64, 64, 16, 2, 2, 1), 256),
                 ((64, 32, 16, 2, 2, 1), 128), ((32, 32, 16, 2, 2, 1), 0))
@@ -117,28 +108,22 @@ def dmma_tiling(m: exprs.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)
 
 
 #: Whether the DMMA kernel's blocks inside the matrices load their slices without a test per
-#: element, and the SIMT tiles whose blocks do: on the H200 (run 20 of bench/results/
-#: 2026-11-30-h200-pipelines.md, hexir's times) 32x32 tiles gain 12-16% (512^3, 256x1024x1024,
-#: 4096x1024x33), 128x128 lose 8% (4096^3), 64x64 and 16x16 move by 3% or less.
+#: element, and the SIMT tiles whose blocks do: only 32x32 SIMT tiles gained (docs/tuning.md,
+#: "CUDA loads without a test per element").
 DMMA_WHOLE, SIMT_WHOLE_TILES = True, (32,)
 #: Shared buffers of the DMMA kernel's slices filled by asynchronous copies (cp.async,
 #: `_pipeline_async`), DMMA_RUN elements (16 bytes) a copy where K and N are even (every row then
 #: starts 16-byte aligned), else one; with one-element copies DMMA_REGISTER_TILE keeps two buffers
-#: filled through registers (`_pipeline`). On the H200 (runs 41 and 43 of bench/results/
-#: 2026-11-30-h200-splitk.md), against registers: 16-byte copies, 3 stages: 4096^3 0.80 -> 0.84
-#: of cuBLAS, 8192^3 0.77 -> 0.79, 2048x2046x2050 0.64 -> 0.85 (kernels alone), 1024^3 0.67 ->
-#: 0.77, 64x784x512 9.2 -> 8.6 us; 8-byte copies lost 2-4% on 128x64 tiles; 2 and 4 stages were
-#: slower than 3.
+#: filled through registers (`_pipeline`): 3 stages of 16-byte copies beat registers, and 2 or 4
+#: stages (docs/tuning.md, "CUDA DMMA pipeline").
 DMMA_STAGES, DMMA_RUN, DMMA_REGISTER_TILE = 3, 2, (128, 64)
 #: Padding of the x and w tiles' rows (f64 elements) against shared-memory bank conflicts, for
 #: fragment loads of one k a thread, and of two (x's in one 16-byte load, DMMA_TILINGS). One k:
 #: a half warp's 16 8-byte loads, x's from 4 rows (group) 8 banks apart, w's from 4 rows
 #: (in_group) 24 banks apart, each 4 columns, fall on 32 distinct banks. Two: x's rows are 16
 #: banks apart (a quarter warp's 8 loads, 2 rows x 4 pairs, on 32 banks) and w's row 2 in_group 8
-#: banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32). On the H200 (run 56
-#: of bench/results/2026-11-30-h200-night.md, kernels alone), w's one-k padding 12 against 8,
-#: whose rows 0 and 2 shared banks: 256x1024x1024 0.59 -> 0.72 of cuBLAS, 512^3 0.67 -> 0.79,
-#: 4096x1024x33 0.76 -> 0.85, 1024^3-4096x1024x1024 +3%; 4: as 12 but for 4096x1024x33 (0.69).
+#: banks on from row 0 (a half warp's 16 loads, 4 rows x 4 columns, on 32). w's one-k padding
+#: is 12, not 8 (whose rows 0 and 2 shared banks) or 4 (docs/tuning.md, "CUDA DMMA padding").
 DMMA_PAD = ((4, 12), (8, 2))
 #: DMMA (mma.sync m8n8k4 f64) exists from sm_80 on.
 DMMA_FROM = 80
@@ -146,10 +131,8 @@ DMMA_FROM = 80
 #: SPLIT_FILL blocks splits K over up to SPLIT_MAX blocks per tile (as many as bring it to
 #: SPLIT_FILL), each walking at least SPLIT_MIN_STEPS slices, while the partial sums that a tile's
 #: last block adds up stay within SPLIT_BYTES (`_reduce_splits`). The FP64 tensor-core kernel's
-#: blocks do more per slice: it splits only to reach DMMA_SPLIT's fill, over its K. On the H200,
-#: against the best of 1, 2, 4, 8 splits for each tiling, the rule's choice is within 6% at 16 of
-#: 18 shapes and within 18% at all (bench/results/2026-11-30-h200-splitk.md); e.g. 64x784x512 f32
-#: (the MLP's first layer) 11.9 -> 8.6 us, f64 16.6 -> 10.4; 64x512x10 8.1 -> 4.4 / 13.4 -> 6.8.
+#: blocks do more per slice: it splits only to reach DMMA_SPLIT's fill, over its K. The rule
+#: comes close to the best split per shape (docs/tuning.md, "CUDA split-K").
 SPLIT_FILL, SPLIT_MIN_K, SPLIT_MAX, SPLIT_MIN_STEPS, SPLIT_BYTES = 256, 256, 8, 4, 64 << 10
 DMMA_SPLIT = (128, 512)  # (fill, min K)
 

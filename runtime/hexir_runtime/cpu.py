@@ -54,11 +54,9 @@ _loads = 0  # how many libraries went through a memfd: each gets its own spellin
 
 #: A split launch is cut in this many chunks per thread (at most; never below the work record's
 #: grain), which the threads take in order as each finishes its last: one a thread left the
-#: whole launch waiting for the slowest thread's share on a shared 16-core host. Timed there in
-#: turns (runs 84-85 of bench/results/2026-12-01-h200.md), 4 against 1: 512^3-2048^3 10-65%
-#: faster, w in panels or an argument (2048^3 f32 0.76-0.87 -> 1.04-1.44 of numpy). A kernel
-#: whose work record has `spans` walks its chunk as one span and gets one a thread (a streamed
-#: linear: 16x4096^2 with 4 was 0.42-0.65 of numpy, with 1 0.57-0.86).
+#: whole launch waiting for the slowest thread's share on a shared 16-core host. A kernel whose
+#: work record has `spans` walks its chunk as one span and gets one a thread, faster there
+#: (docs/tuning.md, "CPU split launches").
 CHUNKS_PER_THREAD = 4
 #: The most chunks a launch is split into (the native pool counts them in 16 bits).
 MAX_CHUNKS = 1 << 12
