@@ -10,7 +10,10 @@ resolve to the library. The compiler links its libraries with `-nostartfiles`, s
 none of these: the only libraries they need are libc and libm, which the Python process
 has loaded already. `check_dynamic` refuses anything else, and any ELF it cannot read
 exactly as the loader would (the dynamic section is read at its address through the PT_LOAD
-segments, as the loader reads it in memory, not at its own file offset).
+segments, as the loader reads it in memory, not at its own file offset; a repeated tag, of
+which the loader keeps the last, is refused), and every relocation the loader would apply: its
+symbol must be one whose type was checked, its target in a writable segment, and nothing the
+loader asserts on (an assertion ends the process).
 """
 
 from __future__ import annotations
@@ -23,15 +26,21 @@ from .errors import HxbFormatError
 #: The only libraries a module's library may name in DT_NEEDED (both loaded in any Python process).
 ALLOWED_NEEDED = ("libc.so.6", "libm.so.6")
 
-_PT_LOAD, _PT_DYNAMIC, _PT_GNU_STACK, _PF_X = 1, 2, 0x6474E551, 1
+_PT_LOAD, _PT_DYNAMIC, _PT_GNU_STACK, _PF_X, _PF_W = 1, 2, 0x6474E551, 1, 2
 _DT_NEEDED, _DT_STRTAB, _DT_SYMTAB, _DT_HASH, _DT_GNU_HASH = 1, 5, 6, 4, 0x6FFFFEF5
 _DT_STRSZ, _DT_PLTRELSZ, _DT_PLTREL, _DT_JMPREL = 10, 2, 20, 23
-_RELOCATIONS = {7: (8, 9), 17: (18, 19)}  # DT_RELA: (DT_RELASZ, DT_RELAENT); DT_REL: (DT_RELSZ, DT_RELENT)
+_DT_RELA, _DT_RELASZ, _DT_RELAENT, _DT_SYMENT, _DT_RELACOUNT = 7, 8, 9, 11, 0x6FFFFFF9
+# Relocation tables the runtime does not read (x86-64 and aarch64 use RELA; RELR writes unchecked addresses).
+_UNREAD = {17: "DT_REL", 18: "DT_RELSZ", 19: "DT_RELENT", 35: "DT_RELRSZ", 36: "DT_RELR", 37: "DT_RELRENT"}
+# The values the loader asserts on (an assertion ends the process): (tag, its name, the value it must have).
+_ASSERTED = ((_DT_RELAENT, "DT_RELAENT", 24), (_DT_SYMENT, "DT_SYMENT", 24), (_DT_PLTREL, "DT_PLTREL", _DT_RELA))
 _RUNS_CODE = {12: "a constructor (DT_INIT)", 13: "a destructor (DT_FINI)", 25: "constructors (DT_INIT_ARRAY)",
               26: "destructors (DT_FINI_ARRAY)", 32: "pre-constructors (DT_PREINIT_ARRAY)"}
 _LOADS_OTHERS = {15: "DT_RPATH", 29: "DT_RUNPATH", 14: "DT_SONAME", 0x7FFFFFFD: "DT_AUXILIARY",
                  0x7FFFFFFF: "DT_FILTER", 0x6FFFFEFC: "DT_AUDIT", 0x6FFFFEFB: "DT_DEPAUDIT"}
 _IRELATIVE = {62: 37, 183: 1032}  # e_machine -> its R_*_IRELATIVE (x86_64, aarch64)
+_COPY = {62: 5, 183: 1024}  # e_machine -> its R_*_COPY, which copies as many bytes as a symbol says
+_RELATIVE = {62: (8, 38)}  # e_machine -> the only types ld.so accepts among the first DT_RELACOUNT (it asserts)
 _STT_GNU_IFUNC = 10
 
 
@@ -82,7 +91,7 @@ def check_dynamic(blob: memoryview | bytes, field: str, what: str) -> None:
         fail(f"is not a shared object (ELF type {e_type})")
     if entry_size < 56 or count == 0xFFFF:
         fail("is corrupt: its program header table is malformed")
-    dynamic = []
+    dynamic, writable = [], []
     page = mmap.PAGESIZE
     for i in range(count):
         kind, flags, offset, address, _, filesz, memsz = image.read("IIQQQQQ", table + i * entry_size)
@@ -92,6 +101,8 @@ def check_dynamic(blob: memoryview | bytes, field: str, what: str) -> None:
             if image.loads and address // page < -(-(image.loads[-1][0] + image.loads[-1][3]) // page):
                 fail(f"is corrupt: its loaded segment {i} overlaps or precedes the one before it")
             image.loads.append((address, offset, filesz, memsz))
+            if flags & _PF_W:
+                writable.append((address, memsz))
         elif kind == _PT_DYNAMIC:
             dynamic.append((address, filesz))
         elif kind == _PT_GNU_STACK and flags & _PF_X:
@@ -109,6 +120,9 @@ def check_dynamic(blob: memoryview | bytes, field: str, what: str) -> None:
         tags.setdefault(tag, []).append(value)
     else:
         fail("is corrupt: its dynamic section has no DT_NULL end")
+    for tag, values in tags.items():
+        if len(values) > 1 and tag != _DT_NEEDED:  # the loader keeps the last, which a check of the first misses
+            fail(f"is corrupt: its dynamic section has {len(values)} entries of tag {tag}, not 1")
     for tag, value in _RUNS_CODE.items():
         if tag in tags:
             fail(f"has {value}: a library must run no code when it is loaded (link it with -nostartfiles, "
@@ -121,9 +135,9 @@ def check_dynamic(blob: memoryview | bytes, field: str, what: str) -> None:
         needed = _string(image, strings, value, limit)
         if needed not in ALLOWED_NEEDED:
             fail(f"needs the library {needed!r} (DT_NEEDED): a library may need only {', '.join(ALLOWED_NEEDED)}")
-    _check_relocations(image, tags, _IRELATIVE.get(machine), fail)
-    symbols = _one(tags, _DT_SYMTAB, fail)
-    for i in range(_symbol_count(image, tags, fail)):
+    symbols, count = _one(tags, _DT_SYMTAB, fail), _symbol_count(image, tags, fail)
+    _check_relocations(image, tags, machine, count, writable, fail)
+    for i in range(count):
         name, info, _, section = image.read("IBBH", image.offset(symbols + 24 * i, 24, "symbol table"))
         if info & 0xF == _STT_GNU_IFUNC and section != 0:
             fail(f"defines an IFUNC symbol {_string(image, strings, name, limit)!r}, whose resolver would run "
@@ -142,19 +156,43 @@ def _string(image: _Image, strings: int, index: int, limit: int) -> str:
     return image.string(strings + index, limit - index, "string table")
 
 
-def _check_relocations(image: _Image, tags: dict[int, list[int]], irelative: int | None, fail) -> None:
-    tables = [(tags[kind][0], _one(tags, size, fail), _one(tags, entry, fail))
-              for kind, (size, entry) in _RELOCATIONS.items() if kind in tags]
+def _check_relocations(image: _Image, tags: dict[int, list[int]], machine: int, symbols: int,
+                       writable: list[tuple[int, int]], fail) -> None:
+    """Refuse relocations that would run code (IRELATIVE, or a symbol outside the `symbols` whose types
+    were checked: the loader indexes the symbol table directly), write outside the writable segments,
+    or that the loader would assert on."""
+    for tag, name in _UNREAD.items():
+        if tag in tags:
+            fail(f"has a {name} entry: a library's relocations may be only DT_RELA and DT_JMPREL ones")
+    for tag, name, value in _ASSERTED:
+        if tags.get(tag, [value]) != [value]:
+            fail(f"is corrupt: its {name} is {tags[tag][0]}, not {value}")
+    tables = []
+    if _DT_RELA in tags:
+        _one(tags, _DT_RELAENT, fail)  # the loader reads it without looking whether it is there
+        tables.append((_one(tags, _DT_RELA, fail), _one(tags, _DT_RELASZ, fail), tags.get(_DT_RELACOUNT, [0])[0]))
     if _DT_JMPREL in tags:
-        rela = tags.get(_DT_PLTREL, [7]) == [7]
-        tables.append((_one(tags, _DT_JMPREL, fail), _one(tags, _DT_PLTRELSZ, fail), 24 if rela else 16))
-    for address, size, entry in tables:
-        if entry not in (16, 24):
-            fail(f"is corrupt: relocations of {entry} bytes")
+        tables.append((_one(tags, _DT_JMPREL, fail), _one(tags, _DT_PLTRELSZ, fail), 0))
+    for address, size, relative in tables:
+        if size % 24:
+            fail(f"is corrupt: its relocation table of {size} bytes is no whole number of 24-byte entries")
         start = image.offset(address, size, "relocation table")
-        for at in range(start + 8, start + size - entry + 9, entry):
-            if image.read("Q", at)[0] & 0xFFFFFFFF == irelative:
+        for i in range(size // 24):
+            target, info = image.read("QQ", start + 24 * i)
+            kind, symbol = info & 0xFFFFFFFF, info >> 32
+            if kind == _IRELATIVE.get(machine):
                 fail("has an IFUNC resolver (an IRELATIVE relocation), which would run when it is loaded")
+            if kind == _COPY.get(machine):
+                fail(f"has a COPY relocation at {target:#x}, which would copy as many bytes as a symbol says")
+            if i < relative and machine in _RELATIVE and kind not in _RELATIVE[machine]:
+                fail(f"is corrupt: its relocation {i} of type {kind} lies among the first {relative} "
+                     "(DT_RELACOUNT), which must be relative ones")
+            if symbol >= symbols:
+                fail(f"is corrupt: a relocation at {target:#x} names symbol {symbol}, past the {symbols} "
+                     "its hash table counts")
+            # R_*_NONE (type 0, which the linker may leave at address 0) writes nothing
+            if kind and not any(begin <= target and target + 8 <= begin + memsz for begin, memsz in writable):
+                fail(f"is corrupt: a relocation writes at {target:#x}, outside its writable loaded segments")
 
 
 def _symbol_count(image: _Image, tags: dict[int, list[int]], fail) -> int:

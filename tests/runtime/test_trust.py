@@ -5,7 +5,9 @@ each other, files left behind, and libraries whose dlerror text is not UTF-8."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -375,3 +377,130 @@ def test_a_library_records_the_level_it_was_built_for(modules, compile_c):
         with pytest.raises(HxbFormatError) as error:
             load(hxb.encode(*modules.mlp(library)), "cpu")
         assert error.value.field == f"cpu.libraries[0].{field}" and said in error.value.reason
+
+
+# --- issue 28, the review: the loader reads every relocation and keeps the last of a repeated tag ----
+
+
+def _segments(elf: bytes) -> list[tuple[int, ...]]:
+    """(type, flags, offset, address, size in the file, size in memory) of each program header."""
+    table, size, count = (int.from_bytes(elf[at : at + n], "little") for at, n in ((32, 8), (54, 2), (56, 2)))
+    return [struct.unpack_from("<IIQQ8xQQ", elf, table + i * size) for i in range(count)]
+
+
+def _at(elf: bytes, address: int) -> int:
+    """The file offset of `address`, through the PT_LOAD segments."""
+    return next(offset + address - start for kind, _, offset, start, filesz, _ in _segments(elf)
+                if kind == 1 and start <= address < start + filesz)
+
+
+def _dynamic(elf: bytes) -> tuple[int, int, list[list[int]]]:
+    """The file offset and size of the dynamic section, and its [tag, value] entries before DT_NULL."""
+    offset, size = next((_at(elf, start), filesz) for kind, _, _, start, filesz, _ in _segments(elf) if kind == 2)
+    entries = [list(struct.unpack_from("<qQ", elf, at)) for at in range(offset, offset + size, 16)]
+    return offset, size, entries[: [tag for tag, _ in entries].index(0)]
+
+
+def _with_dynamic(elf: bytes, entries: list[list[int]]) -> bytes:
+    offset, size, _ = _dynamic(elf)
+    assert 16 * (len(entries) + 1) <= size  # ld leaves spare DT_NULLs
+    table = b"".join(struct.pack("<qQ", *entry) for entry in entries).ljust(size, b"\0")
+    return elf[:offset] + table + elf[offset + size :]
+
+
+def _tag(elf: bytes, tag: int) -> int:
+    return dict(_dynamic(elf)[2])[tag]
+
+
+def _refusal(modules, library: bytes) -> str:
+    with pytest.raises(HxbFormatError) as error:
+        load(hxb.encode(*modules.mlp(library)), "cpu")
+    assert error.value.field == "cpu.libraries[0].library"
+    prefix = "the CPU library for generic (blob 3) "
+    assert error.value.reason.startswith(prefix)
+    return error.value.reason[len(prefix) :]
+
+
+HIDDEN_IFUNC = "#include <unistd.h>\nstatic void real(void) {}\n" \
+               "static void (*pick(void))(void) { _exit(86); return real; }\n"  # kills pytest if run
+
+
+RELOCATED = "#include <unistd.h>\nstatic void stop(void) { _exit(0); }\n" + KERNEL + \
+            "void (*const volatile kept)(void) = stop;\nvoid (*const volatile ended)(int) = _exit;\n" \
+            "void quit(void) { _exit(1); }\n"  # a RELATIVE, a symbol's and a PLT relocation
+
+
+def test_a_repeated_dynamic_tag_cannot_hide_the_relocations_the_loader_reads(modules, tmp_path):
+    """The loader keeps the last DT_RELA: a fake one before it must not be what is checked."""
+    source = HIDDEN_IFUNC + "static void picked(void) __attribute__((ifunc(\"pick\")));\n" \
+                            "void (*const volatile chosen)(void) = picked;\n" + KERNEL  # an IRELATIVE in DT_RELA
+    library = _shared(tmp_path, "hidden", source, "-nostartfiles")
+    assert _refusal(modules, library).startswith("has an IFUNC resolver (an IRELATIVE relocation)")
+    entries = _dynamic(library)[2]
+    fake = [[7, _tag(library, 23)]]  # DT_RELA at the PLT's relocations (a call to _exit, no IRELATIVE)
+    assert _refusal(modules, _with_dynamic(library, fake + entries)) == \
+        "is corrupt: its dynamic section has 2 entries of tag 7, not 1"
+    plain = _shared(tmp_path, "plain", RELOCATED, "-nostartfiles")
+    entries = _dynamic(plain)[2]
+    needed = [entry for entry in entries if entry[0] == 1]  # DT_NEEDED alone may repeat
+    cpu_device.check_library(memoryview(_with_dynamic(plain, needed + entries)), "needs.so")  # no error
+
+
+def test_a_relocation_naming_a_symbol_the_hash_table_does_not_reach_is_refused(modules, tmp_path):
+    """A LOCAL defined IFUNC symbol past DT_HASH's nchain: the loader runs its resolver for a
+    relocation naming it (no lookup by name), while a scan of the hashed symbols misses it."""
+    source = HIDDEN_IFUNC + "void picked(void) __attribute__((ifunc(\"pick\")));\n" \
+                            "void *use(void) { return (void *)picked; }\n" + KERNEL
+    # -fno-plt: _exit's GOT entry is relocated before picked's, so the resolver can call it
+    elf = bytearray(_shared(tmp_path, "unhashed", source, "-nostartfiles", "-fno-plt", "-Wl,--hash-style=sysv"))
+    symbols, strings = _at(elf, _tag(elf, 6)), _at(elf, _tag(elf, 5))
+    nchain = _at(elf, _tag(elf, 4)) + 4
+    hashed = int.from_bytes(elf[nchain : nchain + 4], "little")
+    index = next(i for i in range(hashed) if elf[strings + int.from_bytes(elf[symbols + 24 * i :][:4], "little"):]
+                 .startswith(b"picked\0"))
+    elf[symbols + 24 * index + 4] = 10  # STB_LOCAL, STT_GNU_IFUNC
+    assert _refusal(modules, bytes(elf)).startswith("defines an IFUNC symbol 'picked'")
+    elf[nchain : nchain + 4] = index.to_bytes(4, "little")  # picked and any later symbol lie past the hash table
+    assert re.fullmatch(rf"is corrupt: a relocation at 0x[0-9a-f]+ names symbol {index}, past the {index} its hash "
+                        r"table counts", _refusal(modules, bytes(elf)))
+
+
+def _entry(elf: bytes, tag: int, value: int | None) -> bytes:
+    """The library with its `tag` entry's value changed (or the entry removed, for None)."""
+    entries = [[t, value if t == tag else v] for t, v in _dynamic(elf)[2] if t != tag or value is not None]
+    return _with_dynamic(elf, entries)
+
+
+def _relocation(elf: bytes, i: int, target: int | None = None, kind: int | None = None, symbol: int | None = None):
+    """The library with DT_RELA's relocation `i` changed."""
+    at = _at(elf, _tag(elf, 7)) + 24 * i
+    offset, info = struct.unpack_from("<QQ", elf, at)
+    info = (info >> 32 if symbol is None else symbol) << 32 | (info & 0xFFFFFFFF if kind is None else kind)
+    return elf[:at] + struct.pack("<QQ", offset if target is None else target, info) + elf[at + 16 :]
+
+
+@pytest.mark.parametrize(("edit", "found"), [
+    (lambda elf: _entry(elf, 9, 16), "is corrupt: its DT_RELAENT is 16, not 24"),
+    (lambda elf: _entry(elf, 9, None), "is corrupt: its dynamic section has 0 entries of tag 9, not 1"),
+    (lambda elf: _entry(elf, 11, 16), "is corrupt: its DT_SYMENT is 16, not 24"),
+    (lambda elf: _entry(elf, 20, 17), "is corrupt: its DT_PLTREL is 17, not 7"),
+    (lambda elf: _with_dynamic(elf, [[17 if t == 7 else t, v] for t, v in _dynamic(elf)[2]]),
+     "has a DT_REL entry: a library's relocations may be only DT_RELA and DT_JMPREL ones"),
+    (lambda elf: _with_dynamic(elf, [[36, _tag(elf, 7)], *_dynamic(elf)[2]]), "has a DT_RELR entry: "),
+    (lambda elf: _entry(elf, 8, _tag(elf, 8) - 4), r"is corrupt: its relocation table of \d+ bytes is no whole "
+                                                    r"number of 24-byte entries"),
+    (lambda elf: _entry(elf, 0x6FFFFFF9, 3), r"is corrupt: its relocation 1 of type 1 lies among the first 3 "
+                                              r"\(DT_RELACOUNT\), which must be relative ones"),
+    (lambda elf: _relocation(elf, 0, target=1 << 40), "is corrupt: a relocation writes at 0x10000000000, outside "
+                                                      "its writable loaded segments"),
+    (lambda elf: _relocation(elf, 0, target=0x1000), "is corrupt: a relocation writes at 0x1000, outside "),
+    (lambda elf: _relocation(elf, 1, kind=5), r"has a COPY relocation at 0x[0-9a-f]+, which would copy as many "
+                                              r"bytes as a symbol says"),
+    (lambda elf: _relocation(elf, 1, symbol=1000), r"is corrupt: a relocation at 0x[0-9a-f]+ names symbol 1000, "
+                                                   r"past the \d+ its hash table counts"),
+])
+def test_relocations_the_loader_would_assert_on_or_write_outside_the_library_are_refused(modules, tmp_path, edit,
+                                                                                          found):
+    library = _shared(tmp_path, "relocated", RELOCATED, "-nostartfiles")
+    cpu_device.check_library(memoryview(library), "relocated.so")  # no error as built
+    assert re.match(found, _refusal(modules, edit(library)))
