@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hexir_runtime.cli import main
+from hexir_runtime.serving import command as serve_command
 
 RUNTIME = str(Path(__file__).parents[2] / "runtime")
 ENVIRONMENT = {**os.environ, "PYTHONPATH": RUNTIME + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -119,3 +120,31 @@ def test_a_signal_inside_a_call_into_ray_waits_for_it_and_a_second_one_does_not(
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def test_with_trust_an_unsigned_or_otherwise_signed_model_is_refused_before_ray_starts(tmp_path, capsys, mlp_model):
+    """`--trust KEYFILE`: every model must be signed by a trusted key, checked on the bytes the
+    replicas will load; a key file that cannot be used is a bad argument (exit 2)."""
+    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
+    ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
+    from hexir_runtime import signing
+
+    pems = {}
+    for name in ("alice", "bob"):
+        key = ed25519.Ed25519PrivateKey.generate()
+        (tmp_path / f"{name}.pem").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        pems[name] = tmp_path / f"{name}.pub.pem"
+        pems[name].write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    signed = tmp_path / "signed.hxb"
+    signed.write_bytes(signing.sign(mlp_model.read_bytes(), signing.signing_key(tmp_path / "alice.pem")))
+    assert main(["serve", str(mlp_model), "--trust", str(pems["alice"])]) == 1
+    assert "not signed" in capsys.readouterr().err
+    assert main(["serve", str(signed), "--trust", str(pems["bob"])]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"hexir-run serve: {signed}: ") and signing.signer(signed.read_bytes()) in err, err
+    assert main(["serve", str(signed), "--trust", str(tmp_path / "nothing.pem")]) == 2
+    assert capsys.readouterr().err.startswith("hexir-run serve: error: --trust ")
+    assert serve_command._read_models([str(signed)], signing.trusted_keys(pems["alice"])) == {
+        "signed": signed.read_bytes()}

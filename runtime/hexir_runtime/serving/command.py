@@ -20,8 +20,9 @@ import socket
 import sys
 from typing import Any
 
+from .. import signing
 from ..describe import safe
-from ..errors import HexirRuntimeError, HxbFormatError
+from ..errors import HexirRuntimeError, HxbFormatError, KeyFileError
 from ..format import decode
 
 INSTALL = "hexir-run serve needs Ray Serve: pip install 'hexir-runtime[serve]'"
@@ -81,7 +82,12 @@ def main(argv: list[str]) -> int:
 def _checked_serve(args: argparse.Namespace) -> int:
     """Check the files and options, import Ray, serve."""
     try:
-        models = _read_models(args.models)
+        keys = signing.trusted_keys(args.trust) if args.trust else None
+    except KeyFileError as error:  # a key the user named: a bad argument, found before any work
+        print(f"hexir-run serve: error: --trust {safe(str(error))}", file=sys.stderr)
+        return 2
+    try:
+        models = _read_models(args.models, keys)
         if args.num_gpus > 0 and args.device in ("cpu", "reference"):
             raise HexirRuntimeError(f"--num-gpus {args.num_gpus} runs replicas on cuda, not --device {args.device}")
         if args.num_gpus == 0 and args.device == "cuda":
@@ -154,8 +160,9 @@ def _serve(engine: Any, models: dict[str, bytes], args: argparse.Namespace, opti
     return code
 
 
-def _read_models(paths: list[str]) -> dict[str, bytes]:
-    """Each module's bytes by name (its file's stem), checked: format, entry main, a unique usable name."""
+def _read_models(paths: list[str], keys: Any = None) -> dict[str, bytes]:
+    """Each module's bytes by name (its file's stem), checked: format, entry main, a unique usable
+    name, and with `keys` a signature by one of them (the replicas load these bytes, not the file)."""
     models: dict[str, bytes] = {}
     for path in paths:
         name = os.path.splitext(os.path.basename(path))[0]
@@ -167,6 +174,8 @@ def _read_models(paths: list[str]) -> dict[str, bytes]:
         try:
             with open(path, "rb") as file:
                 data = file.read()
+            if keys is not None:
+                signing.verify(data, keys)
             entries = [entry.name for entry in decode(data).manifest.entries]
         except OSError as error:
             raise HexirRuntimeError(f"{path}: {error.strerror or error}") from None
@@ -237,6 +246,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="most requests one call runs together (default 32)")
     parser.add_argument("--batch-wait-ms", type=_positive(float), default=2.0,
                         help="how long a batch waits to fill (default 2)")
+    parser.add_argument("--trust", action="append", default=[], metavar="KEYFILE",
+                        help="serve only modules signed by this key (an Ed25519 public key in PEM; repeatable)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "reference"), default="auto",
                         help="as hexir-run's; auto: cuda with --num-gpus, else cpu (default auto)")
     parser.add_argument("--address", help="join this running Ray cluster (the head's HOST:PORT) instead of "
