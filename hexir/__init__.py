@@ -10,23 +10,61 @@
 from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError, TargetError, TraceError
 from hexir.explain import explain
 from hexir.frontend.custom import CustomKernel, kernel
+from hexir.frontend.functions import (  # noqa: A004
+    abs,
+    argmax,
+    erf,
+    exp,
+    gelu,
+    layer_norm,
+    log,
+    log_softmax,
+    max,
+    maximum,
+    mean,
+    minimum,
+    relu,
+    rsqrt,
+    sigmoid,
+    silu,
+    softmax,
+    sqrt,
+    sum,
+    tanh,
+)
 from hexir.frontend.tensor import Tensor, TensorSpec
-from hexir.frontend.trace import linear, on, print, relu  # noqa: A004
+from hexir.frontend.trace import linear, on, print  # noqa: A004
 from hexir.jit import export, jit
-from hexir.ops import OpDef
+from hexir.ops import Contract, OpDef, Pointwise, Reduce
+from hexir.ops import scalar as scalar
 from hexir.version import __version__
 
 
 def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable function
-    """Add a compute op (see `hexir.ops`) and return the function that builds it in a trace."""
+    """Add an op (a `hexir.Pointwise` or `hexir.Reduce`; see `hexir.ops`) and return the
+    function that builds it in a trace: `f(*operands, **params)` for a pointwise op,
+    `f(x, *others, axis=-1, keepdims=False, **params)` for a reduce op."""
     from hexir import ops
+    from hexir.frontend import functions
     from hexir.frontend.trace import op_function
 
-    return op_function(ops.register(definition))
+    op = ops.register(definition)
+    if isinstance(op, Pointwise):
+        def apply(*operands, **params):  # noqa: ANN002, ANN003, ANN202
+            return functions.pointwise(op.name, operands, **params)
+    elif isinstance(op, Reduce):
+        def apply(x, *others, axis=-1, keepdims=False, **params):  # noqa: ANN001, ANN002, ANN003, ANN202
+            return functions.reduce(op.name, x, others, axis, keepdims, **params)
+    else:
+        return op_function(op)
+    apply.__name__ = apply.__qualname__ = op.name
+    return apply
 
 
 __all__ = [
-    "jit", "export", "explain", "on", "linear", "relu", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
-    "OpDef", "register_op", "HexirError", "ArgumentError", "TraceError", "PlacementError", "TargetError",
-    "CompileError", "__version__",
+    "jit", "export", "explain", "on", "linear", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
+    "relu", "exp", "log", "tanh", "sqrt", "rsqrt", "erf", "abs", "sigmoid", "silu", "gelu", "maximum", "minimum",
+    "sum", "mean", "max", "argmax", "softmax", "log_softmax", "layer_norm",
+    "OpDef", "Pointwise", "Reduce", "Contract", "scalar", "register_op", "HexirError", "ArgumentError", "TraceError",
+    "PlacementError", "TargetError", "CompileError", "__version__",
 ]

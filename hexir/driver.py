@@ -148,7 +148,8 @@ def compile_module(module: ir.Module, options: Options) -> bytes:
 
 
 def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
-    """`hexir.linear=cuda,hexir.relu=cpu` (or a dict) -> validated (op, device) pairs."""
+    """`hexir.linear=cuda,hexir.relu=cpu` (or a dict) -> validated (op, device) pairs; `*=cuda`
+    places every op not named otherwise."""
     if not text:
         return ()
     items = text.items() if isinstance(text, dict) else (
@@ -159,8 +160,8 @@ def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:
         if not isinstance(op, str) or not isinstance(device, (str, type(None))):
             raise PlacementError(f"placement: expected op name -> device name strings, got {op!r}: {device!r}")
         op = op.strip()
-        if op not in placeable:
-            raise PlacementError(f"placement: unknown op {op!r}; placeable ops are {', '.join(placeable)}")
+        if op not in placeable and op != "*":
+            raise PlacementError(f"placement: unknown op {op!r}; placeable ops are * (all) and {', '.join(placeable)}")
         if device is None or device.strip() not in hx.DEVICES:
             raise PlacementError(f"placement: unknown device {device!r} for {op}; expected one of "
                                  f"{', '.join(hx.DEVICES)}")

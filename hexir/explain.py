@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from hexir_runtime.format import scalars
 from mlir import ir
 
 from hexir.dialects import hexir as hx
@@ -101,7 +102,9 @@ def dot(module: ir.Module) -> str:
         else:
             kind = hx.string_attr(op, "kernel") if op.name == "hexir.custom_call" else op.name.removeprefix("hexir.")
             weights = [constants[hash(o)] for o in operands if hash(o) in constants]
-            label = "+".join([kind, *hx.epilogues_of(op)]) + (f" ({', '.join(weights)})" if weights else "")
+            fused = hx.expr_of(op) if hx.EPILOGUE in op.attributes else None  # a linear's epilogue, as a formula
+            label = kind + (f" → {scalars.text(fused)}" if fused else "")
+            label += f" ({', '.join(weights)})" if weights else ""
             label += f"\\n{_spec(op.result.type)}"
             device, shape = hx.device_of(op), "box"
         lines.append(f'  {node} [label="{label}", shape={shape}, fillcolor="{COLORS[device]}"];')

@@ -94,7 +94,8 @@ def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict
     if custom is not None:
         entry.update(symbol=custom[0], source=Path(custom[1]).name, scalars=[d for a in args for d in a["shape"]])
     else:
-        entry.update(epilogues=list(ht.epilogues_of(kernel)), sizes=list(ht.sizes_of(kernel)))
+        expr = ht.expr_of(kernel)
+        entry.update({**({"expr": expr} if expr is not None else {}), "sizes": list(ht.sizes_of(kernel))})
     entry.update(_record(kernel))
     return entry
 
@@ -153,7 +154,7 @@ def _table_entry(entry: dict) -> dict:
     """What a library's own table says of one of its kernels (the manifest must agree)."""
     row = {"symbol": entry["symbol"], "op": entry["op"],
            "args": [{"shape": a["shape"], "dtype": a["dtype"]} for a in entry["args"]]}
-    row.update({key: entry[key] for key in ("epilogues", "sizes", "scalars", "work", "launch") if key in entry})
+    row.update({key: entry[key] for key in ("expr", "sizes", "scalars", "work", "launch") if key in entry})
     return row
 
 

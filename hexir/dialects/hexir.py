@@ -25,6 +25,7 @@ Every attribute name of the graph level, and its accessor, is here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,24 +36,31 @@ from hexir.errors import CompileError, TraceError
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float64")
-#: IRDL gives every operand of a variadic group one type, so calls take up to four operands
-#: of their own types, as one required and three optional groups.
-MAX_CALL_ARGS = 4
+#: IRDL gives every operand of a variadic group one type, so calls (and pointwise and reduce
+#: ops) take up to eight operands of their own types, as one required and seven optional groups.
+MAX_CALL_ARGS = 8
+#: What an op may produce: floats; int64 only as an argmax's result.
+RESULT_DTYPES = (*DTYPES, "int64")
 
 # Attribute names of the graph level.
 ARG_NAMES = "hexir.arg_names"      # on @main: the traced function's parameter names
 RESULT_FORM = "hexir.result_form"  # on @main: how the function returned ("none", "single", "tuple", "list")
-EPILOGUES = "hexir.epilogues"      # on a linear: the element-wise ops fused into it, in order
+EXPR = "expr"                      # on a pointwise or reduce op: its tree (or program) as JSON
+EPILOGUE = "hexir.epilogue"        # on a linear: the tree applied to its sums (+ bias) as they are stored
 W_PANELS = "hexir.w_panels"        # on a cpu linear: its w is a constant packed in panels (pack-weights)
 
 _DEVICE = one_of("device", ("auto", *DEVICES))
 _compute_ops: dict[str, tuple[str, ...]] = {}
+_family_ops: set[str] = set()
 
 
-def define_op(name: str, operands: Sequence[str]) -> None:
+def define_op(name: str, operands: Sequence[str], family: str = "contract") -> None:
     """Add the compute op `hexir.<name>` to the dialect: named tensor operands (a trailing `?`
-    marks an optional one), one tensor result, a `device` attribute."""
+    marks an optional one), one tensor result, a `device` attribute; a pointwise or reduce op
+    takes 1 to MAX_CALL_ARGS tensors (numbers are folded into its tree) and an `expr`."""
     _compute_ops[name] = tuple(operands)
+    if family != "contract":
+        _family_ops.add(name)
 
 
 def compute_ops() -> tuple[str, ...]:
@@ -61,6 +69,10 @@ def compute_ops() -> tuple[str, ...]:
 
 
 def _compute_irdl(name: str, operands: tuple[str, ...]) -> str:
+    if name in _family_ops:
+        return "\n".join([f"  irdl.operation @{name} {{", call_operands(MAX_CALL_ARGS), _DEVICE,
+                          '    %expr = irdl.base "#builtin.string"',
+                          '    irdl.attributes {"device" = %device, "expr" = %expr}', "  }"])
     lines = [f"  irdl.operation @{name} {{"]
     lines += [f'    %{o.rstrip("?")} = irdl.base "!builtin.tensor"' for o in operands]
     listed = ", ".join(f"{o.rstrip('?')}: {'optional ' if o.endswith('?') else ''}%{o.rstrip('?')}" for o in operands)
@@ -122,7 +134,9 @@ Shape = tuple
 
 
 def element_type(dtype: str) -> ir.Type:
-    """The MLIR element type of a numpy dtype name (float32 or float64)."""
+    """The MLIR element type of a numpy dtype name (float32, float64 or int64)."""
+    if dtype == "int64":
+        return ir.IntegerType.get_signless(64)
     return ir.F32Type.get() if dtype == "float32" else ir.F64Type.get()
 
 
@@ -144,7 +158,9 @@ def dtype_of(type_: ir.Type) -> str:
         return "float32"
     if isinstance(element, ir.F64Type):
         return "float64"
-    raise TraceError(f"element type {element} is not supported; expected f32 or f64")
+    if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 64:
+        return "int64"
+    raise TraceError(f"element type {element} is not supported; expected f32, f64 (or i64, an argmax's result)")
 
 
 def shape_of(type_: ir.Type) -> Shape:
@@ -187,8 +203,10 @@ def check_extents(op: str, argument: str, shape: Sequence[int | str], dtype: str
 
 
 def elementwise_shape(op: str, x: tuple) -> Shape:
+    """The shape of a transfer's or print's operand, checked (any dtype a tensor may have)."""
     shape, dtype = x
-    check_dtype(op, "x", dtype)
+    if dtype not in RESULT_DTYPES:
+        raise TraceError(f"{op}: argument 'x' has dtype {dtype}; expected one of {', '.join(RESULT_DTYPES)}")
     if len(shape) < 1:
         raise TraceError(f"{op}: argument 'x' must have rank >= 1, got a scalar")
     check_extents(op, "x", shape, dtype)
@@ -210,11 +228,16 @@ def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
     return op.result
 
 
-def compute(name: str, operands: Sequence[ir.Value], result: ir.Type, device: str = "auto") -> ir.Value:
-    """A defined compute op `hexir.<name>` (optional operands left out at the end)."""
+def compute(name: str, operands: Sequence[ir.Value], result: ir.Type, device: str = "auto",
+            expr: str | None = None) -> ir.Value:
+    """A defined compute op `hexir.<name>` (optional operands left out at the end); a
+    pointwise or reduce op takes its tree as `expr` (JSON)."""
     expected = _compute_ops[name]
     attributes = {"device": _str(device)}
-    if sum(o.endswith("?") for o in expected) > 1:  # one optional group is inferred from the count
+    if name in _family_ops:
+        attributes["expr"] = _str(expr)
+        attributes["operandSegmentSizes"] = _segments(f"hexir.{name}", operands)
+    elif sum(o.endswith("?") for o in expected) > 1:  # one optional group is inferred from the count
         attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
             [int(i < len(operands)) for i in range(len(expected))])
     return ir.Operation.create(f"hexir.{name}", results=[result], operands=list(operands),
@@ -291,15 +314,20 @@ def callee_of(op: ir.Operation) -> str:
     return ir.FlatSymbolRefAttr(op.attributes["callee"]).value
 
 
-def epilogues_of(op: ir.Operation) -> tuple[str, ...]:
-    """The element-wise ops fused into a linear, in the order they apply."""
-    if EPILOGUES not in op.attributes:
-        return ()
-    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[EPILOGUES]))
+def expr_of(op: ir.Operation) -> object:
+    """The JSON of a pointwise or reduce op's `expr`, or of a linear's epilogue (None: none)."""
+    name = EXPR if EXPR in op.attributes else EPILOGUE if EPILOGUE in op.attributes else None
+    if name is None:
+        return None
+    try:
+        return json.loads(ir.StringAttr(op.attributes[name]).value)
+    except (ValueError, TypeError) as error:
+        raise TraceError(f"{op.name}: {name} is not JSON: {error}") from None
 
 
-def set_epilogues(op: ir.Operation, epilogues: Sequence[str]) -> None:
-    op.attributes[EPILOGUES] = ir.ArrayAttr.get([_str(e) for e in epilogues])
+def set_expr(op: ir.Operation, tree: object, name: str = EXPR) -> None:
+    """Set a pointwise or reduce op's `expr` (or, name=EPILOGUE, a linear's epilogue) to `tree`."""
+    op.attributes[name] = _str(json.dumps(tree, separators=(",", ":")))
 
 
 def set_w_panels(op: ir.Operation) -> None:

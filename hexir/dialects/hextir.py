@@ -26,6 +26,7 @@ schedule — the part that is ours — is an IRDL attribute that the verifier ch
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -84,7 +85,7 @@ irdl.dialect @hextir {{
 # Attribute names of the kernel level.
 SCHEDULE = "hextir.schedule"        # on a loop: #hextir.loop<kind, bind>
 KERNEL = "hextir.kernel"            # on a kernel: #hextir.kernel<device, op>
-EPILOGUES = "hextir.epilogues"      # on a kernel: ["bias", "relu"], what the op applies after it
+EXPR = "hextir.expr"               # on a kernel: what it computes per element, as the manifest's `expr` (JSON)
 SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
@@ -264,15 +265,19 @@ def _read_strings(op: ir.Operation, name: str) -> tuple[str, ...]:
     return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[name]))
 
 
-def tag_kernel(kernel: ir.Operation, device: str, op: str, epilogues: Sequence[str] = (),
+def tag_kernel(kernel: ir.Operation, device: str, op: str, expr: object = None,
                symbols: Sequence[str] = ()) -> None:
+    """Tag a kernel with its device and family op, its `expr` (a JSON value: a tree, a reduce
+    program; None for none) and its size symbols."""
     kernel.attributes[KERNEL] = kernel_attr(device, op)
-    kernel.attributes[EPILOGUES] = _strings(epilogues)
+    if expr is not None:
+        kernel.attributes[EXPR] = ir.StringAttr.get(json.dumps(expr, separators=(",", ":")))
     kernel.attributes[SIZES] = _strings(symbols)
 
 
-def epilogues_of(kernel: ir.Operation) -> tuple[str, ...]:
-    return _read_strings(kernel, EPILOGUES)
+def expr_of(kernel: ir.Operation) -> object:
+    """A kernel's `expr` as JSON, or None."""
+    return json.loads(ir.StringAttr(kernel.attributes[EXPR]).value) if EXPR in kernel.attributes else None
 
 
 def sizes_of(kernel: ir.Operation) -> tuple[str, ...]:

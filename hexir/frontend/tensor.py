@@ -11,7 +11,9 @@ from mlir import ir
 from hexir.errors import TraceError
 
 #: Short dtype names, as `-spec` and MLIR spell them.
-DTYPE_ALIASES = {"f32": "float32", "f64": "float64"}
+DTYPE_ALIASES = {"f32": "float32", "f64": "float64", "i64": "int64"}
+#: What a tensor may hold: floats, and int64 (an argmax's result).
+DTYPES = ("float32", "float64", "int64")
 #: What `None` in a shape stands for: the batch symbol.
 BATCH = "batch"
 #: The most bytes a tensor may have: its byte count must fit an int64.
@@ -45,8 +47,8 @@ class TensorSpec:
             dtype = np.dtype(DTYPE_ALIASES.get(self.dtype, self.dtype)).name
         except TypeError as error:
             raise TraceError(f"TensorSpec: {self.dtype!r} is not a dtype") from error
-        if dtype not in ("float32", "float64"):
-            raise TraceError(f"TensorSpec: dtype must be float32 or float64, got {dtype}")
+        if dtype not in DTYPES:
+            raise TraceError(f"TensorSpec: dtype must be float32 or float64 (or int64), got {dtype}")
         static = [int(d) for d in shape if not isinstance(d, str)]
         count = np.dtype(dtype).itemsize
         for d in static:  # Python ints: no overflow while checking for it
@@ -96,7 +98,7 @@ class Tensor:
 
         raise TraceError(
             f"{what} needs the values of a traced {self.spec} tensor, which exist only when the "
-            "compiled function runs; use hexir ops (hexir.linear, hexir.relu, hexir.print) instead",
+            "compiled function runs; use hexir ops (docs/api.md) instead",
             *user_where())
 
     def __bool__(self) -> bool:
@@ -118,8 +120,7 @@ class Tensor:
         return self._concrete("iteration")
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._concrete("conversion to a numpy array (numpy functions on a tensor; use hexir.relu "
-                              "for np.maximum(x, 0))")
+        return self._concrete("conversion to a numpy array (np.asarray of a tensor)")
 
     def _unsupported(self, what: str, hint: str) -> Any:
         from hexir.frontend.trace import user_where
@@ -131,12 +132,99 @@ class Tensor:
 
     __rmatmul__ = __matmul__
 
-    def _arithmetic(self, other: Any) -> Any:
-        return self._unsupported("arithmetic (+, -, *, /)", "hexir.linear(x, w, bias) adds a bias; other "
-                                 "element-wise arithmetic is not supported (a custom kernel can do it)")
+    # ---- arithmetic: pointwise ops, numpy's broadcasting, numbers in the tensor's dtype ----
+    def _op(self, name: str, *operands: Any, **params: Any) -> Tensor:
+        from hexir.frontend.functions import pointwise
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _arithmetic
-    __neg__ = __abs__ = __pow__ = _arithmetic
+        return pointwise(name, operands, **params)
+
+    def __add__(self, other: Any) -> Tensor:
+        return self._op("add", self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return self._op("add", other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return self._op("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return self._op("sub", other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return self._op("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return self._op("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return self._op("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return self._op("div", other, self)
+
+    def __neg__(self) -> Tensor:
+        return self._op("neg", self)
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __abs__(self) -> Tensor:
+        return self._op("abs", self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        from hexir.frontend.functions import _number
+
+        number = _number(exponent)
+        if number is None or number != number or abs(number) == float("inf"):
+            return self._unsupported("** with a non-number exponent", "the exponent must be a finite number")
+        return self._op("pow", self, exponent=number)
+
+    def __rpow__(self, base: Any) -> Any:
+        return self._unsupported("number ** tensor", "write hexir.exp(x * math.log(base))")
+
+    # ---- reductions as methods ----
+    def sum(self, axis: int = -1, keepdims: bool = False) -> Tensor:
+        """hexir.sum(self, axis, keepdims)."""
+        from hexir.frontend.functions import reduce
+
+        return reduce("sum", self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis: int = -1, keepdims: bool = False) -> Tensor:
+        """hexir.mean(self, axis, keepdims)."""
+        from hexir.frontend.functions import reduce
+
+        return reduce("mean", self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis: int = -1, keepdims: bool = False) -> Tensor:
+        """hexir.max(self, axis, keepdims)."""
+        from hexir.frontend.functions import reduce
+
+        return reduce("max", self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis: int = -1, keepdims: bool = False) -> Tensor:
+        """hexir.argmax(self, axis, keepdims): int64 indices."""
+        from hexir.frontend.functions import reduce
+
+        return reduce("argmax", self, axis=axis, keepdims=keepdims)
+
+    # ---- numpy on a tensor: its element-wise ufuncs are hexir ops; the rest is an error here ----
+    _UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div",
+               "negative": "neg", "absolute": "abs", "exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
+               "maximum": "maximum", "minimum": "minimum"}
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        name = self._UFUNCS.get(ufunc.__name__)
+        if method != "__call__" or kwargs or name is None:
+            hint = f"hexir.{name}(...)" if name else "use hexir ops (docs/api.md lists them)"
+            return self._unsupported(f"np.{ufunc.__name__}{'.' + method if method != '__call__' else ''}"
+                                     f"{' with ' + ', '.join(kwargs) if kwargs else ''}", hint)
+        return self._op(name, *inputs)
+
+    def __array_function__(self, function: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        name = function.__name__
+        hint = f"use hexir.{name}(x, axis=...) or x.{name}(...)" if name in ("sum", "mean", "max", "argmax") \
+            else "use hexir ops (docs/api.md lists them)"
+        return self._unsupported(f"np.{name}", hint)
 
     @property
     def T(self) -> Any:  # noqa: N802 - numpy's name

@@ -28,6 +28,8 @@ from hexir.errors import HexirError, PlacementError, TraceError
 from hexir.frontend.tensor import Tensor, TensorSpec
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# numpy's own frames are not the user's line either (np.sum(x) on a tensor goes through them)
+_SKIPPED = (_PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
 _state = threading.local()
 
 
@@ -38,7 +40,7 @@ def user_frame() -> inspect.FrameInfo | None:
     frame = inspect.currentframe()
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep) and "typeguard" not in path:
+        if not path.startswith(_SKIPPED) and "typeguard" not in path:
             return inspect.getframeinfo(frame, context=0)
         frame = frame.f_back
     return None
@@ -184,7 +186,7 @@ def _user_error(fn: Callable, error: Exception) -> TraceError:
     """A TraceError at the user's line for an exception raised by their traced function."""
     fn = getattr(fn, "fn", fn)  # the user's function inside jit's wrapper of static arguments
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not os.path.abspath(f.filename).startswith(_PACKAGE_DIR + os.sep)]
+              if not os.path.abspath(f.filename).startswith(_SKIPPED)]
     where, source = (f"{frames[-1].filename}:{frames[-1].lineno}", frames[-1].line) if frames else (None, None)
     return TraceError(f"{fn.__qualname__} raised {type(error).__name__} while it was traced: {error}", where,
                       source)
@@ -215,6 +217,8 @@ def _operand(op: str, name: str, value: object) -> Tensor:
     if isinstance(value, np.ndarray):
         if value.dtype.name not in hx.DTYPES:
             raise TraceError(f"{op}: argument '{name}' is a {value.dtype} array; expected float32 or float64")
+        if value.ndim == 0:
+            raise TraceError(f"{op}: argument '{name}' is a 0-d array; hexir tensors have rank >= 1")
         return _current().constant(value)
     raise TraceError(f"{op}: argument '{name}' must be a tensor or a numpy array, got {type(value).__name__}")
 
@@ -252,17 +256,12 @@ def op_function(definition: ops.OpDef) -> Callable[..., Tensor]:
     return apply
 
 
-_linear, _relu = op_function(ops.REGISTRY["linear"]), op_function(ops.REGISTRY["relu"])
+_linear = op_function(ops.REGISTRY["linear"])
 
 
 def linear(x: Tensor | np.ndarray, w: Tensor | np.ndarray, bias: Tensor | np.ndarray | None = None) -> Tensor:
     """`x @ w (+ bias)` for x[M, K], w[K, N] and bias[N]; M may be symbolic; w and bias have static shapes."""
     return _linear(x, w, bias)
-
-
-def relu(x: Tensor | np.ndarray) -> Tensor:
-    """`max(x, 0)`, element-wise, for a tensor of rank >= 1."""
-    return _relu(x)
 
 
 def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called print
@@ -275,4 +274,4 @@ def print(x: Tensor | np.ndarray) -> None:  # noqa: A001 - the op is called prin
     _build(build)
 
 
-__all__ = ["linear", "relu", "print", "on", "trace", "op_function"]
+__all__ = ["linear", "print", "on", "trace", "op_function"]

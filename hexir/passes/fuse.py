@@ -1,20 +1,28 @@
-"""fuse: an element-wise op that alone uses a linear on its own device becomes that linear's
-epilogue.
+"""fuse: chains of element-wise ops become one kernel, by family (no op is known by name).
 
-Input: a partitioned hexir module. Output: each such chain is one `hexir.linear` carrying
-`hexir.epilogues = ["relu", ...]` (the fused ops, in the order they apply), so lower-to-tir
-makes one kernel that applies them as it stores each result: no intermediate buffer and one
-pass over memory fewer. A linear whose result is used by anything else (a print, a second op,
-the return) is left alone, and so is a pair on two devices (the transfer between them needs
-the unfused value). Any registered op with a per-element function (`OpDef.scalar`) fuses.
+Input: a partitioned hexir module. Output, walking the program in order, for ops on one
+device whose producer has no other user:
+- a pointwise op of one tensor operand after a contract (linear) becomes the linear's
+  epilogue (`hexir.epilogue`: its tree over the linear's sums, bias added), applied as each
+  result is stored: no intermediate buffer, one pass over memory fewer;
+- a pointwise op absorbs the pointwise ops producing its operands (of its own shape): their
+  trees are substituted into its own, their operands become its operands (up to
+  MAX_CALL_ARGS), so any chain of element-wise ops is one kernel;
+- a reduce op absorbs the pointwise op producing its first operand (softmax(x * 0.5 + m)):
+  the prologue's tree is substituted into each of the program's trees.
+A value used by anything else (a print, a second op, the return) or on another device (the
+transfer needs it) is left alone.
 
-    %y = "hexir.linear"(%x, %w) {device = "cuda"}         %y = "hexir.linear"(%x, %w)
-    %r = "hexir.relu"(%y) {device = "cuda"}         =>         {device = "cuda", hexir.epilogues = ["relu"]}
-    return %r                                             return %y
+    %y = "hexir.linear"(%x, %w) {device = "cuda"}        %y = "hexir.linear"(%x, %w) {device = "cuda",
+    %g = "hexir.gelu"(%y) {expr = <gelu of a0>}    =>         hexir.epilogue = <gelu of a0>}
+    %s = "hexir.add"(%g, %r) {expr = "a0 + a1"}          %s = "hexir.add"(%y, %r) {expr = "a0 + a1"}
 """
 
 from __future__ import annotations
 
+import json
+
+from hexir_runtime.format import scalars
 from mlir import ir
 
 from hexir import ops
@@ -22,16 +30,89 @@ from hexir.dialects import hexir as hx
 
 
 def fuse(module: ir.Module) -> None:
-    """Fold every element-wise op that is the only user of a linear on the same device into it."""
     for op in list(hx.main_function(module).regions[0].blocks[0].operations):
-        definition = ops.lookup(op.name)
-        if definition is None or definition.scalar is None or isinstance(op.operands[0].owner, ir.Block):
-            continue
-        linear = op.operands[0].owner
-        linear = linear.operation if hasattr(linear, "operation") else linear
-        if (linear.name != "hexir.linear" or hx.device_of(linear) != hx.device_of(op)
-                or len(list(linear.result.uses)) != 1):
-            continue
-        hx.set_epilogues(linear, [*hx.epilogues_of(linear), definition.name])
-        op.result.replace_all_uses_with(linear.result)
-        op.erase()
+        family = ops.family_of(op.operation)
+        if family == "pointwise" and not _into_contract(op.operation):
+            _absorb_producers(op.operation)
+        elif family == "reduce":
+            _absorb_prologue(op.operation)
+
+
+def _producer(value: ir.Value, user: ir.Operation, family: str) -> ir.Operation | None:
+    """The op of `family` making `value` on `user`'s device, if `user` is its only user."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    owner = owner.operation if hasattr(owner, "operation") else owner
+    if ops.family_of(owner) != family or hx.device_of(owner) != hx.device_of(user):
+        return None
+    return owner if all(use.owner == user for use in value.uses) else None
+
+
+def _into_contract(op: ir.Operation) -> bool:
+    if len(op.operands) != 1:
+        return False
+    linear = _producer(op.operands[0], op, "contract")
+    if linear is None:
+        return False
+    before = hx.expr_of(linear) or ["arg", 0]
+    hx.set_expr(linear, scalars.substitute(hx.expr_of(op), [before]), hx.EPILOGUE)
+    op.result.replace_all_uses_with(linear.result)
+    op.erase()
+    return True
+
+
+def _renumber(tree: scalars.Tree, operands: list[ir.Value], merged: list[ir.Value]) -> scalars.Tree:
+    return scalars.substitute(tree, [["arg", merged.index(v)] for v in operands])
+
+
+def _absorb_producers(op: ir.Operation) -> None:
+    changed = True
+    while changed:
+        changed = False
+        operands, tree = list(op.operands), hx.expr_of(op)
+        for position, value in enumerate(operands):
+            producer = _producer(value, op, "pointwise")
+            if producer is None or hx.shape_of(value.type) != hx.shape_of(op.result.type):
+                continue
+            inner = list(producer.operands)
+            merged = list(dict.fromkeys([*operands[:position], *inner, *operands[position + 1:]]))
+            if len(merged) > hx.MAX_CALL_ARGS:
+                continue
+            args = [_renumber(hx.expr_of(producer), inner, merged) if j == position else ["arg", merged.index(v)]
+                    for j, v in enumerate(operands)]
+            op = _rebuilt(op, merged, scalars.substitute(tree, args))
+            producer.erase()
+            changed = True
+            break
+
+
+def _absorb_prologue(op: ir.Operation) -> None:
+    operands = list(op.operands)
+    producer = _producer(operands[0], op, "pointwise")
+    if producer is None:
+        return
+    full = hx.shape_of(operands[0].type)
+    inner = sorted(producer.operands, key=lambda v: hx.shape_of(v.type) != full)  # the reduced one first
+    if hx.shape_of(inner[0].type) != full:
+        return  # no operand of the prologue has the reduced shape: the kernel's first input must
+    merged = list(dict.fromkeys([*inner, *operands[1:]]))
+    if len(merged) > hx.MAX_CALL_ARGS:
+        return
+    args = [_renumber(hx.expr_of(producer), list(producer.operands), merged),
+            *(["arg", merged.index(v)] for v in operands[1:])]
+    program = hx.expr_of(op)
+    reductions = [[kind, scalars.substitute(tree, args)] for kind, tree in program["reductions"]]
+    program = {**program, "reductions": reductions, "out": scalars.substitute(program["out"], args)}
+    _rebuilt(op, merged, program)
+    producer.erase()
+
+
+def _rebuilt(op: ir.Operation, operands: list[ir.Value], expr: object) -> ir.Operation:
+    """`op` with new operands and expr (its operand count may change: a new op in its place)."""
+    with ir.InsertionPoint(op), op.location:
+        result = hx.compute(op.name.removeprefix("hexir."), operands, op.result.type, hx.device_of(op),
+                            json.dumps(expr, separators=(",", ":")))
+    op.result.replace_all_uses_with(result)
+    op.erase()
+    return result.owner.operation if hasattr(result.owner, "operation") else result.owner

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from hexir_runtime.format import scalars
 from mlir import ir
 from mlir.dialects import func
 
@@ -68,27 +69,23 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
             if definition is None:
                 _custom_kernels(op, name, arg_types, device)
             else:
-                # the optional operands it was given (linear's bias) come first among its epilogues
-                optional = [o.rstrip("?") for o in definition.operands[:len(op.operands)] if o.endswith("?")]
-                epilogues = (*optional, *hx.epilogues_of(op))
-                scalars = {n: ops.REGISTRY[n].scalar for n in (definition.name, *epilogues)
-                           if n in ops.REGISTRY and ops.REGISTRY[n].scalar is not None}
-                request = Request(definition.name, epilogues, hx.dtype_of(op.result.type), target, symbols, scalars,
-                                  panels=hx.has_w_panels(op) or packed)
+                request, record = _request(op, definition, target, symbols, packed)
+                schedules = ops.schedules_of(definition)
                 if device == "cuda":
-                    kernel = _kernel(name, arg_types, device, definition.name, definition.schedules[device], request)
+                    kernel = _kernel(name, arg_types, device, schedules[device], request, record)
                     launch = ht.record_of(kernel)  # what can be checked before run time: the static axes
                     check_launch(name, [g if isinstance(g, int) else None for g in launch.grid], list(launch.block))
-                    variants = definition.variants.get(device, lambda *_: [])(arg_types[:len(values)], request)
+                    variants = getattr(definition, "variants", {}).get(device, lambda *_: [])(arg_types[:len(values)],
+                                                                                              request)
                     for variant, _ in variants:  # the schedule's other kernels, chosen per call
-                        other = _kernel(f"{name}__{variant}", arg_types, device, definition.name,
-                                        definition.schedules[device], replace(request, variant=variant))
+                        other = _kernel(f"{name}__{variant}", arg_types, device, schedules[device],
+                                        replace(request, variant=variant), record)
                         ht.set_variant_of(other, name)
                     if variants:
                         ht.set_variants(kernel, [(f"{name}__{variant}", below) for variant, below in variants])
                 cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
-                for kernel in _cpu_kernels(cpu_name, arg_types, definition.name, definition.schedules["cpu"],
-                                           request):  # (the cpu twin lets `hexir-run --device=cpu` run it)
+                for kernel in _cpu_kernels(cpu_name, arg_types, schedules["cpu"], request,
+                                           record):  # (the cpu twin lets `hexir-run --device=cpu` run it)
                     if device == "cuda":
                         ht.set_fallback_of(kernel, name)
         with ir.InsertionPoint(op), op.location:
@@ -100,7 +97,7 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
 def _packs_at_run_time(op: ir.Operation, device: str) -> bool:
     """Whether a cpu linear's w, known only at run time (pack-weights packed the constant ones),
     is packed in panels by a kernel launched before it (the cpu schedule's `packs_w`)."""
-    if op.name != "hexir.linear" or device != "cpu" or hx.has_w_panels(op):
+    if ops.family_of(op) != "contract" or device != "cpu" or hx.has_w_panels(op):
         return False
     return cpu.packs_w(hx.shape_of(op.operands[0].type)[0], hx.shape_of(op.operands[1].type)[1],
                        hx.dtype_of(op.result.type))
@@ -115,27 +112,43 @@ def _pack_call(main: ir.Operation, op: ir.Operation, counter: int, target: Targe
     panels = ir.RankedTensorType.get([-(-n // lanes), k, lanes], ir.RankedTensorType(w.type).element_type)
     name = f"pack_panels_{counter}"
     with ir.InsertionPoint(main), op.location:
-        _cpu_kernels(name, [_memref(w.type), _memref(panels)], "pack_panels", cpu.pack_panels,
-                     Request("pack_panels", (), dtype, target))
+        _cpu_kernels(name, [_memref(w.type), _memref(panels)], cpu.pack_panels, Request("pack_panels", dtype, target))
     with ir.InsertionPoint(op), op.location:
         return hx.call(name, [w], panels, "cpu")
 
 
-def _cpu_kernels(name: str, arg_types: list[ir.Type], op: str, build: Builder, request: Request) -> list[ir.Operation]:
+def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: tuple[str, ...],
+             packed: bool) -> tuple[Request, object]:
+    """What the op's schedule builds, and the kernel's `expr` as the manifest records it."""
+    dtype = hx.dtype_of(op.operands[0].type)
+    expr = hx.expr_of(op)
+    if definition.family == "pointwise":
+        return Request("pointwise", dtype, target, symbols, expr), expr
+    if definition.family == "reduce":
+        program = scalars.Program(expr["axis"], tuple((k, t) for k, t in expr["reductions"]), expr["out"])
+        return Request("reduce", dtype, target, symbols, program), expr
+    bias = len(op.operands) == 3  # linear: its epilogue is a tree over the sums, bias added (["arg", 0])
+    sums = ["add", ["arg", 0], ["arg", 1]] if bias else ["arg", 0]
+    record = sums if expr is None else scalars.substitute(expr, [sums])
+    return Request(definition.name, dtype, target, symbols, expr, bias, panels=hx.has_w_panels(op) or packed), record
+
+
+def _cpu_kernels(name: str, arg_types: list[ir.Type], build: Builder, request: Request,
+                 record: object = None) -> list[ir.Operation]:
     """A cpu kernel per x86-64 level of the target."""
     kernels = []
     for level in request.target.cpu_levels:
         at_level = replace(request, target=replace(request.target, cpu_levels=(level,)))
-        kernels.append(_kernel(ht.level_name(name, level, request.target), arg_types, "cpu", op, build, at_level))
+        kernels.append(_kernel(ht.level_name(name, level, request.target), arg_types, "cpu", build, at_level, record))
         ht.set_level(kernels[-1], level)
     return kernels
 
 
-def _kernel(name: str, arg_types: list[ir.Type], device: str, op: str, build: Builder,
-            request: Request) -> ir.Operation:
+def _kernel(name: str, arg_types: list[ir.Type], device: str, build: Builder, request: Request,
+            record: object) -> ir.Operation:
     kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
-    op += "_panels" if request.panels else ""  # (linear_panels: docs/hxb-format.md)
-    ht.tag_kernel(kernel.operation, device, op, request.epilogues, request.symbols)
+    op = request.op + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
+    ht.tag_kernel(kernel.operation, device, op, record, request.symbols)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
     buffers = list(block.arguments)[:len(arg_types) - len(request.symbols)]

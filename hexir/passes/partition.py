@@ -7,7 +7,8 @@ value used on a device other than the one that made it goes through `hexir.trans
 Rules, in order of precedence, for the placeable ops (the compute ops and custom_call):
   1. `-placement=hexir.linear=cuda` (the `placement` option) names the op's kind;
   2. the op's own device, recorded by a `with hexir.on(...)` block;
-  3. "cpu" (a custom kernel with no cpu file: "cuda").
+  3. `-placement=*=cuda`: every other op;
+  4. "cpu" (a custom kernel with no cpu file: "cuda").
 A custom kernel placed on a device it has no file for is a PlacementError at its line.
 Function arguments arrive on the host and results return to it; print runs on the host.
 A constant lives on the device of its users (one upload of the weights); users on several
@@ -43,7 +44,7 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
     placeable = placeable_ops()
     for op in ops:
         if op.name in placeable:
-            hx.set_device(op, _choose(op, placement.get(op.name) or hx.device_of(op)))
+            hx.set_device(op, _choose(op, placement.get(op.name) or _own(op) or placement.get("*") or "auto"))
     for op in ops:
         if op.name == "hexir.constant":
             _place_constant(op)
@@ -60,6 +61,12 @@ def partition(module: ir.Module, placement: Mapping[str, str]) -> None:
                 with ir.InsertionPoint(op), op.location:
                     transfers[key] = hx.transfer(operand, have, wanted)
             op.operands[position] = transfers[key]
+
+
+def _own(op: ir.Operation) -> str | None:
+    """The device an `on()` block gave the op, None for "auto"."""
+    device = hx.device_of(op)
+    return None if device == "auto" else device
 
 
 def _place_constant(op: ir.Operation) -> None:

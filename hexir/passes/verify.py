@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from hexir_runtime.format import HxbFormatError, scalars
 from mlir import ir
 
 from hexir import ops
@@ -84,15 +85,11 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
     specs = [(hx.shape_of(v.type), hx.dtype_of(v.type)) for v in op.operands]
     definition = ops.lookup(op.name)
     if definition is not None:
-        for epilogue in hx.epilogues_of(op):
-            fused = ops.REGISTRY.get(epilogue)
-            if op.name != "hexir.linear" or fused is None or fused.scalar is None:
-                raise TraceError(f"{short_name}: epilogue {epilogue!r} is not an element-wise op a linear can fuse")
-        expected = definition.shape(*specs)
+        expected, dtype = _family_result(op, definition, short_name, specs)
     elif op.name == "hexir.transfer":
         if hx.string_attr(op, "source") == hx.string_attr(op, "target"):
             raise TraceError(f"transfer: source and target are both {hx.string_attr(op, 'source')}")
-        expected = hx.elementwise_shape(short_name, specs[0])
+        expected, dtype = hx.elementwise_shape(short_name, specs[0]), specs[0][1]
     elif op.name == "hexir.print":
         hx.elementwise_shape("print", specs[0])
         return
@@ -113,9 +110,29 @@ def _check(op: ir.Operation, kernel_names: set[str]) -> None:
     else:
         return
     result = (hx.shape_of(op.result.type), hx.dtype_of(op.result.type))
-    if result != (tuple(expected), specs[0][1]):
+    allowed = expected if isinstance(expected, list) else [tuple(expected)]
+    if result[1] != dtype or result[0] not in allowed:
         raise TraceError(f"{short_name}: result type is {hx.describe(*result)}, "
-                         f"expected {hx.describe(expected, specs[0][1])}")
+                         f"expected {' or '.join(hx.describe(e, dtype) for e in allowed)}")
+
+
+def _family_result(op: ir.Operation, definition: ops.OpDef, name: str, specs: list) -> tuple[object, str]:
+    """The shape(s) and dtype a compute op's rule gives its result; its expr checked as the
+    runtime will check the kernel's."""
+    try:
+        expr = hx.expr_of(op)
+        if definition.family == "pointwise":
+            scalars.check(expr, f"{name}: expr", len(specs))
+            return ops.pointwise_shape(name, specs), specs[0][1]
+        if definition.family == "reduce":
+            program = scalars.check_program(expr, f"{name}: expr", len(specs), len(specs[0][0]))
+            shapes = {ops.reduce_shape(name, specs, program, keep) for keep in (False, True)}
+            return sorted(shapes, key=len), ops.result_dtype(program, specs[0][1])
+        if expr is not None:
+            scalars.check(expr, f"{name}: {hx.EPILOGUE}", 1)
+    except HxbFormatError as error:
+        raise TraceError(str(error)) from None
+    return definition.shape(*specs), specs[0][1]
 
 
 def _check_custom_call(op: ir.Operation) -> None:

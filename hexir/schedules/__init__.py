@@ -12,35 +12,39 @@ Tile sizes live at the top of each device's module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from hexir_runtime.format import exprs
 from mlir import ir
+from mlir.dialects import arith
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
+from hexir.schedules.emit import emit
 from hexir.target import Target
 
 
 @dataclass(frozen=True)
 class Request:
-    """What a schedule builds: `op` with its `epilogues` (e.g. ("bias", "relu")) for `dtype` on
-    `target`. `scalars` maps each element-wise op involved (the op itself, or one fused as an
-    epilogue) to its per-element function, built at the insertion point."""
+    """What a schedule builds: a kernel of family `op` (linear, pointwise, reduce, pack_panels)
+    for `dtype` on `target`. `expr` is what it computes per element: a pointwise kernel's tree,
+    a reduce kernel's program, a linear's epilogue (a tree over its sums, bias added: ["arg", 0];
+    None: store the sums)."""
 
     op: str
-    epilogues: tuple[str, ...]
     dtype: str
     target: Target
     symbols: tuple[str, ...] = ()
-    scalars: dict[str, Callable[[ir.Value], ir.Value]] = field(default_factory=dict)
+    expr: Any = None
+    bias: bool = False  # a linear's args[2] is its bias
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
 
-    def fused(self) -> list[Callable[[ir.Value], ir.Value]]:
-        """The per-element functions of the epilogues after the bias, in order."""
-        return [self.scalars[e] for e in self.epilogues if e != "bias"]
+    def epilogue(self, value: ir.Value) -> ir.Value:
+        """A linear's epilogue applied to `value` (a sum, or a vector of them), built here."""
+        return value if self.expr is None else emit(self.expr, [value])
 
 
 Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht.Launch"]
@@ -59,3 +63,18 @@ def extent(buffer: ir.Value | ir.Type, axis: int, request: Request) -> exprs.Exp
     if len(request.symbols) != 1:
         raise CompileError(f"a generated {request.op} kernel takes one symbolic extent, got {request.symbols}")
     return request.symbols[0]
+
+
+def broadcast_indices(buffer: ir.Value, indices: Sequence[ir.Value]) -> list[ir.Value]:
+    """Where `buffer` is read for the output element at `indices` (numpy's broadcasting:
+    aligned right; an axis of static extent 1 is read at 0)."""
+    shape = ir.MemRefType(buffer.type).shape
+    tail = list(indices)[len(indices) - len(shape):]
+    zero = None
+    result = []
+    for extent_here, index in zip(shape, tail, strict=True):
+        if extent_here == 1:
+            zero = zero or arith.ConstantOp(ir.IndexType.get(), 0).result
+            index = zero
+        result.append(index)
+    return result

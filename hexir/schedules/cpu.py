@@ -54,7 +54,7 @@ x's rows and out's are often a multiple of 4 KiB apart, as w's are (K, N powers 
 x in place, a group's rows fell on one set of the L1 cache, and each sum written to out stalled
 the next call's loads of w, 4 KiB apart (docs/tuning.md, "CPU streamed products").
 
-elementwise (relu, ...): the outermost axis parallel, the others serial.
+The pointwise and reduce families' kernels: cpu_families.py.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _i(value: int | ir.Value) -> ir.Value:
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if "bias" in request.epilogues else None
+    bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
     mr, nr, mc, nc = tiling(request.target.cpu, request.dtype, m, n, request.panels)
     nc = min(nc, -(-n // nr) * nr)
@@ -486,10 +486,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     results = list(loop.results)
 
     def finished() -> list[ir.Value]:
-        values = results
-        for apply in request.fused():
-            values = [apply(v) for v in values]
-        return values
+        return [request.epilogue(v) for v in results]
 
     def store(targets, values) -> None:
         for (buffer, at), value in zip(targets, values, strict=True):
@@ -529,19 +526,3 @@ def _choose(condition, then, otherwise, types):
         scf.YieldOp(otherwise())
     return list(choice.results)
 
-
-def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
-    x, out = args
-    rank = ir.MemRefType(x.type).rank
-    apply = request.scalars[request.op]
-
-    def nest(axis: int, indices: list[ir.Value]) -> None:
-        if axis == rank:
-            ht.store(apply(ht.load(x, indices)), out, indices)
-            return
-        bound = ht.size_value(extent(x, axis, request), symbols)
-        with ht.loop(0, bound, "parallel" if axis == 0 else "serial") as index:
-            nest(axis + 1, [*indices, index])
-
-    nest(0, [])
-    return ht.Work(extent(x, 0, request))

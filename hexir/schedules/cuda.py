@@ -38,9 +38,7 @@ whichever block is last, so results are deterministic —, applies the epilogues
 
 linear with at most ROWS_MAX rows (static) streams w instead (`rows`): see `linear_rows`.
 
-elementwise (relu, ...): the tensor as one flat axis of 256-thread blocks, guarded by the
-element count. The guards make any shape work: 1, primes, sizes no block size divides, and a
-row count known only at run time (the grid is then an expression of it).
+The pointwise and reduce families' kernels: cuda_families.py.
 
 The linear's tile tables (TILINGS, DMMA_TILINGS, split-K's) and the choices made from them are
 in cuda_tiles.py.
@@ -90,7 +88,6 @@ ROWS_X_BYTES, ROWS_X_LIMIT = 4096, 32768
 #: "CUDA rows kernel").
 ROWS_X_PAD = 1
 ROWS_IN_FLIGHT, ROWS_WIDE_IN_FLIGHT = 128, 256
-ELEMENTWISE_BLOCK = 256
 
 
 def _contract() -> ir.Attribute:
@@ -131,9 +128,7 @@ def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.
         result = value()
         if bias is not None:
             result = arith.AddFOp(result, ht.load(bias, [column])).result
-        for apply in request.fused():
-            result = apply(result)
-        ht.store(result, out, [row, column])
+        ht.store(request.epilogue(result), out, [row, column])
         scf.YieldOp([])
 
 
@@ -251,7 +246,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     the tiled kernels' slices are), each k's M values read as 128-bit vectors; the warps'
     partial sums are added through shared memory at the end, a row at a time."""
     x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if "bias" in request.epilogues else None
+    bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
     size = _width_bytes(element)
@@ -312,7 +307,7 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
 
 def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if "bias" in request.epilogues else None
+    bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
     tile, step, per = linear_tiling(m, n, k_extent, _width_bytes(element)) if request.variant is None else \
@@ -473,7 +468,7 @@ def _width_bytes(element: ir.Type) -> int:
 
 def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if "bias" in request.epilogues else None
+    bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
     element = ir.MemRefType(out.type).element_type
     tiling = dmma_tiling(m, n, k_extent, request.target.cuda_archs) if request.variant is None else \
@@ -587,27 +582,3 @@ def _mma_f64(m: int, a: list[ir.Value], b: ir.Value, c: list[ir.Value]) -> ir.Va
     result = ir.Type.parse("!llvm.struct<(" + ", ".join(["f64"] * count) + ")>")
     return llvm.InlineAsmOp(result, operands, text, ",".join(["=d"] * count + ["d"] * len(operands))).result
 
-
-def elementwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    x, out = args
-    shaped = ir.MemRefType(x.type)
-    total: exprs.Expr = 1
-    for axis in range(shaped.rank):
-        total = exprs.mul(total, extent(x, axis, request))
-    flat_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size() if isinstance(total, tuple | str) else total],
-                                  shaped.element_type)
-    reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get(
-        [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in range(shaped.rank)])])
-    flat_x = memref.CollapseShapeOp(flat_type, x, reassociation).result if shaped.rank > 1 else x
-    flat_out = memref.CollapseShapeOp(flat_type, out, reassociation).result if shaped.rank > 1 else out
-    blocks = exprs.ceildiv(total, ELEMENTWISE_BLOCK)
-    count = ht.size_value(total, symbols)
-    apply = request.scalars[request.op]
-    with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
-            ht.loop(0, ELEMENTWISE_BLOCK, "parallel", "threadIdx.x") as thread:
-        position = _plus(_times(block, ELEMENTWISE_BLOCK), thread)
-        guard = scf.IfOp(_less(position, count))
-        with ir.InsertionPoint(guard.then_block):
-            ht.store(apply(ht.load(flat_x, [position])), flat_out, [position])
-            scf.YieldOp([])
-    return ht.Launch((blocks, 1, 1), (ELEMENTWISE_BLOCK, 1, 1))

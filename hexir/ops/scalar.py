@@ -1,0 +1,184 @@
+"""Scalars: how an op's element meaning is written. A pointwise op is a Python function of
+`Scalar`s (`lambda x: 0.5 * x * (1 + erf(x * SQRT1_2))`); calling it on `Scalar.arg(i)`s
+gives its tree in the runtime's scalar-expression language (`hexir_runtime.format.scalars`),
+the one source of its IR, its numpy meaning and its cache key. A reduce op's function also
+calls `row_sum`, `row_max`, `row_argmax` and `row_length` (the reduced axis), each a reduction
+of the current row, which its program (`reduce_program`) collects in order.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hexir_runtime.format import scalars
+
+from hexir.errors import TraceError
+
+Number = int | float
+_state = threading.local()
+
+
+class Scalar:
+    """One element of a tensor inside an op's definition: arithmetic builds the tree."""
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree: scalars.Tree) -> None:
+        self.tree = tree
+
+    @staticmethod
+    def arg(index: int) -> Scalar:
+        return Scalar(["arg", index])
+
+    def __add__(self, other: Scalar | Number) -> Scalar:
+        return _binary("add", self, other)
+
+    def __radd__(self, other: Number) -> Scalar:
+        return _binary("add", other, self)
+
+    def __sub__(self, other: Scalar | Number) -> Scalar:
+        return _binary("sub", self, other)
+
+    def __rsub__(self, other: Number) -> Scalar:
+        return _binary("sub", other, self)
+
+    def __mul__(self, other: Scalar | Number) -> Scalar:
+        return _binary("mul", self, other)
+
+    def __rmul__(self, other: Number) -> Scalar:
+        return _binary("mul", other, self)
+
+    def __truediv__(self, other: Scalar | Number) -> Scalar:
+        return _binary("div", self, other)
+
+    def __rtruediv__(self, other: Number) -> Scalar:
+        return _binary("div", other, self)
+
+    def __neg__(self) -> Scalar:
+        return Scalar(["const", -self.tree[1]]) if self.tree[0] == "const" else Scalar(["neg", self.tree])
+
+    def __pow__(self, exponent: Number) -> Scalar:
+        if isinstance(exponent, Scalar) or not _is_number(exponent):
+            raise TraceError(f"** takes a number exponent, got {type(exponent).__name__}")
+        return _binary("pow", self, exponent)
+
+    def __abs__(self) -> Scalar:
+        return _unary("abs", self)
+
+    def __repr__(self) -> str:
+        return f"Scalar({scalars.text(self.tree)})"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def lift(value: Scalar | Number) -> scalars.Tree:
+    if isinstance(value, Scalar):
+        return value.tree
+    if _is_number(value) and math.isfinite(value):
+        return ["const", float(value)]
+    raise TraceError(f"an op's element function got {value!r}; expected a Scalar or a finite number")
+
+
+def _binary(op: str, a: Scalar | Number, b: Scalar | Number) -> Scalar:
+    ta, tb = lift(a), lift(b)
+    if ta[0] == tb[0] == "const":  # folded here: 1 / math.sqrt(2) and the like stay one number
+        value = scalars.evaluate([op, ta, tb], [], "float64").item()
+        if math.isfinite(value):
+            return Scalar(["const", value])
+    return Scalar([op, ta, tb])
+
+
+def _unary(op: str, x: Scalar | Number) -> Scalar:
+    return Scalar([op, lift(x)])
+
+
+def exp(x: Scalar) -> Scalar:
+    return _unary("exp", x)
+
+
+def log(x: Scalar) -> Scalar:
+    return _unary("log", x)
+
+
+def tanh(x: Scalar) -> Scalar:
+    return _unary("tanh", x)
+
+
+def sqrt(x: Scalar) -> Scalar:
+    return _unary("sqrt", x)
+
+
+def rsqrt(x: Scalar) -> Scalar:
+    return _unary("rsqrt", x)
+
+
+def erf(x: Scalar) -> Scalar:
+    return _unary("erf", x)
+
+
+def maximum(a: Scalar | Number, b: Scalar | Number) -> Scalar:
+    return _binary("max", a, b)
+
+
+def minimum(a: Scalar | Number, b: Scalar | Number) -> Scalar:
+    return _binary("min", a, b)
+
+
+# ---- reduce programs -------------------------------------------------------------------------
+
+def _reductions() -> list[tuple[str, scalars.Tree]]:
+    current = getattr(_state, "reductions", None)
+    if current is None:
+        raise TraceError("row_sum, row_max, row_argmax and row_length exist only in a reduce op's definition")
+    return current
+
+
+def _reduce(kind: str, x: Scalar) -> Scalar:
+    found = _reductions()
+    found.append((kind, lift(x)))
+    return Scalar(["red", len(found) - 1])
+
+
+def row_sum(x: Scalar) -> Scalar:
+    """The sum of `x` over the reduced axis, for the current row."""
+    return _reduce("sum", x)
+
+
+def row_max(x: Scalar) -> Scalar:
+    """The largest `x` of the row (NaN if any is: numpy's max)."""
+    return _reduce("max", x)
+
+
+def row_argmax(x: Scalar) -> Scalar:
+    """The index of the row's first largest `x` (numpy's argmax): an int64 output, usable only as the result."""
+    return _reduce("argmax", x)
+
+
+def row_length() -> Scalar:
+    """The reduced axis' extent."""
+    _reductions()
+    return Scalar(["len"])
+
+
+def pointwise_tree(function: Callable[..., Scalar | Number], arity: int, **params: Any) -> scalars.Tree:
+    """The tree of a pointwise function of `arity` scalars (and keyword `params`)."""
+    return lift(function(*(Scalar.arg(i) for i in range(arity)), **params))
+
+
+def reduce_program(function: Callable[..., Scalar], operands: Sequence[Scalar | None], axis: int,
+                   **params: Any) -> scalars.Program:
+    """The program of a reduce op's function called on `operands` (None for an absent optional one)."""
+    _state.reductions = []
+    try:
+        out = lift(function(*operands, **params))
+        reductions = tuple(_state.reductions)
+    finally:
+        _state.reductions = None
+    if not reductions:
+        raise TraceError("a reduce op's definition must reduce (row_sum, row_max or row_argmax)")
+    return scalars.Program(axis, reductions, out)

@@ -1,0 +1,148 @@
+"""cpu kernels of the pointwise and reduce families (the same shape as `cuda_families.py`).
+
+pointwise: out[i...] = tree(in0[i...], in1[i...], ...), each input read at the output's index
+with numpy's broadcasting (an axis of extent 1, or one it lacks, read at 0). The outermost
+axis is `parallel` (split across host threads, a chunk at least `CHUNK_ELEMENTS` elements),
+the others serial.
+
+reduce: for each row (every index of the input but the reduced axis; the first other axis
+`parallel`), each reduction of the program is one pass along the row, its tree computed per
+element and accumulated (sum, max, argmax); then the output: one element per row (sum, argmax:
+keepdims or not alike, the same memory) or one per element (softmax, layer_norm), the tree
+given the row's reductions. float32 sums accumulate in float64 (one pass, no pairwise tree).
+
+    for i in [0, rows) parallel
+      r0 = max_j x[i, j]; r1 = sum_j exp(x[i, j] - r0)      (softmax)
+      for j: out[i, j] = exp(x[i, j] - r0) / r1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hexir_runtime.format import scalars
+from mlir import ir
+from mlir.dialects import arith, scf
+
+from hexir.dialects import hextir as ht
+from hexir.schedules import Request, broadcast_indices, extent
+from hexir.schedules.emit import constant, emit
+
+CHUNK_ELEMENTS = 16384  # the least a thread's chunk holds: smaller chunks cost more to hand out than to compute
+
+
+def _grain(inner: int) -> int:
+    return max(1, -(-CHUNK_ELEMENTS // max(inner, 1)))
+
+
+def _static_product(buffer: ir.Value, axes: Sequence[int]) -> int:
+    shape = ir.MemRefType(buffer.type).shape
+    product = 1
+    for axis in axes:
+        product *= shape[axis] if shape[axis] >= 0 else 1
+    return product
+
+
+def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
+    *inputs, out = args
+    rank = ir.MemRefType(out.type).rank
+
+    def nest(axis: int, indices: list[ir.Value]) -> None:
+        if axis == rank:
+            values = [ht.load(x, broadcast_indices(x, indices)) for x in inputs]
+            ht.store(emit(request.expr, values), out, indices)
+            return
+        bound = ht.size_value(extent(out, axis, request), symbols)
+        with ht.loop(0, bound, "parallel" if axis == 0 else "serial") as index:
+            nest(axis + 1, [*indices, index])
+
+    nest(0, [])
+    return ht.Work(extent(out, 0, request), _grain(_static_product(out, range(1, rank))))
+
+
+def _initial(kind: str, type_: ir.Type) -> list[ir.Value]:
+    if kind == "sum":
+        return [constant(0.0, type_)]
+    start = [constant(float("-inf"), type_)]
+    return start if kind == "max" else [*start, arith.ConstantOp(ir.IntegerType.get_signless(64), 0).result]
+
+
+def combine(kind: str, acc: list[ir.Value], value: ir.Value, position: ir.Value | None) -> list[ir.Value]:
+    """One element into a running reduction: + (in the accumulator's type), numpy's max (NaN
+    wins), argmax (the first largest, the first NaN: numpy's)."""
+    if kind == "sum":
+        if value.type != acc[0].type:
+            value = arith.ExtFOp(acc[0].type, value).result
+        return [arith.AddFOp(acc[0], value).result]
+    if kind == "max":
+        return [arith.MaximumFOp(acc[0], value).result]
+    best, where = acc
+    better = arith.OrIOp(arith.CmpFOp(arith.CmpFPredicate.OGT, value, best).result,
+                         arith.AndIOp(arith.CmpFOp(arith.CmpFPredicate.UNO, value, value).result,
+                                      arith.CmpFOp(arith.CmpFPredicate.ORD, best, best).result).result).result
+    index = arith.IndexCastOp(ir.IntegerType.get_signless(64), position).result
+    return [arith.SelectOp(better, value, best).result, arith.SelectOp(better, index, where).result]
+
+
+def result(kind: str, acc: list[ir.Value], type_: ir.Type) -> ir.Value:
+    """A finished reduction as the program's trees see it: the sum in the dtype, the argmax's index."""
+    if kind == "sum" and acc[0].type != type_:
+        return arith.TruncFOp(type_, acc[0]).result
+    return acc[-1] if kind == "argmax" else acc[0]
+
+
+def accumulator(kind: str, type_: ir.Type) -> ir.Type:
+    return ir.F64Type.get() if kind == "sum" and isinstance(type_, ir.F32Type) else type_
+
+
+def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
+    *inputs, out = args
+    program: scalars.Program = request.expr
+    x, axis = inputs[0], program.axis
+    rank = ir.MemRefType(x.type).rank
+    element = ir.MemRefType(x.type).element_type
+    others = [a for a in range(rank) if a != axis]
+    length = ht.size_value(extent(x, axis, request), symbols)
+    length_value = arith.UIToFPOp(element, arith.IndexCastOp(ir.IntegerType.get_signless(64), length).result).result
+
+    def row(indices: dict[int, ir.Value]) -> None:
+        def at(position: ir.Value) -> list[ir.Value]:
+            full = [indices[a] if a != axis else position for a in range(rank)]
+            return [ht.load(v, broadcast_indices(v, full)) for v in inputs]
+
+        reds: list[ir.Value] = []
+        for kind, tree in program.reductions:
+            start = _initial(kind, accumulator(kind, element))
+            walk = scf.ForOp(ht.index(0), length, ht.index(1), start)
+            walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
+            with ir.InsertionPoint(walk.body):
+                j = walk.induction_variable
+                value = emit(tree, at(j), reds, length_value, element)
+                scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, j))
+            reds.append(result(kind, list(walk.results), element))
+        if program.rows:
+            kept = [indices[a] for a in others]
+            if ir.MemRefType(out.type).rank == rank:  # keepdims
+                kept.insert(axis, ht.index(0))
+            ht.store(emit(program.out, [], reds, length_value, element), out, kept)
+            return
+        with ht.loop(0, length, "serial") as j:
+            full = [indices[a] if a != axis else j for a in range(rank)]
+            ht.store(emit(program.out, at(j), reds, length_value, element), out, full)
+
+    def nest(position: int, indices: dict[int, ir.Value]) -> None:
+        if position == len(others):
+            row(indices)
+            return
+        axis_here = others[position]
+        bound = ht.size_value(extent(x, axis_here, request), symbols)
+        with ht.loop(0, bound, "parallel" if position == 0 else "serial") as index:
+            nest(position + 1, {**indices, axis_here: index})
+
+    if not others:  # one row: a parallel loop of one iteration
+        with ht.loop(0, 1, "parallel"):
+            row({})
+        return ht.Work(1)
+    nest(0, {})
+    inner = _static_product(x, [a for a in range(rank) if a != others[0]])
+    return ht.Work(extent(x, others[0], request), _grain(inner * len(program.reductions)))

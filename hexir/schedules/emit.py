@@ -1,0 +1,86 @@
+"""The IR of a scalar expression: `emit(tree, args)` builds, at the insertion point, the
+arith/math ops computing a tree of the runtime's scalar-expression language
+(`hexir_runtime.format.scalars`) from values already loaded — scalars or vectors alike, so
+the cpu linear's epilogue applies it to a vector of sums and the element-wise kernels to one
+element. The math ops are lowered per device by the backends (libm/approximations on the cpu,
+libdevice on cuda: docs/math.md).
+
+    emit(["max", ["add", ["arg", 0], ["arg", 1]], ["const", 0]], [x, b])
+  =>
+    %0 = arith.addf %x, %b : f32
+    %1 = arith.maximumf %0, %cst_0 : f32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hexir_runtime.format import scalars
+from mlir import ir
+from mlir.dialects import arith, math
+
+from hexir.errors import CompileError
+
+_BINARY = {"add": arith.AddFOp, "sub": arith.SubFOp, "mul": arith.MulFOp, "div": arith.DivFOp,
+           "max": arith.MaximumFOp, "min": arith.MinimumFOp}
+_UNARY = {"neg": arith.NegFOp, "abs": math.AbsFOp, "exp": math.ExpOp, "log": math.LogOp, "tanh": math.TanhOp,
+          "sqrt": math.SqrtOp, "rsqrt": math.RsqrtOp, "erf": math.ErfOp}
+
+
+def constant(value: float, type_: ir.Type) -> ir.Value:
+    """`value` as a float of `type_` (a float type, or a vector of one: a splat)."""
+    if isinstance(type_, ir.VectorType):
+        element = ir.VectorType(type_).element_type
+        return arith.ConstantOp(type_, ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(element, value))).result
+    return arith.ConstantOp(type_, ir.FloatAttr.get(type_, value)).result
+
+
+def emit(tree: scalars.Tree, args: Sequence[ir.Value], reds: Sequence[ir.Value] = (),
+         length: ir.Value | None = None, type_: ir.Type | None = None) -> ir.Value:
+    """The value of `tree` with `["arg", i]` = args[i], `["red", i]` = reds[i] and `["len"]` =
+    `length` (a float of the same type), computed in `type_` (default: the first arg's)."""
+    type_ = type_ or (args[0].type if args else reds[0].type)
+    cache: dict[str, ir.Value] = {}
+
+    def value(node: scalars.Tree) -> ir.Value:
+        op = node[0]
+        if op == "arg":
+            return args[node[1]]
+        if op == "red":
+            return reds[node[1]]
+        if op == "len":
+            if length is None:
+                raise CompileError("['len'] outside a reduce kernel")
+            return length
+        if op == "const":
+            key = repr(node)
+            if key not in cache:
+                cache[key] = constant(float(node[1]), type_)
+            return cache[key]
+        if op == "pow":
+            return _power(value(node[1]), float(node[2][1]), type_)
+        operands = [value(child) for child in node[1:]]
+        if op in _UNARY:
+            return _UNARY[op](operands[0]).result
+        if op in _BINARY:
+            return _BINARY[op](*operands).result
+        raise CompileError(f"scalar op {op!r} has no IR")
+
+    return value(tree)
+
+
+def _power(x: ir.Value, exponent: float, type_: ir.Type) -> ir.Value:
+    """x ** exponent: products for small integer exponents (numpy's square is x * x), sqrt and
+    rsqrt for halves, math.powf otherwise."""
+    if exponent == 0.5:
+        return math.SqrtOp(x).result
+    if exponent == -0.5:
+        return math.RsqrtOp(x).result
+    if exponent.is_integer() and 0 < abs(exponent) <= 4:
+        result = x
+        for _ in range(int(abs(exponent)) - 1):
+            result = arith.MulFOp(result, x).result
+        return result if exponent > 0 else arith.DivFOp(constant(1.0, type_), result).result
+    if exponent == 0:
+        return constant(1.0, type_)
+    return math.PowFOp(x, constant(exponent, type_)).result
