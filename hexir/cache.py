@@ -141,15 +141,15 @@ def key(module: ir.Module, options: Options) -> str:
                     raise _Uncacheable(f"the headers of {path}") from None
                 for file in files:
                     _put(digest, str(file), file.read_bytes() if file.is_file() else b"<missing>")
-        elif ops.lookup(op.name) is not None:
+        elif ops.family_of(op.operation) == "contract":
             used.add(op.name)
+    # A pointwise or reduce op's meaning is its tree, in the module's text above (`expr`); a
+    # contract op's is its code: what reaches the kernel (`shape` shows in the module's types).
     for name in sorted(used):
         definition = ops.lookup(name)
-        # what reaches the code; `shape` shows in the module's types, `reference` only in tests
         _put(digest, name)
         try:
-            _describe(digest, (definition.operands, definition.schedules, definition.scalar, definition.variants),
-                      {})
+            _describe(digest, (definition.operands, definition.schedules, definition.variants), {})
         except Exception as error:  # too deep (RecursionError), a repr that raises: no key, no cache
             raise _Uncacheable(f"{name}: {type(error).__name__}") from None
     return digest.hexdigest()
