@@ -102,8 +102,8 @@ def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False, build: dict[s
             continue
         entry = {"symbol": code["symbol"], "args": [{"shape": arg["shape"], "dtype": arg["dtype"]}
                                                     for arg in kernel["args"]]}
-        if kernel["op"] != "custom":  # what the code computes: a manifest cannot relabel it
-            entry.update(op=kernel["op"], **{"expr": kernel["expr"]} if "expr" in kernel else {})
+        if kernel["op"] != "custom":  # what the code computes (an older table: epilogues): a manifest cannot relabel it
+            entry.update(op=kernel["op"], **{key: kernel[key] for key in ("expr", "epilogues") if key in kernel})
         entry["scalars" if kernel["op"] == "custom" else "sizes"] = kernel["scalars" if kernel["op"] == "custom"
                                                                           else "sizes"]
         if gpu:
