@@ -41,7 +41,7 @@ def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
     return linear
 
 
-def _reduce(program: Program, name: str) -> Callable[..., None]:
+def _reduce(program: Program, label: str) -> Callable[..., None]:
     """The program over the axis of args[0]; its per-row result (the axis kept, as 1) reshaped
     into out, which has the axis as 1 or not at all."""
     extremum = any(kind != "sum" for kind, _ in program.reductions)
@@ -49,7 +49,7 @@ def _reduce(program: Program, name: str) -> Callable[..., None]:
     def reduce(*args: np.ndarray) -> None:
         out, full = args[-1], args[0].shape
         if extremum and full[program.axis] == 0:
-            raise KernelError(f"{name}: the max or argmax of an empty axis (axis {program.axis} of "
+            raise KernelError(f"{label}: the max or argmax of an empty axis (axis {program.axis} of "
                               f"{list(full)}) has no value")
         kept = full[:program.axis] + (1,) + full[program.axis + 1:] if program.rows else full
         result = run_program(program, args[:-1], args[0].dtype.name)
@@ -65,14 +65,15 @@ def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
     out[...] = padded.reshape(w.shape[0], count, lanes).transpose(1, 0, 2)
 
 
-def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
-    """What computes `kernel` in numpy, or None for a custom kernel (the user's code)."""
+def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
+    """What computes `kernel` (`label` in errors: `kernels[3] (softmax_3)`) in numpy, or None for
+    a custom kernel (the user's code)."""
     if kernel.op in ("linear", "linear_panels"):
         return _linear(kernel.expr, kernel.op == "linear_panels")
     if kernel.op == "pointwise":
         return _pointwise(kernel.expr)
     if kernel.op == "reduce":
-        return _reduce(kernel.expr, kernel.name)
+        return _reduce(kernel.expr, label or kernel.name)
     return _pack_panels if kernel.op == "pack_panels" else None
 
 
@@ -85,7 +86,8 @@ class ReferenceDevice(HostMemory):
     def load(self, hxb: Hxb) -> ReferenceProgram:
         """Prepare the module's kernels (all of them, whatever their device); KernelError for a
         custom one."""
-        functions = [numpy_function(kernel) for kernel in hxb.manifest.kernels]
+        functions = [numpy_function(kernel, f"kernels[{index}] ({kernel.name})")
+                     for index, kernel in enumerate(hxb.manifest.kernels)]
         for index, (kernel, function) in enumerate(zip(hxb.manifest.kernels, functions, strict=True)):
             if function is None:
                 raise KernelError(f"kernels[{index}] ({kernel.name}) is a {kernel.op} kernel: "
