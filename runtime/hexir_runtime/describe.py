@@ -1,6 +1,6 @@
 """`hexir-run --info`: a readable account of a checked module, loading and running nothing.
 
-Entries with their programs, kernels (op and epilogues, sizes, the parallel extent or launch
+Entries with their programs, kernels (op and what it computes, its `expr` as text, sizes, the parallel extent or launch
 grid as expressions like `ceildiv(batch, 64)`, a custom kernel's source and where its cpu code
 is), the cpu libraries (and which one this machine would load), constants and blobs. Every
 string that comes from the file (producer, names, sources) is printed with its control
@@ -14,6 +14,7 @@ from typing import Any
 from .cpu import pick_library
 from .errors import DeviceError
 from .format import Code, Hxb, Kernel, Work, to_text
+from .format.scalars import Program, program_text, text
 from .signing import Key, signer
 
 
@@ -82,8 +83,10 @@ def describe(hxb: Hxb, path: str, verified: Key | None = None) -> str:
 
 def _kernel(index: int, kernel: Kernel) -> list[str]:
     args = ", ".join(f"{'write' if j == len(kernel.args) - 1 else 'read'} {arg}" for j, arg in enumerate(kernel.args))
-    op = kernel.op + "".join(f"+{epilogue}" for epilogue in kernel.epilogues)
-    lines = [f"  [{index}] {safe(kernel.name)}: {kernel.device} {op}({args})"]
+    lines = [f"  [{index}] {safe(kernel.name)}: {kernel.device} {kernel.op}({args})"]
+    if kernel.expr is not None:  # (the tree's text holds no string from the file but its op names, checked)
+        meaning = program_text(kernel.expr) if isinstance(kernel.expr, Program) else text(kernel.expr)
+        lines.append(f"      computes {meaning}")
     integers = ", ".join(map(to_text, kernel.integers))
     if kernel.gpu_code is None:
         lines.append(f"      symbol {kernel.symbol}, {_where(kernel.cpu_code, source=False)}")

@@ -32,7 +32,7 @@ import numpy as np
 from .errors import InputError
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3  # DLDeviceType
-FLOAT = 2  # DLDataTypeCode kDLFloat
+INT, FLOAT = 0, 2  # DLDataTypeCode kDLInt, kDLFloat
 
 
 class DLDevice(ctypes.Structure):
@@ -105,7 +105,7 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
 
     With `interface`, a CUDA tensor that also has `__cuda_array_interface__` (torch, cupy,
     numba) is read through that instead: a dict, where torch's `__dlpack__(stream=)` costs ~15
-    µs of Python a call (a torch tensor of a float dtype that needs no grad: through its
+    µs of Python a call (a torch tensor of a dtype we read that needs no grad: through its
     methods, cheaper still, when torch is imported). Then nothing waits yet: the DeviceTensor's
     `stream` is the stream the caller must order its own after (None: none), the one the
     interface names, or for torch, whose interface names none, torch's current stream on the
@@ -131,7 +131,7 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
     return unpack(capsule)
 
 
-_TYPESTRS = {f"<f{size}": np.dtype(f"float{size * 8}") for size in (2, 4, 8)}
+_TYPESTRS = {**{f"<f{size}": np.dtype(f"float{size * 8}") for size in (2, 4, 8)}, "<i8": np.dtype("int64")}
 
 
 def _interfaced(obj: Any, interface: Any, device_id: int) -> DeviceTensor:
@@ -172,7 +172,7 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     dtypes = _TORCH_DTYPES.get(torch)
     if dtypes is None:
         dtypes = _TORCH_DTYPES[torch] = {getattr(torch, name): np.dtype(name)
-                                         for name in ("float16", "float32", "float64")}
+                                         for name in ("float16", "float32", "float64", "int64")}
     dtype = dtypes.get(obj.dtype)
     if dtype is None:
         return None
@@ -185,7 +185,7 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     return result
 
 
-#: Per torch module (whichever `sys.modules["torch"]` is: never imported here), its float dtypes.
+#: Per torch module (whichever `sys.modules["torch"]` is: never imported here), the dtypes we read.
 _TORCH_DTYPES: dict[Any, dict[Any, np.dtype]] = {}
 
 
@@ -208,7 +208,7 @@ def _torch_current_stream(torch: Any, device_id: int) -> int:
 #: lanes), shape, strides, byte_offset: read in one struct.unpack (field by field through
 #: ctypes costs several microseconds a call)
 _DLTENSOR = struct.Struct("<QiiiBBHQQQ")
-_DTYPES = {(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}
+_DTYPES = {**{(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}, (INT, 64): np.dtype("int64")}
 
 
 #: More dimensions than a producer's tensor can sensibly have: its DLTensor is refused as corrupt.
@@ -302,7 +302,8 @@ class DLPackArray:
         # What the DLManagedTensors point at: kept with the array, which outlives them all.
         self._shape = _SHAPES.get(self.shape) or _shape_of(self.shape)
         self._exports: list[Any] = []
-        self._managed = (pointer, device[0], device[1], len(self.shape), FLOAT, self.dtype.itemsize * 8, 1,
+        code = INT if self.dtype.kind == "i" else FLOAT
+        self._managed = (pointer, device[0], device[1], len(self.shape), code, self.dtype.itemsize * 8, 1,
                          ctypes.addressof(self._shape), 0, 0, id(self), _DELETE_AT)
 
     @property

@@ -533,11 +533,13 @@ def _unwrapped_cpu(program: Program) -> bool:
 
 
 def format_tensor(array: np.ndarray) -> str:
-    """What `print` writes: each element as C's `%f` and a space, a newline after each row.
+    """What `print` writes: each element as C's `%f` (an int64 one as `%d`) and a space, a
+    newline after each row.
 
     A row is the last axis (a 1-D tensor is one row, a scalar a row of one); higher ranks print
     their rows in C order.
     """
     columns = array.shape[-1] if array.ndim else 1
     rows = array.reshape(math.prod(array.shape[:-1]), columns)
-    return "".join("".join(f"{value:f} " for value in row) + "\n" for row in rows.tolist())
+    spec = "d" if array.dtype.kind == "i" else "f"
+    return "".join("".join(f"{value:{spec}} " for value in row) + "\n" for row in rows.tolist())

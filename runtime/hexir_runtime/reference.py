@@ -1,10 +1,12 @@
-"""The reference device: numpy computes every kernel from its `op`.
+"""The reference device: numpy computes every kernel from its family and `expr`.
 
 It is the executable definition of each op and the oracle the other devices are compared
 with. It runs the kernels of every manifest device (cpu and cuda) and never loads native code,
-so it refuses a module with custom kernels (the user's code has no numpy twin), or with an op
-it does not know, when it loads. A `linear` applies its epilogues (bias, relu) in order;
-`pack_panels` lays w out as `linear_panels` reads it.
+so it refuses a module with custom kernels (the user's code has no numpy twin) when it loads.
+A kernel is computed from what the manifest says it computes (format/scalars.py), never from
+its name: a `pointwise` kernel evaluates its tree over its inputs, broadcast to the output; a
+`linear` evaluates its tree over x @ w and its epilogue inputs; a `reduce` runs its program
+over its axis; `pack_panels` lays w out as `linear_panels` reads it.
 """
 
 from __future__ import annotations
@@ -17,26 +19,42 @@ import numpy as np
 from .device import HostMemory
 from .errors import KernelError
 from .format import Hxb, Kernel
+from .format.scalars import Program, evaluate, run_program
 
 
-def _linear(epilogues: tuple[str, ...], panels: bool = False) -> Callable[..., None]:
-    """x @ w, then its epilogues in order: + bias, max(., 0); w given as panels[p, k, j] =
-    w[k, p * L + j] for `linear_panels`."""
+def _pointwise(tree: Any) -> Callable[..., None]:
+    def pointwise(*args: np.ndarray) -> None:
+        out = args[-1]
+        out[...] = evaluate(tree, args[:-1], out.dtype.name)
+    return pointwise
+
+
+def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
+    """tree(x @ w, epilogue inputs...); w given as panels[p, k, j] = w[k, p * L + j] for
+    `linear_panels`."""
     def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
         out = rest[-1]
         if panels:
             w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[1]]  # (K may be 0)
         np.matmul(x, w, out=out)
-        for epilogue in epilogues:
-            if epilogue == "bias":
-                out += rest[0]
-            else:
-                np.maximum(out, 0, out=out)
+        out[...] = evaluate(tree, (out, *rest[:-1]), out.dtype.name)
     return linear
 
 
-def _relu(x: np.ndarray, out: np.ndarray) -> None:
-    np.maximum(x, 0, out=out)
+def _reduce(program: Program, label: str) -> Callable[..., None]:
+    """The program over the axis of args[0]; its per-row result (the axis kept, as 1) reshaped
+    into out, which has the axis as 1 or not at all."""
+    extremum = any(kind != "sum" for kind, _ in program.reductions)
+
+    def reduce(*args: np.ndarray) -> None:
+        out, full = args[-1], args[0].shape
+        if extremum and full[program.axis] == 0:
+            raise KernelError(f"{label}: the max or argmax of an empty axis (axis {program.axis} of "
+                              f"{list(full)}) has no value")
+        kept = full[:program.axis] + (1,) + full[program.axis + 1:] if program.rows else full
+        result = run_program(program, args[:-1], args[0].dtype.name)
+        out[...] = np.broadcast_to(result, kept).reshape(out.shape)
+    return reduce
 
 
 def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
@@ -47,12 +65,16 @@ def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
     out[...] = padded.reshape(w.shape[0], count, lanes).transpose(1, 0, 2)
 
 
-def numpy_function(kernel: Kernel) -> Callable[..., None] | None:
-    """What computes `kernel` in numpy, or None for an op without a numpy version (custom, unknown)."""
+def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
+    """What computes `kernel` (`label` in errors: `kernels[3] (softmax_3)`) in numpy, or None for
+    a custom kernel (the user's code)."""
     if kernel.op in ("linear", "linear_panels"):
-        return _linear(kernel.epilogues, kernel.op == "linear_panels") if set(kernel.epilogues) <= {"bias", "relu"} \
-            else None
-    return {"relu": _relu, "pack_panels": _pack_panels}.get(kernel.op)
+        return _linear(kernel.expr, kernel.op == "linear_panels")
+    if kernel.op == "pointwise":
+        return _pointwise(kernel.expr)
+    if kernel.op == "reduce":
+        return _reduce(kernel.expr, label or kernel.name)
+    return _pack_panels if kernel.op == "pack_panels" else None
 
 
 class ReferenceDevice(HostMemory):
@@ -63,8 +85,9 @@ class ReferenceDevice(HostMemory):
 
     def load(self, hxb: Hxb) -> ReferenceProgram:
         """Prepare the module's kernels (all of them, whatever their device); KernelError for a
-        custom one or an op this runtime does not know."""
-        functions = [numpy_function(kernel) for kernel in hxb.manifest.kernels]
+        custom one."""
+        functions = [numpy_function(kernel, f"kernels[{index}] ({kernel.name})")
+                     for index, kernel in enumerate(hxb.manifest.kernels)]
         for index, (kernel, function) in enumerate(zip(hxb.manifest.kernels, functions, strict=True)):
             if function is None:
                 raise KernelError(f"kernels[{index}] ({kernel.name}) is a {kernel.op} kernel: "

@@ -10,6 +10,7 @@ Nothing here needs MLIR or the compiler. Fixtures:
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import platform
@@ -26,9 +27,12 @@ from hexir_runtime import format as hxb
 
 C_TYPES = {"float32": "float", "float64": "double"}
 
-# The test kernels' names for (op, epilogues), as version 1 spelled them.
-OPS = {"linear": ("linear", []), "linear_bias": ("linear", ["bias"]), "linear_relu": ("linear", ["relu"]),
-       "linear_bias_relu": ("linear", ["bias", "relu"]), "relu": ("relu", [])}
+# The test kernels' names (as version 1 spelled them) for their (op, expr).
+RELU = ["max", ["arg", 0], ["const", 0]]
+BIAS = ["add", ["arg", 0], ["arg", 1]]
+OPS = {"linear": ("linear", ["arg", 0]), "linear_bias": ("linear", BIAS),
+       "linear_relu": ("linear", RELU), "linear_bias_relu": ("linear", ["max", BIAS, ["const", 0]]),
+       "relu": ("pointwise", RELU)}
 
 # Every kernel the C library implements: (op, argument shapes, dtype). A symbol in a shape (only
 # ever the first dimension here) is an int64_t parameter of the kernel, before first and last.
@@ -98,8 +102,8 @@ def kernel_table(kernels: list[dict[str, Any]], gpu: bool = False, build: dict[s
             continue
         entry = {"symbol": code["symbol"], "args": [{"shape": arg["shape"], "dtype": arg["dtype"]}
                                                     for arg in kernel["args"]]}
-        if kernel["op"] != "custom":  # what the code computes: a manifest cannot relabel it
-            entry.update(op=kernel["op"], epilogues=kernel["epilogues"])
+        if kernel["op"] != "custom":  # what the code computes (an older table: epilogues): a manifest cannot relabel it
+            entry.update(op=kernel["op"], **{key: kernel[key] for key in ("expr", "epilogues") if key in kernel})
         entry["scalars" if kernel["op"] == "custom" else "sizes"] = kernel["scalars" if kernel["op"] == "custom"
                                                                           else "sizes"]
         if gpu:
@@ -143,7 +147,7 @@ class Builder:
         kernel as its cpu_fallback."""
         args = [{"shape": shape, "dtype": dtype, "access": "read"} for shape in shapes]
         args[-1]["access"] = "write"
-        kernel = {"name": f"k{len(self.kernels)}_{op}", "op": OPS[op][0], "epilogues": OPS[op][1], "device": device,
+        kernel = {"name": f"k{len(self.kernels)}_{op}", "op": OPS[op][0], "expr": OPS[op][1], "device": device,
                   "symbol": symbol(op, shapes, dtype), "args": args, "sizes": sizes_of(shapes)}
         rows = shapes[0][0] if shapes[0] else 1
         work = {"extent": rows, "grain": 1}
@@ -192,6 +196,37 @@ class Builder:
             manifest["cuda"] = {"table": len(blobs) - 1}
         manifest.update(constants=self.constants, kernels=self.kernels, entries=self.entries)
         return manifest, blobs
+
+
+# The test kernels (by name) as versions 2 and 3 wrote them, (op, epilogues); version 1 wrote the name as the op.
+OLD_OPS = {"linear": ("linear", []), "linear_bias": ("linear", ["bias"]), "linear_relu": ("linear", ["relu"]),
+           "linear_bias_relu": ("linear", ["bias", "relu"]), "relu": ("relu", [])}
+
+
+def older(manifest: dict[str, Any], version: int) -> dict[str, Any]:
+    """The manifest of a version-4 module of test kernels as a writer of `version` spelled it."""
+    manifest = copy.deepcopy(manifest)
+    names = {(op, json.dumps(expr)): name for name, (op, expr) in OPS.items()}
+    for kernel in manifest["kernels"]:
+        if kernel["op"] == "custom":
+            continue
+        name = names.get((kernel["op"], json.dumps(kernel.pop("expr", None))), kernel["op"])
+        if version == 1:
+            kernel["op"] = name
+        else:
+            kernel["op"], kernel["epilogues"] = OLD_OPS.get(name, (name, []))
+    return manifest
+
+
+def encode_as(manifest: dict[str, Any], blobs: list[tuple[str, bytes]], version: int) -> bytes:
+    """A version-4 module of test kernels written as a writer of `version` would have (unchecked)."""
+    original = hxb.container.decode
+    hxb.container.decode = lambda data: None  # what encode calls to check its output
+    try:
+        data = hxb.encode(older(manifest, version), blobs)
+    finally:
+        hxb.container.decode = original
+    return data[:8] + version.to_bytes(4, "little") + data[12:]
 
 
 def _standard_kernels() -> list[dict[str, Any]]:
@@ -338,7 +373,7 @@ def modules() -> SimpleNamespace:
     without), and `kernel_table`/`table_c`, which make the tables of any manifest's kernels."""
     return SimpleNamespace(Builder=Builder, mlp=mlp, batched=batched, big=big, cuda=cuda, weights=weights,
                            mlp_numpy=mlp_numpy, kernels_source=KERNELS_SOURCE, kernels_code=KERNELS_CODE,
-                           kernel_table=kernel_table, table_c=table_c,
+                           kernel_table=kernel_table, table_c=table_c, older=older, encode_as=encode_as,
                            standard_kernels=_standard_kernels)
 
 

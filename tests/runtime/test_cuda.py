@@ -45,6 +45,7 @@ from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.cuda import PINNED_RESULT_BYTES, SPARE_OUTPUTS, SPARE_SIZES, CudaDevice, pick_image
 from hexir_runtime.device import HostMemory
 from hexir_runtime.executor import DIRECT_BYTES
+from hexir_runtime.format import scalars
 
 # ---- the fake driver ----------------------------------------------------------------------
 
@@ -370,7 +371,7 @@ class FakeDriver:
         if kernel["op"] == "custom":
             self.custom_code[kernel["symbol"]](arrays, scalars)
         else:
-            _execute(kernel["op"], kernel["epilogues"], arrays)
+            _execute(kernel["op"], kernel["expr"], arrays)
         return (status,)
 
     def cuCtxSynchronize(self) -> tuple:
@@ -450,18 +451,14 @@ class FakeDriver:
         return self.cuMemFree(pointer, "cuMemFreeAsync")
 
 
-def _execute(op: str, epilogues: list[str], arrays: list[np.ndarray]) -> None:
-    """What the kernel computes, from its manifest `op` and `epilogues`, in float64 then stored
-    in its dtype: relu, or linear then + bias and/or relu."""
-    *inputs, out = arrays
-    if op == "relu":
-        out[...] = np.maximum(inputs[0], 0)
-        return
-    assert op == "linear", op
-    result = inputs[0].astype(np.float64) @ inputs[1]
-    for epilogue in epilogues:
-        result = result + inputs[2] if epilogue == "bias" else np.maximum(result, 0)
-    out[...] = result
+def _execute(op: str, expr: Any, arrays: list[np.ndarray]) -> None:
+    """What the kernel computes, from its manifest `op` and `expr` (the scalar language's numpy
+    meaning), in float64 then stored in its dtype: a pointwise tree over its inputs, or a linear's
+    tree over x @ w and its epilogue inputs."""
+    *inputs, out = (array.astype(np.float64) for array in arrays)
+    assert op in ("pointwise", "linear"), op
+    operands = inputs if op == "pointwise" else [inputs[0] @ inputs[1], *inputs[2:]]
+    arrays[-1][...] = scalars.evaluate(expr, operands, "float64")
 
 
 # ---- fixtures -----------------------------------------------------------------------------

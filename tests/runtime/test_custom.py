@@ -232,7 +232,7 @@ def test_info_lists_custom_kernels_their_sources_and_libraries(modules, tmp_path
     hxb.write(tmp_path / "gpu.hxb", *gpu_module(modules))
     assert hexir_run([str(tmp_path / "cpu.hxb"), "--info"]) == 0
     out = capsys.readouterr().out
-    for line in ["  [0] k0_linear_bias: cpu linear+bias(", "      symbol linear_bias_2x8_8x16_16_2x16_float32, "
+    for line in ["  [0] k0_linear_bias: cpu linear(", "      symbol linear_bias_2x8_8x16_16_2x16_float32, "
                  "work extent 2\n",
                  "  [1] k1_relu6: cpu custom(read float32[2, 16], write float32[2, 16])\n"
                  "      symbol relu6, in the cpu library\n      source relu6.c, scalars [2, 16, 2, 16]\n",

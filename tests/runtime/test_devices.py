@@ -296,6 +296,7 @@ def test_the_reference_runs_pack_panels_and_the_checks_count_the_panels(modules)
     builder = modules.Builder()
     pack = builder.kernel("relu", [[8, 40], [2, 8, 32]])
     builder.kernels[pack].update(op="pack_panels")
+    del builder.kernels[pack]["expr"]
     linear = builder.kernel("linear", [[3, 8], [2, 8, 32], [3, 40]])
     builder.kernels[linear]["op"] = "linear_panels"
     entry = builder.entry()
@@ -346,5 +347,5 @@ def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(module
         bad = copy.deepcopy(manifest)
         bad["kernels"][kernel]["args"][1]["shape"] = panels
         with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: linear_panels expects x\[M, K\], "
-                                                 r"w\[P, K, L\] \(P = ceil\(N / L\)\), bias\[N\], out\[M, N\]"):
+                                                 r"w\[P, K, L\] \(P = ceil\(N / L\)\), epilogue inputs, out\[M, N\]"):
             hxb.encode(bad, blobs)

@@ -159,9 +159,10 @@ def test_tensor_of_reads_the_cuda_array_interface_and_the_producers_stream():
 
 
 class FakeTorch:
-    """What the runtime reads of torch: its Tensor type, float dtypes and current stream."""
+    """What the runtime reads of torch: its Tensor type, dtypes and current stream."""
 
     float16, float32, float64, bfloat16 = "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16"
+    int64 = "torch.int64"
 
     def __init__(self, current: dict) -> None:
         class Stream:

@@ -40,9 +40,10 @@ def assert_format_error(data: bytes, field: str, text: str = "") -> HxbFormatErr
 def test_round_trip(parts, data):
     manifest, blobs = parts
     module = hxb.decode(data)
-    assert module.version == 3
+    assert module.version == 4
     assert {key: module.json[key] for key in manifest} == manifest
-    assert module.manifest.kernels[0].epilogues == ("bias",) and module.manifest.constants[0].name == "W1"
+    assert module.manifest.kernels[0].expr == ["add", ["arg", 0], ["arg", 1]]
+    assert module.manifest.constants[0].name == "W1"
     assert [blob["name"] for blob in module.json["blobs"]] == [name for name, _ in blobs]
     for i, (_, payload) in enumerate(blobs):
         assert bytes(module.blob(i)) == payload
@@ -53,7 +54,7 @@ def test_round_trip(parts, data):
 
 def test_header_layout(data):
     magic, version, header_size, offset, size, crc, reserved = struct.unpack_from("<8sIIQQII", data)
-    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 3, 40, 40, 0)
+    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 4, 40, 40, 0)
     assert zlib.crc32(data[40 : 40 + size]) == crc
     json.loads(data[40 : 40 + size])  # the manifest is plain JSON
 
@@ -110,10 +111,11 @@ def test_foreign_files_have_bad_magic(foreign):
 
 
 def test_unknown_version(data):
-    for version in (0, 4):
+    for version in (0, 5):
         error = assert_format_error(patch(data, 8, struct.pack("<I", version)), "header.version")
-        assert error.reason == f"version {version} is not supported; this runtime reads versions 1, 2 and 3"
-    assert hxb.decode(patch(data, 8, struct.pack("<I", 2))).version == 2  # version 3 is 2 with `spans`
+        assert error.reason == f"version {version} is not supported; this runtime reads versions 1, 2, 3 and 4"
+    # a version-3 manifest has epilogues where version 4 has expr: this one's expr is an unknown key
+    assert_format_error(patch(data, 8, struct.pack("<I", 3)), "kernels[0].expr", "unknown key in a version-3 file")
 
 
 def test_work_spans(parts):
@@ -223,7 +225,7 @@ def _drop(container, key):
 
 MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message)
     "dtype name": (lambda m: m["kernels"][0]["args"][1].update(dtype="int8"),
-                   "kernels[0].args[1].dtype", "expected one of float32, float64, got 'int8'"),
+                   "kernels[0].args[1].dtype", "expected one of float32, float64, int64, got 'int8'"),
     "unknown top key": (lambda m: m.update(extra=1), "extra", "unknown key"),
     "unknown kernel key": (lambda m: m["kernels"][1].update(color="red"), "kernels[1].color", "unknown key"),
     "missing key": (lambda m: _drop(m["kernels"][2], "symbol"), "kernels[2].symbol", "missing"),
@@ -236,12 +238,12 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
     "huge shape": (lambda m: m["entries"][0]["buffers"][0].update(shape=[2**40, 2**40]),
                    "entries[0].buffers[0].shape", "too large"),
     "kernel op": (lambda m: m["kernels"][0].update(op="conv-2d"), "kernels[0].op", "got 'conv-2d'"),
-    "linear epilogues": (lambda m: m["kernels"][0].update(epilogues=["relu", "bias"]), "kernels[0].epilogues",
-                         'expected [bias] then fused element-wise ops, got ["relu", "bias"]'),
-    "relu epilogues": (lambda m: m["kernels"][1].update(epilogues=["bias"]), "kernels[1].epilogues",
-                       'relu has none, got ["bias"]'),
-    "bias without its arg": (lambda m: m["kernels"][2].update(epilogues=["bias"]), "kernels[2].args",
-                             "linear takes 4 args (x[M, K], w[K, N], bias[N], out[M, N]), got 3"),
+    "unknown op": (lambda m: m["kernels"][1].update(op="relu"), "kernels[1].op",
+                   "unknown op 'relu': expected custom or a generated kernel's family"),
+    "epilogues": (lambda m: m["kernels"][0].update(epilogues=["bias"]), "kernels[0].epilogues", "unknown key"),
+    "no expr": (lambda m: _drop(m["kernels"][0], "expr"), "kernels[0].expr", "missing (a linear kernel"),
+    "bias without its arg": (lambda m: m["kernels"][2].update(expr=["add", ["arg", 0], ["arg", 1]]),
+                             "kernels[2].expr[2][1]", "expected an arg index below 1, got 1"),
     "sizes": (lambda m: m["kernels"][1].update(sizes=["n"]), "kernels[1].sizes",
               'expected the distinct symbols of the args in order, [], got ["n"]'),
     "extent symbol": (lambda m: m["kernels"][1]["work"].update(extent="n"), "kernels[1].work.extent",
@@ -257,10 +259,12 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
                                  "entries[0].inputs[0].shape[0]", "expected an identifier"),
     "linear shapes": (lambda m: m["kernels"][2]["args"][1].update(shape=[15, 4]), "kernels[2].args",
                       "linear expects x[M, K], w[K, N], out[M, N], got float32[2, 16], float32[15, 4]"),
-    "bias shape": (lambda m: m["kernels"][0]["args"][2].update(shape=[15]), "kernels[0].args", "bias[N]"),
-    "relu shapes": (lambda m: m["kernels"][1]["args"][1].update(shape=[2, 15]), "kernels[1].args", "relu expects"),
-    "arity": (lambda m: m["kernels"][1]["args"].insert(0, dict(m["kernels"][1]["args"][0])), "kernels[1].args",
-              "relu takes 2 args"),
+    "bias shape": (lambda m: m["kernels"][0]["args"][2].update(shape=[15]), "kernels[0].args[2].shape",
+                   "[15] does not broadcast to out's shape [2, 16]"),
+    "relu shapes": (lambda m: m["kernels"][1]["args"][1].update(shape=[2, 15]), "kernels[1].args[0].shape",
+                    "[2, 16] does not broadcast to out's shape [2, 15]"),
+    "arity": (lambda m: m["kernels"][1]["args"].pop(0),
+              "kernels[1].args", "pointwise takes at least 2 args, got 1"),
     "mixed dtypes": (lambda m: m["kernels"][1]["args"][1].update(dtype="float64"), "kernels[1].args[1].dtype",
                      "expected float32 like args[0]"),
     "access": (lambda m: m["kernels"][1]["args"][1].update(access="read"), "kernels[1].args[1].access",

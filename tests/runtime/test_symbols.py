@@ -257,25 +257,27 @@ def test_version_1_files_run_on_the_reference_device_only(name):
         load(DATA / f"{name}.hxb", "cpu")
 
 
-def test_version_1_is_upgraded_to_the_version_2_model():
+def test_version_1_is_upgraded_to_the_version_4_model():
     split = hxb.read(DATA / "split_v1.hxb")
     kernels = {kernel.name: kernel for kernel in split.manifest.kernels}
-    assert [(kernel.op, kernel.epilogues) for kernel in kernels.values()] == [
-        ("relu", ()), ("linear", ("bias",)), ("linear", ())]
+    assert [(kernel.op, kernel.expr) for kernel in kernels.values()] == [
+        ("pointwise", ["max", ["arg", 0], ["const", 0]]), ("linear", ["add", ["arg", 0], ["arg", 1]]),
+        ("linear", ["arg", 0])]
     assert kernels["linear_0"].cpu_code == hxb.Code("linear_0_cpu", hxb.Work(1, 1))
     assert kernels["linear_0"].gpu_code.launch == hxb.Launch((1, 1, 1), (16, 16, 1), 0)
     assert kernels["relu_1"].cpu_code.work == hxb.Work(4, 1) and kernels["relu_1"].integers == ()
     assert "parallel_extent" not in split.json["kernels"][0] and split.json["kernels"][0]["sizes"] == []
     mlp = hxb.read(DATA / "mlp_v1.hxb").manifest
-    assert [(kernel.op, kernel.epilogues) for kernel in mlp.kernels] == [("linear", ("relu",)), ("linear", ())]
+    assert [(kernel.op, kernel.expr) for kernel in mlp.kernels] == [
+        ("linear", ["max", ["arg", 0], ["const", 0]]), ("linear", ["arg", 0])]
 
 
 def test_version_1_info(capsys):
     assert hexir_run([str(DATA / "split_v1.hxb"), "--info"]) == 0
     out = capsys.readouterr().out
     assert "version       : 1\n" in out
-    assert ("  [1] linear_2: cpu linear+bias(read float32[4, 16], read float32[16, 4], read float32[4], "
-            "write float32[4, 4])\n      symbol linear_2, work extent 1\n") in out
+    assert ("  [1] linear_2: cpu linear(read float32[4, 16], read float32[16, 4], read float32[4], "
+            "write float32[4, 4])\n      computes a0 + a1\n      symbol linear_2, work extent 1\n") in out
     assert "      cpu fallback: linear_0_cpu, work extent 1\n" in out
 
 
@@ -294,7 +296,8 @@ def test_info_shows_symbols_sizes_and_expressions(modules, tmp_path, capsys):
     assert "  [0] W1\\n[0] fake: float32[8, 16] in blob 0\n" in out
     assert "\x1b" not in out and "\x07" not in out
     assert "entry main(x: float32[batch, 8]) -> float32[batch, 4]\n" in out
-    assert ("  [1] k1_relu: cpu relu(read float32[batch, 16], write float32[batch, 16])\n"
+    assert ("  [1] k1_relu: cpu pointwise(read float32[batch, 16], write float32[batch, 16])\n"
+            "      computes max(a0, 0)\n"
             "      symbol relu_batchx16_batchx16_float32, work extent ceildiv(batch, 4), grain 2\n"
             "      sizes batch\n") in out
 

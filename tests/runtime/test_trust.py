@@ -24,18 +24,21 @@ SALT = 0x5A17C0DE  # patched per module: each library's bytes differ, and so doe
 
 ANSWER = """
 const volatile int32_t salt = 0x5A17C0DE;
-void answer(float *out, int64_t first, int64_t last) { out[0] = (float)(salt & 0xffffff); }
+void answer(const float *zero, float *out, int64_t first, int64_t last) { out[0] = (float)(salt & 0xffffff); }
 """
 
 
 def answer_module(modules) -> tuple[dict, list]:
-    """`main() -> float32[1]`: one native kernel `answer` writing its library's salt."""
+    """`main() -> float32[1]`: one native kernel `answer` writing its library's salt (the manifest
+    says it copies a constant zero: only the reference device would believe it)."""
     builder = modules.Builder()
-    builder.kernels.append({"name": "answer", "op": "answer", "epilogues": [], "device": "cpu", "symbol": "answer",
-                            "args": [{"shape": [1], "dtype": "float32", "access": "write"}], "sizes": [],
-                            "work": {"extent": 1, "grain": 1}})
+    zero = builder.constant("zero", np.zeros(1, np.float32))
+    builder.kernels.append({"name": "answer", "op": "pointwise", "expr": ["arg", 0], "device": "cpu",
+                            "symbol": "answer", "args": [{"shape": [1], "dtype": "float32", "access": "read"},
+                                                         {"shape": [1], "dtype": "float32", "access": "write"}],
+                            "sizes": [], "work": {"extent": 1, "grain": 1}})
     entry = builder.entry()
-    entry.ret(entry.call(0))
+    entry.ret(entry.call(0, entry.constant(zero)))
     return builder.build()
 
 
@@ -192,7 +195,7 @@ def test_answers_are_not_aliased_in_process(modules, answer_library):
 
 def _custom(kernel: dict, **keys) -> None:
     """Relabel a generated kernel `custom`, as a manifest-only edit would."""
-    for key in ("epilogues", "sizes", "work"):
+    for key in ("expr", "sizes", "work"):
         kernel.pop(key)
     kernel.update(op="custom", source="relabelled.c", scalars=[d for arg in kernel["args"] for d in arg["shape"]],
                   **keys)
@@ -214,7 +217,7 @@ def test_a_custom_kernel_cannot_take_the_generated_code_as_its_library(modules, 
     manifest, blobs = modules.cuda(c_library)  # a cuda kernel's cpu_fallback, relabelled
     kernel = manifest["kernels"][0]
     kernel.update(op="custom", source="relu.cu", scalars=[2, 3, 4, 2, 3, 4])
-    for key in ("epilogues", "sizes"):
+    for key in ("expr", "sizes"):
         kernel.pop(key)
     kernel["cpu_fallback"] = {"symbol": kernel["symbol"], "source": "relu.c", "library": kernel["images"]["sm_90"]}
     del manifest["cpu"]
@@ -228,19 +231,19 @@ def _downgraded(data: bytes, version: int) -> bytes:
     return data[:8] + version.to_bytes(4, "little") + data[12:]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_version_is_held_to_every_check(modules, c_library, compile_c, version):
     manifest, blobs = modules.cuda(c_library)  # run on the cpu: the relu's cpu_fallback
     x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 3, 4)
-    module = load(_downgraded(hxb.encode(manifest, blobs), version), "cpu")
+    module = load(modules.encode_as(manifest, blobs, version), "cpu")
     assert module.hxb.version == version and module.main(x).tolist() == np.maximum(x, 0).tolist()
     manifest["kernels"][0]["cpu_fallback"]["work"]["grain"] = 2
     with pytest.raises(HxbFormatError, match=r"^kernels\[0\]\.cpu_fallback\.work: k0_relu: the manifest says "):
-        load(_downgraded(hxb.encode(manifest, blobs), version), "cpu")
+        load(modules.encode_as(manifest, blobs, version), "cpu")
     untabled = compile_c(modules.kernels_code, "untabled")
     with pytest.raises(HxbFormatError, match=r"^cpu\.libraries\[0\]\.library: the CPU library for generic \(blob 2\) "
                                              r"has no kernel table \(hexir_kernels\): built by an older compiler\?"):
-        load(_downgraded(hxb.encode(*modules.cuda(untabled)), version), "cpu")
+        load(modules.encode_as(*modules.cuda(untabled), version), "cpu")
     builder = modules.Builder()
     relus = [builder.kernel("relu", [[2, 16], [2, 16]]) for _ in range(2)]
     entry = builder.entry()
@@ -248,7 +251,7 @@ def test_an_older_version_is_held_to_every_check(modules, c_library, compile_c, 
     manifest, blobs = builder.build(c_library)
     _custom(manifest["kernels"][1], library=0)
     with pytest.raises(HxbFormatError, match=r"^kernels\[1\]\.library: blob 0 is cpu\.libraries\[0\]'s"):
-        hxb.decode(_downgraded(_encode_unchecked(manifest, blobs), version))
+        hxb.decode(modules.encode_as(manifest, blobs, version))
 
 
 @pytest.mark.parametrize(("edit", "field", "reason"), [

@@ -196,6 +196,24 @@ def test_response_round_trip(binary):
     np.testing.assert_array_equal(arrays["output1"], outputs[1])
 
 
+@pytest.mark.parametrize("binary", [False, True])
+def test_an_int64_output_is_int64_both_ways(binary):
+    """An argmax's int64 output (issue #23): datatype INT64 in the metadata and the response,
+    integers in JSON (2**40 kept exact), 8 little-endian bytes each in binary."""
+    argmax = Signature("main", (("x", TensorType(("batch", 4), "float32")),), (TensorType(("batch",), "int64"),))
+    assert metadata("argmax", argmax)["outputs"] == [{"name": "output0", "datatype": "INT64", "shape": [-1]}]
+    wanted = {"parameters": {"binary_data_output": True}} if binary else {}
+    decoded = decode_request(request(x_input((2, 4)), **wanted), argmax)
+    indices = np.int64([3, 2**40])
+    body, headers = encode_response("argmax", argmax, decoded, (indices,))
+    header = headers.get(HEADER_LENGTH)
+    response = json.loads(body[:int(header)] if binary else body)
+    assert response["outputs"][0]["datatype"] == "INT64"
+    assert ("data" in response["outputs"][0]) != binary
+    arrays = decode_response(body, int(header) if header else None)
+    assert arrays["output0"].dtype == np.int64 and arrays["output0"].tolist() == [3, 2**40]
+
+
 def test_an_error_response_is_raised_by_the_client():
     with pytest.raises(ProtocolError, match="input 'x' is bad"):
         decode_response(b'{"error": "input \'x\' is bad"}')

@@ -16,11 +16,13 @@ from typing import Any
 from .checks import _check_meaning
 from .fields import _describe, _fail, _int, _list, _no_constant, _object, _str, _unique_keys
 from .types import Manifest
-from .upgrade import _upgrade_cpu, _upgrade_v1
+from .upgrade import _upgrade_cpu, _upgrade_epilogues, _upgrade_v1
 
 MAGIC = b"\x89HXB\r\n\x1a\n"
-VERSION = 3  # what encode writes
-READABLE = (1, 2, 3)  # what decode reads (version 1 is upgraded to 2; 3 is 2 with work records' `spans`)
+VERSION = 4  # what encode writes
+# What decode reads: version 1 is upgraded to 2; 3 is 2 with work records' `spans`; 4 says what a
+# kernel computes in `expr` where 1 to 3 had `epilogues` (upgraded to it).
+READABLE = (1, 2, 3, 4)
 # magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, flags
 HEADER = struct.Struct("<8sIIQQII")
 SIGNED = 1  # the one header flag: the file ends with a signature record (signing.py)
@@ -30,8 +32,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 @dataclass(frozen=True)
 class Hxb:
-    """A decoded and fully checked .hxb file: its typed manifest, the manifest's (version-2)
-    JSON, the file's bytes and the version it was written in."""
+    """A decoded and fully checked .hxb file: its typed manifest, the manifest's (version-4,
+    upgraded) JSON, the file's bytes and the version it was written in."""
 
     manifest: Manifest
     json: dict[str, Any]
@@ -52,6 +54,8 @@ def decode(data: bytes | bytearray | memoryview) -> Hxb:
     version, manifest = _check_structure(split(data)[0])  # a signed file: the module before its record
     if version == 1:
         manifest = _upgrade_v1(manifest)
+    if version < 4:
+        manifest = _upgrade_epilogues(manifest, version)
     manifest = _upgrade_cpu(manifest)
     return Hxb(_check_meaning(manifest), manifest, data, version)
 
@@ -63,7 +67,7 @@ def read(path: str | os.PathLike[str]) -> Hxb:
 
 
 def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
-    """Lay out a version-3 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
+    """Lay out a version-4 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
 
     The manifest refers to blobs by their index in `blobs`; this function computes their
     offsets, sizes and checksums and the header, then decodes the result so that an invalid

@@ -1,5 +1,6 @@
-"""The meaning of one kernel: its keys by (device, custom), its args' shapes by op, its size
-expressions, its host code, launch and variants; builds the frozen `Kernel`."""
+"""The meaning of one kernel: its keys by (device, custom), its args and `expr` by its op's
+family (families.py), its size expressions, its host code, launch and variants; builds the
+frozen `Kernel`."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import re
 from typing import Any
 
 from .exprs import _expr
-from .fields import _choice, _describe, _fail, _identifier, _index, _int, _json, _list, _object, _str, _tensor
-from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorType, Variant, Work
+from .families import FAMILIES, check_args, check_family
+from .fields import _choice, _describe, _fail, _identifier, _index, _int, _json, _list, _object, _str
+from .types import DEVICES, Code, GpuCode, Kernel, Launch, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
 _IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
 # A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
 _KERNEL_KEYS = {
-    ("cpu", False): (("epilogues", "sizes", "work"), ()),
+    ("cpu", False): (("sizes", "work"), ("expr",)),  # (expr: its family says whether it has one)
     ("cpu", True): (("scalars", "source"), ("library",)),
-    ("cuda", False): (("epilogues", "sizes", "launch", "images"), ("cpu_fallback", "variants")),
+    ("cuda", False): (("sizes", "launch", "images"), ("expr", "cpu_fallback", "variants")),
     ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
 }
 _OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
@@ -27,6 +29,9 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
     _object(kernel, path, ("name", "op", "device", "symbol", "args"), _OPTIONAL_KERNEL_KEYS)
     name = _str(kernel["name"], f"{path}.name")
     op = _identifier(kernel["op"], f"{path}.op")
+    if op != "custom" and op not in FAMILIES:
+        _fail(f"{path}.op", f"unknown op {op!r}: expected custom or a generated kernel's family, "
+                            f"{', '.join(FAMILIES)}")
     device = _choice(kernel["device"], f"{path}.device", DEVICES)
     custom = op == "custom"
     required, optional = _KERNEL_KEYS[device, custom]
@@ -36,9 +41,8 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         if key in required and key not in kernel:
             _fail(f"{path}.{key}", f"missing ({_kernels_with(key)} need it)")
     symbol = _identifier(kernel["symbol"], f"{path}.symbol")
-    epilogues = () if custom else tuple(_identifier(e, f"{path}.epilogues[{j}]")
-                                        for j, e in enumerate(_list(kernel["epilogues"], f"{path}.epilogues")))
-    args = _check_args(op, epilogues, _list(kernel["args"], f"{path}.args"), path)
+    args = check_args(op, _list(kernel["args"], f"{path}.args"), path)
+    meaning = None if custom else check_family(op, args, kernel, path)
     symbols = list(dict.fromkeys(dim for arg in args for dim in arg.symbols))
     if custom:  # its code takes every dimension of every arg, in order, after the pointers
         dims = [dim for arg in args for dim in arg.shape]
@@ -55,7 +59,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
                                    f"got {_json(kernel['sizes'])}")
         own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
-        return Kernel(name, op, device, args, epilogues, integers, own, None, own.source)
+        return Kernel(name, op, device, args, meaning, integers, own, None, own.source)
     variants = []
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
@@ -84,7 +88,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
                     else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
     gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants))
-    return Kernel(name, op, device, args, epilogues, integers, fallback, gpu, kernel.get("source"))
+    return Kernel(name, op, device, args, meaning, integers, fallback, gpu, kernel.get("source"))
 
 
 def _launch(spec: Any, path: str, symbols: list[str]) -> Launch:
@@ -132,57 +136,3 @@ def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) 
         _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
     library = _index(code["library"], f"{path}.library", blob_count, "blob") if "library" in code else None
     return Code(symbol, None, library, code["source"])
-
-
-# The ops the runtime knows are linear (linear_panels: its w packed; pack_panels packs one) and
-# relu (checked by their shapes); any other identifier is an op the runtime runs only as native code (no numpy
-# reference). A linear's epilogues are an optional "bias" first, then the element-wise ops fused
-# into it (relu, or ops the runtime does not know, which the reference device then refuses).
-def _check_args(op: str, epilogues: tuple[str, ...], specs: list[Any], path: str) -> tuple[TensorType, ...]:
-    """A kernel's args: their types and access, and the shapes its op needs (a symbol is a
-    dimension equal only to itself). `path` is the kernel's."""
-    args = tuple(_tensor(arg, f"{path}.args[{j}]", ("access",)) for j, arg in enumerate(specs))
-    for j, arg in enumerate(specs):
-        _choice(arg["access"], f"{path}.args[{j}].access", ("write",) if j == len(args) - 1 else ("read",))
-    if op == "custom":  # any shapes; float32 and float64 may mix
-        if not 2 <= len(args) <= 5:
-            _fail(f"{path}.args", f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
-        return args
-    if not args:
-        _fail(f"{path}.args", f"{op} takes at least one arg (its destination)")
-    for j, arg in enumerate(args):
-        if arg.dtype != args[0].dtype:
-            _fail(f"{path}.args[{j}].dtype", f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
-    if op in ("relu", "pack_panels"):
-        expected = ["x", "out of the same shape"] if op == "relu" else ["w[K, N]", "out[P, K, L] (P = ceil(N / L))"]
-        if epilogues:
-            _fail(f"{path}.epilogues", f"{op} has none, got {_json(list(epilogues))}")
-    elif op in ("linear", "linear_panels"):
-        if "bias" in epilogues[1:]:  # (an element-wise op may repeat: relu(relu(x @ w)) fuses twice)
-            _fail(f"{path}.epilogues", f"expected [bias] then fused element-wise ops, got "
-                                       f"{_json(list(epilogues))}")
-        expected = ["x[M, K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
-                    *(["bias[N]"] if "bias" in epilogues else []), "out[M, N]"]
-    else:  # an op the runtime does not know: native code only
-        return args
-    if len(args) != len(expected):
-        _fail(f"{path}.args", f"{op} takes {len(expected)} args ({', '.join(expected)}), got {len(args)}")
-    shapes = [arg.shape for arg in args]
-    if op == "relu":
-        consistent = shapes[0] == shapes[1]
-    elif op == "pack_panels":
-        w, out = shapes
-        consistent = len(w) == 2 and len(out) == 3 and all(type(d) is int for d in (*w, *out)) and out[1] == w[0] \
-            and out[2] > 0 and out[0] == -(-w[1] // out[2])
-    else:
-        x, w, out = shapes[0], shapes[1], shapes[-1]
-        n = out[1] if len(out) == 2 else None
-        if op == "linear":
-            consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
-        else:  # the panels' columns, static, cover N with fewer than L to spare
-            consistent = len(x) == 2 and len(w) == 3 and x[1] == w[1] and out == (x[0], n) and all(
-                type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
-        consistent = consistent and (len(args) == 3 or shapes[2] == (n,))
-    if not consistent:
-        _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
-    return args

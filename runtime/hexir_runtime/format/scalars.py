@@ -58,9 +58,9 @@ def check(tree: Any, path: str, args: int, reds: int = 0, reduce: bool = False) 
                 _fail(where, f"expected [{op!r}, index]")
             if isinstance(rest[0], bool) or not isinstance(rest[0], int) or not 0 <= rest[0] < bound:
                 _fail(f"{where}[1]", f"expected an {op} index below {bound}, got {json.dumps(rest[0])[:20]}")
-        elif op == "const":
+        elif op == "const":  # (an int too large for a float is no finite number: float() would overflow)
             if len(rest) != 1 or isinstance(rest[0], bool) or not isinstance(rest[0], (int, float)) \
-                    or not math.isfinite(rest[0]):
+                    or not (abs(rest[0]) < 2**1023 if isinstance(rest[0], int) else math.isfinite(rest[0])):
                 _fail(where, "expected ['const', a finite number]")
         elif op == "len":
             if rest or not reduce:
@@ -192,7 +192,8 @@ def evaluate(tree: Tree, args: Sequence[np.ndarray], dtype: str, reds: Sequence[
         if op == "red":
             return reds[node[1]]
         if op == "const":
-            return kind(node[1])
+            with np.errstate(all="ignore"):  # (a float64 const beyond float32's range is inf there)
+                return kind(node[1])
         if op == "len":
             return kind(length)
         operands = [value(child) for child in node[1:]]

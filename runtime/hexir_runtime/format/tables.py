@@ -10,6 +10,7 @@ from ..errors import HxbFormatError
 from .container import Hxb
 from .fields import _fail, _no_constant, _unique_keys
 from .types import CpuLibrary
+from .upgrade import upgraded_op
 
 
 def parse_table(text: bytes, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -49,7 +50,8 @@ def check_build(record: dict[str, Any], build: CpuLibrary, path: str, where: str
 def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], gpu: bool, where: str) -> None:
     """Check that the code's `table` describes `kernels` (indices) exactly as the manifest does:
     their args (shape, dtype), sizes or scalars, work (host code) or launch (`gpu`), and a
-    generated kernel's op and epilogues. The host code of a CUDA kernel is its cpu_fallback.
+    generated kernel's op and expr (a file older than version 4: the table's op and epilogues,
+    upgraded as the manifest's were). The host code of a CUDA kernel is its cpu_fallback.
     HxbFormatError names the kernel and field."""
     for index in kernels:
         spec, kernel = hxb.json["kernels"][index], hxb.manifest.kernels[index]
@@ -61,7 +63,7 @@ def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], 
         elif not kernel.custom:
             expected["work"] = (spec if kernel.device == "cpu" else spec["cpu_fallback"])["work"]
         if not kernel.custom:  # what the code computes: the reference device's input, so it must agree
-            expected["op"], expected["epilogues"] = spec["op"], spec["epilogues"]
+            expected["op"], expected["expr"] = spec["op"], spec.get("expr")
         path = f"kernels[{index}]" if gpu or kernel.device == "cpu" else f"kernels[{index}].cpu_fallback"
         checks = [(path, code.symbol, expected)]
         for j, variant in enumerate(spec.get("variants", []) if gpu else []):  # the same, launched otherwise
@@ -70,10 +72,27 @@ def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], 
             entry = table.get(symbol)
             if entry is None:
                 _fail(f"{field_path}.symbol", f"{kernel.name}: symbol {symbol!r} is not in the kernel table of {where}")
+            if hxb.version < 4 and not kernel.custom and isinstance(entry.get("op"), str):
+                entry = _upgraded_entry(entry, field_path, hxb.version)
             for key, value in wanted.items():
                 if _canonical(entry.get(key)) != _canonical(value):
                     _fail(f"{field_path}.{key}", f"{kernel.name}: the manifest says {_canonical(value)}, the kernel "
                                                  f"table of {where} says {_canonical(entry.get(key))}")
+
+
+def _upgraded_entry(entry: dict[str, Any], field_path: str, version: int) -> dict[str, Any]:
+    """An older table's entry in version-4 terms: its op and epilogues upgraded as the manifest's
+    were (epilogues that do not upgrade: refused, naming the manifest's field)."""
+    if "epilogues" not in entry:
+        return entry
+    upgraded = {key: value for key, value in entry.items() if key != "epilogues"}
+    try:
+        upgraded["op"], expr = upgraded_op(entry["op"], entry["epilogues"], field_path, version)
+    except HxbFormatError as error:
+        _fail(f"{field_path}.expr", f"the kernel table's epilogues do not upgrade: {error}")
+    if expr is not None:
+        upgraded["expr"] = expr
+    return upgraded
 
 
 def _canonical(value: Any) -> str:

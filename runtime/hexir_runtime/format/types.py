@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .exprs import Expr
+    from .scalars import Program, Tree
 
-DTYPES = {"float32": 4, "float64": 8}
+DTYPES = {"float32": 4, "float64": 8, "int64": 8}  # int64: where a kernel's family allows it (an argmax)
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
 
@@ -107,14 +108,16 @@ class GpuCode:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A checked kernel. `integers` are the int64 values it takes after its pointers (its
-    `sizes` as symbols, or a custom kernel's `scalars`), evaluated per call."""
+    """A checked kernel. `expr` is what a generated kernel computes (scalars.py): a tree
+    (linear, linear_panels, pointwise), a Program (reduce), None (pack_panels, custom).
+    `integers` are the int64 values it takes after its pointers (its `sizes` as symbols, or a
+    custom kernel's `scalars`), evaluated per call."""
 
     name: str
     op: str
     device: str
     args: tuple[TensorType, ...]
-    epilogues: tuple[str, ...]
+    expr: Tree | Program | None
     integers: tuple[Expr, ...]
     cpu_code: Code | None  # what runs it on the host: its own code, its cpu_fallback, or nothing
     gpu_code: GpuCode | None  # what runs it on a GPU (cuda kernels only)
