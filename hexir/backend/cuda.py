@@ -5,10 +5,16 @@ cuda:sm_90`; default sm_90). PTX for the lowest architecture rides along so a ne
 JIT it. ptxas comes from the `nvidia-cuda-nvcc` wheel, else from a CUDA toolkit on PATH.
 The architecture is validated before any pass runs: NVPTX aborts the process (it does not
 raise) when asked for a PTX version that cannot express the chip.
+
+Math ops (docs/math.md) become calls to libdevice (`__nv_expf`, `__nv_erf`...), which the
+NVVM serializer links in before PTX is generated: the pinned MLIR wheel embeds a libdevice,
+else it reads the toolkit's nvvm/libdevice (the CUDA wheel has one). A PTX that still
+declares a function it does not define (an unlinked `__nv_` call) is refused here, naming it.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +73,8 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
             features = PTX_FEATURES[arch]
             manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={features} O=3}}")
         manager.add(_DEVICE_PASSES)
-        toolkit = f' toolkit="{cuda_toolkit()}"' if format_ == "bin" else ""  # quoted: paths may hold spaces
-        manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
+        # the toolkit for both formats: ptxas (bin) and, where MLIR embeds none, libdevice (both)
+        manager.add(f'gpu-module-to-binary{{format={format_} toolkit="{cuda_toolkit()}"}}')  # quoted: spaces
         try:
             manager.run(copy.operation)
         except ir.MLIRError as error:  # the diagnostics, not their notes (which print the whole module)
@@ -85,6 +91,10 @@ def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
     """CUBINs for every arch and the PTX of the lowest one."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
+    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]  # first: its check says more than ptxas
+    unresolved = re.findall(rb"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?(\w+)", ptx, re.MULTILINE)
+    if unresolved:
+        raise CompileError(f"the cuda kernels call {', '.join(sorted({n.decode() for n in unresolved}))}, which no "
+                           "library defines (libdevice was not linked: is nvvm/libdevice in the CUDA wheel?)")
     cubins = _device_objects(module, archs, "bin")
-    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]
     return CudaBinary(cubins, (archs[0], ptx))
