@@ -2,7 +2,7 @@
 
     python bench/math_accuracy.py [--points N]  # here: the cpu (x86-64-v3 and the baseline)
     python bench/math_accuracy.py build DIR     # here (MLIR): the CUDA images, for the GPU machine
-    python bench/math_accuracy.py run DIR       # on the GPU machine (numpy, cuda-python, the runtime)
+    python bench/math_accuracy.py run DIR [--ptx]  # on the GPU machine (numpy, cuda-python, the runtime)
 
 Each op runs as a kernel the way hexir compiles one: on the cpu through to-llvm and the cpu
 backend, a vector loop (vector<16xf32>, vector<8xf64>) then a scalar loop for the rest; on
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import math
 import sys
@@ -35,7 +36,7 @@ OPS = (*UNARY, "powf")
 SIZE = 1 << 22  # the kernels' static buffer length (elements); runs cover at most this many
 RANGES = {"exp": (-105.0, 90.0), "log": (0.0, 4.0), "tanh": (-10.0, 10.0), "erf": (-5.0, 5.0),
           "sqrt": (0.0, 100.0), "rsqrt": (0.0, 100.0), "absf": (-10.0, 10.0), "powf": (0.0, 10.0)}
-SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e-45, 1e30, -1e30,
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e-45, 1e30, -1e30, 5e-324, 1e-310,
            88.72, 89.0, 709.8, 710.0, -87.0, -104.0, -745.2, -746.0, 3.9, 4.0, 5.0, 6.0, 20.0, -20.0, 1000.0, -1000.0]
 REFERENCE = {"exp": math.exp, "log": math.log, "tanh": math.tanh, "erf": math.erf, "sqrt": math.sqrt,
              "rsqrt": lambda x: 1.0 / math.sqrt(x), "absf": abs, "powf": math.pow}
@@ -178,6 +179,13 @@ def run_cpu(library: ctypes.CDLL, op: str, width: int, x: np.ndarray, p: np.ndar
     return y
 
 
+@functools.cache
+def case(op: str, dtype: type, points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, p, the exact values): computed once per op and dtype, for every device and path."""
+    x, p = inputs(op, dtype, points)
+    return x, p, reference(op, x, p)
+
+
 def report(device: str, run, points: int) -> bool:
     ok = True
     np.seterr(all="ignore")  # overflow to inf and NaN are expected outputs here
@@ -185,11 +193,11 @@ def report(device: str, run, points: int) -> bool:
     for op in OPS:
         cells, sizes = [], []
         for dtype in (np.float32, np.float64):
-            x, p = inputs(op, dtype, points)
+            x, p, exact = case(op, dtype, points)
             y = run(op, x, p)
             sizes.append(str(x.size))
-            error, wrong = errors(y, reference(op, x, p))
-            cells.append(f"{error:16.3g}" if dtype is np.float64 else f"{error:16.3f}")
+            error, wrong = errors(y, exact)
+            cells.append(f"{error:16.3g}" if dtype is np.float64 else f"{error:16.4f}")
             for i in wrong[:5]:
                 print(f"  MISMATCH {op} {dtype.__name__}({x[i]!r}{f', {p[i]!r}' if op == 'powf' else ''}) = "
                       f"{y[i]!r}, expected {reference(op, x[i:i + 1], p[i:i + 1])[0]!r}")
@@ -217,16 +225,18 @@ def build(out: Path) -> None:
     print(f"built {', '.join(sorted(p.name for p in out.iterdir()))} in {out}")
 
 
-def cuda_runner(folder: Path):
-    """A function running an op's kernel on GPU 0 with the runtime's driver calls."""
+def cuda_runner(folder: Path, ptx: bool = False):
+    """A function running an op's kernel on GPU 0 with the runtime's driver calls, from the CUBIN
+    of the GPU's architecture (else, or with `ptx`, the PTX, compiled by the driver)."""
     from hexir_runtime.cuda import CudaDevice, check
 
     device = CudaDevice()
     driver = device.driver
     major, minor = device.capability
     image = folder / f"sm_{major}{minor}.cubin"
-    image = image if image.exists() else next(folder.glob("*.ptx"))
-    module = check(driver.cuModuleLoadData(image.read_bytes()), "cuModuleLoadData")
+    image = image if image.exists() and not ptx else next(folder.glob("*.ptx"))
+    code = image.read_bytes() + (b"\0" if image.suffix == ".ptx" else b"")  # the driver reads PTX as a C string
+    module = check(driver.cuModuleLoadData(code), "cuModuleLoadData")
     print(f"{device.name}: {image.name}")
 
     def run(op: str, x: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -253,12 +263,13 @@ def main() -> int:
     parser.add_argument("action", nargs="?", choices=("cpu", "build", "run"), default="cpu")
     parser.add_argument("folder", nargs="?", type=Path)
     parser.add_argument("--points", type=int, default=1 << 20, help="grid and random points per op and dtype")
+    parser.add_argument("--ptx", action="store_true", help="run: load the PTX, not the GPU's CUBIN")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder)
         return 0
     if args.action == "run":
-        return 0 if report("cuda", cuda_runner(args.folder), args.points) else 1
+        return 0 if report("cuda", cuda_runner(args.folder, args.ptx), args.points) else 1
     ok = True
     for level in ("x86-64-v3", "x86-64"):
         library = cpu_library(level)

@@ -9,13 +9,14 @@ calling convention. The host program is not lowered: it becomes the manifest's c
   =>
     llvm.func @relu_0(%x: !llvm.ptr, %out: !llvm.ptr, %first: i64, %last: i64)
 
-Math ops (docs/math.md): float32 exp, log, tanh and erf, scalar or vector, are first written
-as arith ops by hexir/schedules/mathlib.py, so they stay vectorised; the rest go to LLVM
-intrinsics (sqrt, rsqrt as 1/sqrt, absf: vector instructions) or to glibc's libm (float64 exp,
-log, tanh, erf, powf; a vector one element at a time). No fast-math flag is added.
+Math ops (docs/math.md): exp, log, tanh, erf (float32 and float64, scalar or vector) and
+float32 rsqrt are first written as arith ops by hexir/schedules/mathlib.py, so they stay
+vectorised; the rest go to LLVM intrinsics (sqrt, absf, float64 rsqrt as 1 / sqrt: vector
+instructions; pow, sin...: libm calls, a vector one element at a time) or, without an
+intrinsic (erfc...), to glibc's libm. No fast-math flag is added.
 
     %e = math.exp %v : vector<16xf32>   =>  arith ops on vector<16xf64>, arith.truncf
-    %e = math.exp %x : f64              =>  llvm.call @exp(%x)
+    %e = math.powf %x, %y : f64         =>  llvm.intr.pow (LLVM: a call to libm's pow)
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ _INACCURATE = ("math.expm1", "math.log1p")
 
 
 def _approximate_math(module: ir.Module) -> None:
-    """Replace each math op mathlib writes as arith ops (float32 exp, log, tanh, erf) by them."""
+    """Replace each math op mathlib writes as arith ops (exp, log, tanh, erf, rsqrt) by them."""
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
