@@ -10,6 +10,10 @@ Math ops (docs/math.md) become calls to libdevice (`__nv_expf`, `__nv_erf`...), 
 NVVM serializer links in before PTX is generated: the pinned MLIR wheel embeds a libdevice,
 else it reads the toolkit's nvvm/libdevice (the CUDA wheel has one). A PTX that still
 declares a function it does not define (an unlinked `__nv_` call) is refused here, naming it.
+Square roots are the exception: libdevice's float32 sqrt and rsqrt are `sqrt.approx` and
+`rsqrt.approx` (its float64 rsqrt too, as NVVM reflect leaves __CUDA_PREC_SQRT off), so
+`math.sqrt` becomes LLVM's sqrt (`sqrt.rn`, correctly rounded) and `math.rsqrt` 1 / that
+(`div.rn`) before the conversion.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlir import ir, passmanager
-from mlir.dialects import gpu
+from mlir.dialects import arith, gpu, llvm
 
 from hexir.backend.toolchain import nvidia_wheel_file
 from hexir.dialects.hextir import GPU_MODULE
@@ -68,6 +72,7 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
             for op in module.body.operations:
                 if op.operation.name == "gpu.module":
                     op.operation.clone()
+        _rounded_roots(copy)
         manager = passmanager.PassManager("builtin.module")
         for arch in archs:
             features = PTX_FEATURES[arch]
@@ -85,6 +90,32 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"]), strict=True):
             objects[arch] = bytes(gpu.ObjectAttr(attribute).object)
         return objects
+
+
+def _rounded_roots(module: ir.Module) -> None:
+    """math.sqrt -> LLVM's sqrt, math.rsqrt -> 1 / that: IEEE-rounded on NVPTX. Called by name
+    (llvm.call_intrinsic): convert-gpu-to-nvvm sends llvm.intr.sqrt to libdevice too."""
+    roots: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("math.sqrt", "math.rsqrt"):
+            roots.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in roots:
+        with ir.InsertionPoint(op), op.location:
+            x = op.operands[0]
+            element = x.type.element_type if isinstance(x.type, ir.VectorType) else x.type
+            suffix = f"v{x.type.shape[0]}{element}" if isinstance(x.type, ir.VectorType) else str(element)
+            root = llvm.call_intrinsic(x.type, f"llvm.sqrt.{suffix}", [x], [], [])
+            if op.name == "math.rsqrt":
+                one = ir.FloatAttr.get(element, 1.0)
+                one = arith.constant(x.type, ir.DenseElementsAttr.get_splat(x.type, one)
+                                     if isinstance(x.type, ir.VectorType) else one)
+                root = arith.divf(one, root)
+        op.results[0].replace_all_uses_with(root)
+        op.erase()
 
 
 def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:

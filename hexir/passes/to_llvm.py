@@ -27,10 +27,10 @@ from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
 from hexir.schedules import mathlib
 
-# convert-math-to-llvm first: it takes what LLVM lowers well (sqrt, absf, copysign, fma, and
-# exp, log, tanh, pow as intrinsics that become libm calls); convert-math-to-libm then takes
-# what LLVM has no intrinsic for (erf). The reverse order would send sqrt to libm, one element
-# at a time, and rsqrt to a `rsqrtf` that libm does not have.
+# After mathlib, convert-math-to-llvm first: it takes what LLVM lowers well (sqrt, absf,
+# copysign, fma as instructions; pow, sin... as intrinsics that become libm calls);
+# convert-math-to-libm then takes what LLVM has no intrinsic for (erfc...). The reverse order
+# would send sqrt to libm, one element at a time, and rsqrt to a `rsqrtf` that libm lacks.
 UPSTREAM = ("builtin.module(canonicalize, cse, convert-math-to-llvm, convert-math-to-libm, "
             "convert-scf-to-cf, convert-vector-to-llvm, "
             "expand-strided-metadata, finalize-memref-to-llvm, convert-arith-to-llvm, "

@@ -138,6 +138,10 @@ def test_cuda_math_builds_cubins_and_ptx_with_libdevice_linked(tmp_path):
         for t in ("f32", "f64"):
             assert f".entry {op}_{t}(" in ptx
     assert not re.search(r"\.extern|__nv_", ptx), "a libdevice call left unresolved"
+    assert not re.search(r"sqrt\.approx", ptx), "libdevice's approximate square roots"
+    for t, register in (("f32", "%r"), ("f64", "%rd")):
+        rsqrt = ptx[ptx.index(f".entry rsqrt_{t}("):]
+        assert re.search(rf"sqrt\.rn\.{t}\s+({register}\d+).*\n\s*rcp\.rn\.{t}\s+{register}\d+, \1;", rsqrt), rsqrt
     for arch in ("sm_80", "sm_90"):
         assert (tmp_path / f"{arch}.cubin").read_bytes()[:4] == b"\x7fELF"
 
