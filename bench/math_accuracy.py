@@ -1,6 +1,7 @@
 """The accuracy of hexir's math lowering (docs/math.md), per op, on the cpu and on CUDA.
 
     python bench/math_accuracy.py [--points N]  # here: the cpu (x86-64-v3 and the baseline)
+    python bench/math_accuracy.py --speed       # here: ns per element of the cpu kernels, and numpy's
     python bench/math_accuracy.py build DIR     # here (MLIR): the CUDA images, for the GPU machine
     python bench/math_accuracy.py run DIR [--ptx]  # on the GPU machine (numpy, cuda-python, the runtime)
 
@@ -27,6 +28,7 @@ import json
 import math
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +191,7 @@ def case(op: str, dtype: type, points: int) -> tuple[np.ndarray, np.ndarray, np.
 def report(device: str, run, points: int) -> bool:
     ok = True
     np.seterr(all="ignore")  # overflow to inf and NaN are expected outputs here
-    print(f"{'op':6} {'float32 max ulp':>16} {'float64 max rel':>16}   ({device})")
+    print(f"{'op':6} {'float32 max ulp':>16} {'rounded right':>14} {'float64 max rel':>16}   ({device})")
     for op in OPS:
         cells, sizes = [], []
         for dtype in (np.float32, np.float64):
@@ -197,13 +199,40 @@ def report(device: str, run, points: int) -> bool:
             y = run(op, x, p)
             sizes.append(str(x.size))
             error, wrong = errors(y, exact)
-            cells.append(f"{error:16.3g}" if dtype is np.float64 else f"{error:16.4f}")
+            if dtype is np.float32:  # and the share of results that are the correctly rounded value
+                right = np.mean((y == exact.astype(y.dtype)) | np.isnan(y) & np.isnan(exact))
+                cells.append(f"{error:16.4f} {100 * right:13.4f}%")
+            else:
+                cells.append(f"{error:16.3g}")
             for i in wrong[:5]:
                 print(f"  MISMATCH {op} {dtype.__name__}({x[i]!r}{f', {p[i]!r}' if op == 'powf' else ''}) = "
                       f"{y[i]!r}, expected {reference(op, x[i:i + 1], p[i:i + 1])[0]!r}")
             ok &= not wrong
         print(f"{op:6} {cells[0]} {cells[1]}   ({' and '.join(sizes)} points)")
     return ok
+
+
+def speed(library: ctypes.CDLL, size: int = 1 << 22) -> None:
+    """Nanoseconds per element of each op's vector kernel on one thread (best of 5), and numpy's
+    (math.erf element by element for erf, which numpy lacks)."""
+    print(f"{'op':6} {'float32':>9} {'numpy':>7} {'float64':>9} {'numpy':>7}   (ns per element, one thread)")
+    for op in OPS:
+        cells = []
+        for dtype, width in ((np.float32, 16), (np.float64, 8)):
+            x = np.random.default_rng(0).uniform(0.1, 4.0, size).astype(dtype)
+            p = np.full_like(x, 1.5)
+            times = []
+            for repeat in range(10):
+                start = time.perf_counter()
+                if repeat % 2 == 0:
+                    run_cpu(library, op, width, x, p)
+                elif op == "erf":
+                    np.frompyfunc(math.erf, 1, 1)(x)
+                else:
+                    NUMPY[op](x, p) if op == "powf" else NUMPY[op](x)
+                times.append((time.perf_counter() - start) / size * 1e9)
+            cells += [f"{min(times[0::2]):9.2f}", f"{min(times[1::2]):7.2f}"]
+        print(f"{op:6} {' '.join(cells)}")
 
 
 def build(out: Path) -> None:
@@ -264,6 +293,7 @@ def main() -> int:
     parser.add_argument("folder", nargs="?", type=Path)
     parser.add_argument("--points", type=int, default=1 << 20, help="grid and random points per op and dtype")
     parser.add_argument("--ptx", action="store_true", help="run: load the PTX, not the GPU's CUBIN")
+    parser.add_argument("--speed", action="store_true", help="cpu: time the vector kernels against numpy")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder)
@@ -273,6 +303,9 @@ def main() -> int:
     ok = True
     for level in ("x86-64-v3", "x86-64"):
         library = cpu_library(level)
+        if args.speed:
+            speed(library)
+            continue
         for widths, what in (((16, 8), "vectors"), ((1, 1), "scalars")):
             def run(op, x, p, widths=widths, library=library):
                 return run_cpu(library, op, widths[x.dtype == np.float64], x, p)
