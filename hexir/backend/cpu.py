@@ -117,7 +117,9 @@ def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
             objects.insert(0, str(work / "kernels.o"))
         if llvm_module is not None:
             objects.append(pool_object())
-        run_tool([c_compiler(), "-shared", "-nostartfiles", "-o", str(work / "kernels.so"), *objects],
+        # -lm: float64 math calls glibc's libm (docs/math.md); linked only where a kernel needs it
+        run_tool([c_compiler(), "-shared", "-nostartfiles", "-Wl,--as-needed", "-o", str(work / "kernels.so"),
+                  *objects, "-lm"],
                  "linking the cpu kernels")
         shared_object = (work / "kernels.so").read_bytes()
         check_shared_object(shared_object, f"the cpu library for {cpu}")

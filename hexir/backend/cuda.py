@@ -5,16 +5,26 @@ cuda:sm_90`; default sm_90). PTX for the lowest architecture rides along so a ne
 JIT it. ptxas comes from the `nvidia-cuda-nvcc` wheel, else from a CUDA toolkit on PATH.
 The architecture is validated before any pass runs: NVPTX aborts the process (it does not
 raise) when asked for a PTX version that cannot express the chip.
+
+Math ops (docs/math.md) become calls to libdevice (`__nv_expf`, `__nv_erf`...), which the
+NVVM serializer links in before PTX is generated: the pinned MLIR wheel embeds a libdevice,
+else it reads the toolkit's nvvm/libdevice (the CUDA wheel has one). A PTX that still
+declares a function it does not define (an unlinked `__nv_` call) is refused here, naming it.
+Square roots are the exception: libdevice's float32 sqrt and rsqrt are `sqrt.approx` and
+`rsqrt.approx` (its float64 rsqrt too, as NVVM reflect leaves __CUDA_PREC_SQRT off), so
+`math.sqrt` becomes LLVM's sqrt (`sqrt.rn`, correctly rounded) and `math.rsqrt` 1 / that
+(`div.rn`) before the conversion.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlir import ir, passmanager
-from mlir.dialects import gpu
+from mlir.dialects import arith, gpu, llvm
 
 from hexir.backend.toolchain import nvidia_wheel_file
 from hexir.dialects.hextir import GPU_MODULE
@@ -62,13 +72,14 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
             for op in module.body.operations:
                 if op.operation.name == "gpu.module":
                     op.operation.clone()
+        _rounded_roots(copy)
         manager = passmanager.PassManager("builtin.module")
         for arch in archs:
             features = PTX_FEATURES[arch]
             manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={features} O=3}}")
         manager.add(_DEVICE_PASSES)
-        toolkit = f' toolkit="{cuda_toolkit()}"' if format_ == "bin" else ""  # quoted: paths may hold spaces
-        manager.add(f"gpu-module-to-binary{{format={format_}{toolkit}}}")
+        # the toolkit for both formats: ptxas (bin) and, where MLIR embeds none, libdevice (both)
+        manager.add(f'gpu-module-to-binary{{format={format_} toolkit="{cuda_toolkit()}"}}')  # quoted: spaces
         try:
             manager.run(copy.operation)
         except ir.MLIRError as error:  # the diagnostics, not their notes (which print the whole module)
@@ -81,10 +92,40 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         return objects
 
 
+def _rounded_roots(module: ir.Module) -> None:
+    """math.sqrt -> LLVM's sqrt, math.rsqrt -> 1 / that: IEEE-rounded on NVPTX. Called by name
+    (llvm.call_intrinsic): convert-gpu-to-nvvm sends llvm.intr.sqrt to libdevice too."""
+    roots: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("math.sqrt", "math.rsqrt"):
+            roots.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in roots:
+        with ir.InsertionPoint(op), op.location:
+            x = op.operands[0]
+            element = x.type.element_type if isinstance(x.type, ir.VectorType) else x.type
+            suffix = f"v{x.type.shape[0]}{element}" if isinstance(x.type, ir.VectorType) else str(element)
+            root = llvm.call_intrinsic(x.type, f"llvm.sqrt.{suffix}", [x], [], [])
+            if op.name == "math.rsqrt":
+                one = ir.FloatAttr.get(element, 1.0)
+                one = arith.constant(x.type, ir.DenseElementsAttr.get_splat(x.type, one)
+                                     if isinstance(x.type, ir.VectorType) else one)
+                root = arith.divf(one, root)
+        op.results[0].replace_all_uses_with(root)
+        op.erase()
+
+
 def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
     """CUBINs for every arch and the PTX of the lowest one."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
+    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]  # first: its check says more than ptxas
+    unresolved = re.findall(rb"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?(\w+)", ptx, re.MULTILINE)
+    if unresolved:
+        raise CompileError(f"the cuda kernels call {', '.join(sorted({n.decode() for n in unresolved}))}, which no "
+                           "library defines (libdevice was not linked: is nvvm/libdevice in the CUDA wheel?)")
     cubins = _device_objects(module, archs, "bin")
-    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]
     return CudaBinary(cubins, (archs[0], ptx))
