@@ -127,7 +127,7 @@ def broadcast(op: str, shapes: Sequence[hx.Shape]) -> hx.Shape:
         dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0}
         dims.discard(1) if len(dims) > 1 else None
         if len(dims) > 1:
-            shown = " and ".join(hx.describe(s, "")[1:] for s in shapes)
+            shown = " and ".join(f"[{', '.join(map(str, s))}]" for s in shapes)
             raise TraceError(f"{op}: shapes {shown} do not broadcast (numpy's rules: axis {axis - rank} has "
                              f"{' vs '.join(map(str, sorted(dims, key=str)))})")
         result.append(dims.pop())

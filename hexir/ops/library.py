@@ -89,7 +89,7 @@ def _log_softmax(x: Scalar) -> Scalar:
     return x - top - log(row_sum(exp(x - top)))
 
 
-def _layer_norm(x: Scalar, weight: Scalar | None, bias: Scalar | None, eps: float) -> Scalar:
+def _layer_norm(x: Scalar, weight: Scalar | None = None, bias: Scalar | None = None, eps: float = 1e-5) -> Scalar:
     mean = row_sum(x) / row_length()
     centred = x - mean
     variance = row_sum(centred * centred) / row_length()  # torch's: biased, two passes

@@ -57,7 +57,8 @@ INDEPENDENT = {
 }
 POSITIVE = {"log", "sqrt", "rsqrt", "pow"}  # ops tested on positive inputs (their nan edges: test_ops.py)
 PARAMS = {"pow": {"exponent": 3.0}}
-SHAPES = {1: [((4, 6),)], 2: [((4, 6), (4, 6)), ((4, 6), (6,)), ((4, 6), (4, 1)), ((4, 1), (1, 6))]}
+# "B" is the symbolic batch: a row [6], a column [B, 1], equal shapes, an outer product
+SHAPES = {1: [(("B", 6),)], 2: [(("B", 6), ("B", 6)), (("B", 6), (6,)), (("B", 6), ("B", 1)), (("B", 1), (1, 6))]}
 TOLERANCE = {"float32": 2e-5, "float64": 1e-12}
 
 POINTWISE = sorted(n for n, d in ops.REGISTRY.items() if d.family == "pointwise")
@@ -68,14 +69,14 @@ DEVICES = ["cpu", "cuda"]
 def _inputs(rng, shapes, dtype, positive, batch):
     arrays = []
     for shape in shapes:
-        shape = (batch, *shape[1:]) if shape[0] != 1 or len(shapes) == 1 else shape
+        shape = tuple(batch if d == "B" else d for d in shape)
         value = rng.standard_normal(shape)
         arrays.append((np.abs(value) + 0.5 if positive else value).astype(dtype))
     return arrays
 
 
 def _spec(shape, dtype):
-    return hexir.TensorSpec(("batch", *shape[1:]) if shape[0] != 1 else shape, dtype)
+    return hexir.TensorSpec(tuple("batch" if d == "B" else d for d in shape), dtype)
 
 
 def _compile(function, specs, device):
@@ -103,10 +104,12 @@ def test_every_pointwise_op(name, device, dtype, fused):
     params = PARAMS.get(name, {})
 
     for shapes in SHAPES[definition.arity]:
-        def model(*xs):
+        def body(*xs):
             xs = [x * 0.5 + 0.25 for x in xs] if fused else xs  # a pointwise prologue: one kernel with the op
             y = pointwise(name, xs, **params)
             return y * 2.0 if fused else y
+
+        model = (lambda a: body(a)) if definition.arity == 1 else (lambda a, b: body(a, b))
 
         module = _compile(model, [_spec(s, dtype) for s in shapes], device)
 
@@ -146,7 +149,7 @@ def test_every_reduce_op(name, device, dtype, fused):
                 x = x * 0.5 + 0.25 if fused else x  # a pointwise prologue, fused into the reduce kernel
                 return reduce(name, x, extras, axis=axis, keepdims=keepdims)
 
-            module = _compile(model, [_spec(shape, dtype)], device)
+            module = _compile(model, [_spec(("B", *shape[1:]), dtype)], device)
             for batch in (1, 3, 8):
                 x = rng.standard_normal((batch, *shape[1:])).astype(dtype)
                 x[0, ..., 0] = x[0, ..., 1]  # a tie: argmax takes the first
