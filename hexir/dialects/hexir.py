@@ -229,9 +229,10 @@ def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
 
 
 def compute(name: str, operands: Sequence[ir.Value], result: ir.Type, device: str = "auto",
-            expr: str | None = None) -> ir.Value:
-    """A defined compute op `hexir.<name>` (optional operands left out at the end); a
-    pointwise or reduce op takes its tree as `expr` (JSON)."""
+            expr: str | None = None, groups: Sequence[int] | None = None) -> ir.Value:
+    """A defined compute op `hexir.<name>` (optional operands left out at the end, or `groups`:
+    how many operands each of its groups gets); a pointwise or reduce op takes its tree as `expr`
+    (JSON)."""
     expected = _compute_ops[name]
     attributes = {"device": _str(device)}
     if name in _family_ops:
@@ -239,9 +240,25 @@ def compute(name: str, operands: Sequence[ir.Value], result: ir.Type, device: st
         attributes["operandSegmentSizes"] = _segments(f"hexir.{name}", operands)
     elif sum(o.endswith("?") for o in expected) > 1:  # one optional group is inferred from the count
         attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
-            [int(i < len(operands)) for i in range(len(expected))])
+            list(groups) if groups is not None else [int(i < len(operands)) for i in range(len(expected))])
     return ir.Operation.create(f"hexir.{name}", results=[result], operands=list(operands),
                                attributes=attributes).result
+
+
+def operand_groups(op: ir.Operation) -> list[list[ir.Value]]:
+    """A compute op's operands by its groups (named operands, optional ones empty when absent)."""
+    operands = list(op.operands)
+    count = len(_compute_ops[op.name.removeprefix("hexir.")]) if op.name.removeprefix("hexir.") in _compute_ops \
+        else MAX_CALL_ARGS
+    if "operandSegmentSizes" in op.attributes:
+        sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    else:
+        sizes = [1] * len(operands) + [0] * (count - len(operands))
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(operands[start:start + size])
+        start += size
+    return groups
 
 
 def print_(x: ir.Value) -> ir.Operation:

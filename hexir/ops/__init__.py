@@ -80,7 +80,13 @@ class Contract:
     shape: Callable[..., hx.Shape]
     schedules: dict[str, Builder]
     variants: dict[str, Variants] = field(default_factory=dict)  # device -> the schedule's other kernels
+    epilogue_inputs: int = 0  # tensors its epilogue may read besides its sums (a residual): groups e0?, e1?, ...
     family = "contract"
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """Its operand groups in the dialect: its operands, then the epilogue's inputs."""
+        return (*self.operands, *(f"e{i}?" for i in range(self.epilogue_inputs)))
 
 
 OpDef = Pointwise | Reduce | Contract
@@ -98,7 +104,7 @@ def register(op: OpDef) -> OpDef:
     if isinstance(op, Pointwise) and len(inspect.signature(op.function).parameters) == op.arity:
         sc.check(op.tree(), op.name, op.arity)  # its function builds a well-formed tree, now
     REGISTRY[op.name] = op
-    hx.define_op(op.name, op.operands, op.family)
+    hx.define_op(op.name, op.groups if isinstance(op, Contract) else op.operands, op.family)
     return op
 
 

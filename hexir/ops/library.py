@@ -60,7 +60,7 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
 
 
 register(Contract("linear", ("x", "w", "bias?"), linear_shape, schedules={"cpu": cpu.linear, "cuda": cuda.linear},
-                  variants={"cuda": cuda_tiles.linear_variants}))
+                  variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4))
 
 # ---- pointwise ------------------------------------------------------------------------------
 for _name, _function in {

@@ -50,15 +50,32 @@ def _producer(value: ir.Value, user: ir.Operation, family: str) -> ir.Operation 
 
 
 def _into_contract(op: ir.Operation) -> bool:
-    if len(op.operands) != 1:
+    """A pointwise op reading a linear's result (its only user) becomes the linear's epilogue;
+    its other operands (a residual, a scale of the same shape) become the epilogue's inputs."""
+    operands = list(op.operands)
+    found = [v for v in operands if _producer(v, op, "contract") is not None]
+    if len({hash(v) for v in found}) != 1 or hx.shape_of(found[0].type) != hx.shape_of(op.result.type):
         return False
-    linear = _producer(op.operands[0], op, "contract")
-    if linear is None:
+    linear = _producer(found[0], op, "contract")
+    groups = hx.operand_groups(linear)
+    inputs = [v for g in groups[3:] for v in g]
+    others = [v for v in dict.fromkeys(operands) if v != found[0] and v not in inputs]
+    definition = ops.lookup(linear.name)
+    if len(inputs) + len(others) > definition.epilogue_inputs:
         return False
+    inputs += others
     before = hx.expr_of(linear) or ["arg", 0]
-    hx.set_expr(linear, scalars.substitute(hx.expr_of(op), [before]), hx.EPILOGUE)
-    op.result.replace_all_uses_with(linear.result)
+    tree = scalars.substitute(hx.expr_of(op), [before if v == found[0] else ["arg", 1 + inputs.index(v)]
+                                               for v in operands])
+    with ir.InsertionPoint(op), op.location:  # at the pointwise op: its other operands exist there
+        sizes = [len(g) for g in groups[:3]] + [1] * len(inputs) + [0] * (definition.epilogue_inputs - len(inputs))
+        result = hx.compute(linear.name.removeprefix("hexir."), [v for g in groups[:3] for v in g] + inputs,
+                            op.result.type, hx.device_of(linear), groups=sizes)
+    fused = result.owner.operation if hasattr(result.owner, "operation") else result.owner
+    hx.set_expr(fused, tree, hx.EPILOGUE)
+    op.result.replace_all_uses_with(result)
     op.erase()
+    linear.erase()
     return True
 
 

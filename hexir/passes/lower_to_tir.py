@@ -127,10 +127,15 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
     if definition.family == "reduce":
         program = scalars.Program(expr["axis"], tuple((k, t) for k, t in expr["reductions"]), expr["out"])
         return Request("reduce", dtype, target, symbols, program), expr
-    bias = len(op.operands) == 3  # linear: its epilogue is a tree over the sums, bias added (["arg", 0])
+    # a contract (linear): its epilogue is a tree over its sums, bias added (["arg", 0]), and its
+    # other inputs (["arg", i]); the manifest's is over the product (arg 0), the bias, the others
+    groups = hx.operand_groups(op)
+    bias, extras = len(groups[2]) == 1, sum(len(g) for g in groups[3:])
     sums = ["add", ["arg", 0], ["arg", 1]] if bias else ["arg", 0]
-    record = sums if expr is None else scalars.substitute(expr, [sums])
-    return Request(definition.name, dtype, target, symbols, expr, bias, panels=hx.has_w_panels(op) or packed), record
+    record = sums if expr is None else \
+        scalars.substitute(expr, [sums, *(["arg", 1 + bias + i] for i in range(extras))])
+    return Request(definition.name, dtype, target, symbols, expr, bias, extras,
+                   panels=hx.has_w_panels(op) or packed), record
 
 
 def _cpu_kernels(name: str, arg_types: list[ir.Type], build: Builder, request: Request,

@@ -128,11 +128,20 @@ def _family_result(op: ir.Operation, definition: ops.OpDef, name: str, specs: li
             program = scalars.check_program(expr, f"{name}: expr", len(specs), len(specs[0][0]))
             shapes = {ops.reduce_shape(name, specs, program, keep) for keep in (False, True)}
             return sorted(shapes, key=len), ops.result_dtype(program, specs[0][1])
-        if expr is not None:
-            scalars.check(expr, f"{name}: {hx.EPILOGUE}", 1)
+        groups = hx.operand_groups(op)  # a contract: its named operands, then its epilogue's inputs
+        named = [(hx.shape_of(g[0].type), hx.dtype_of(g[0].type)) for g in groups[:len(definition.operands)] if g]
+        shape = definition.shape(*named)
+        extras = [v for g in groups[len(definition.operands):] for v in g]
+        for extra in extras:
+            extra_spec = (hx.shape_of(extra.type), hx.dtype_of(extra.type))
+            if extra_spec[1] != specs[0][1] or ops.broadcast(name, [shape, extra_spec[0]]) != tuple(shape):
+                raise TraceError(f"{name}: an epilogue input is {hx.describe(*extra_spec)}; expected a "
+                                 f"{specs[0][1]} tensor that broadcasts to the result {hx.describe(shape, specs[0][1])}")
+        if expr is not None or extras:
+            scalars.check(expr, f"{name}: {hx.EPILOGUE}", 1 + len(extras))
     except HxbFormatError as error:
         raise TraceError(str(error)) from None
-    return definition.shape(*specs), specs[0][1]
+    return shape, specs[0][1]
 
 
 def _check_custom_call(op: ir.Operation) -> None:

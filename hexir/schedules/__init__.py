@@ -13,12 +13,12 @@ Tile sizes live at the top of each device's module.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, vector
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
@@ -39,12 +39,21 @@ class Request:
     symbols: tuple[str, ...] = ()
     expr: Any = None
     bias: bool = False  # a linear's args[2] is its bias
+    extras: int = 0     # a linear's epilogue reads this many more tensors (its args after the bias)
+    args: tuple = ()    # the kernel's buffers, once its builder has them (`with_args`): the epilogue reads them
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
 
-    def epilogue(self, value: ir.Value) -> ir.Value:
-        """A linear's epilogue applied to `value` (a sum, or a vector of them), built here."""
-        return value if self.expr is None else emit(self.expr, [value])
+    def with_args(self, args: Sequence[ir.Value]) -> Request:
+        return replace(self, args=tuple(args))
+
+    def epilogue(self, value: ir.Value, at: Sequence[ir.Value] = ()) -> ir.Value:
+        """A linear's epilogue applied to `value`, the sum (or a vector of the sums from) out[at]:
+        its other inputs, the kernel's args after the bias, read there (broadcast as numpy)."""
+        if self.expr is None:
+            return value
+        inputs = list(self.args)[2 + self.bias:2 + self.bias + self.extras]
+        return emit(self.expr, [value, *(_read_like(value, e, at) for e in inputs)])
 
 
 Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht.Launch"]
@@ -78,3 +87,14 @@ def broadcast_indices(buffer: ir.Value, indices: Sequence[ir.Value]) -> list[ir.
             index = zero
         result.append(index)
     return result
+
+
+def _read_like(value: ir.Value, buffer: ir.Value, at: Sequence[ir.Value]) -> ir.Value:
+    """`buffer` read where a linear's `value` sits: an element, or, for a vector of sums along
+    out's row, a vector (the same one broadcast where `buffer`'s last axis is 1)."""
+    indices = broadcast_indices(buffer, at)
+    if not isinstance(value.type, ir.VectorType):
+        return ht.load(buffer, indices)
+    if ir.MemRefType(buffer.type).shape[-1] == 1:
+        return vector.BroadcastOp(value.type, ht.load(buffer, indices)).result
+    return vector.LoadOp(value.type, buffer, indices).result

@@ -196,6 +196,7 @@ def _i(value: int | ir.Value) -> ir.Value:
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
+    request = request.with_args(args)
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
@@ -486,7 +487,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     results = list(loop.results)
 
     def finished() -> list[ir.Value]:
-        return [request.epilogue(v) for v in results]
+        return [request.epilogue(v, [i, j0]) for v, (i, j0, _) in zip(results, slots, strict=True)]
 
     def store(targets, values) -> None:
         for (buffer, at), value in zip(targets, values, strict=True):

@@ -128,7 +128,7 @@ def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.
         result = value()
         if bias is not None:
             result = arith.AddFOp(result, ht.load(bias, [column])).result
-        ht.store(request.epilogue(result), out, [row, column])
+        ht.store(request.epilogue(result, [row, column]), out, [row, column])
         scf.YieldOp([])
 
 
@@ -231,6 +231,7 @@ def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
     tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
+    request = request.with_args(args)
     m = extent(args[0], 0, request)
     if isinstance(m, int) and 0 < m <= ROWS_MAX:
         return linear_rows(args, symbols, request)
