@@ -76,5 +76,6 @@ def _panels(source: ir.Operation) -> ir.Value | None:
 def _one_row_only(constant: ir.Operation) -> bool:
     """Whether every cpu linear reading `constant` as its w (the readers of its panels) has one (static) row."""
     readers = [use.owner for use in constant.result.uses
-               if ops.family_of(use.owner) == "contract" and use.operand_number == 1 and hx.device_of(use.owner) == "cpu"]
+               if ops.family_of(use.owner) == "contract" and use.operand_number == 1
+               and hx.device_of(use.owner) == "cpu"]
     return all(ir.RankedTensorType(reader.operands[0].type).shape[0] == 1 for reader in readers)

@@ -135,8 +135,8 @@ def _family_result(op: ir.Operation, definition: ops.OpDef, name: str, specs: li
         for extra in extras:
             extra_spec = (hx.shape_of(extra.type), hx.dtype_of(extra.type))
             if extra_spec[1] != specs[0][1] or ops.broadcast(name, [shape, extra_spec[0]]) != tuple(shape):
-                raise TraceError(f"{name}: an epilogue input is {hx.describe(*extra_spec)}; expected a "
-                                 f"{specs[0][1]} tensor that broadcasts to the result {hx.describe(shape, specs[0][1])}")
+                raise TraceError(f"{name}: an epilogue input is {hx.describe(*extra_spec)}; expected a {specs[0][1]} "
+                                 f"tensor that broadcasts to the result {hx.describe(shape, specs[0][1])}")
         if expr is not None or extras:
             scalars.check(expr, f"{name}: {hx.EPILOGUE}", 1 + len(extras))
     except HxbFormatError as error:
