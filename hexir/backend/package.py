@@ -164,7 +164,7 @@ def kernel_tables(module: ir.Module) -> tuple[bytes, bytes]:
         calls = _call_types(module)
         tables: dict[str, list[dict]] = {"cpu": [], "cuda": []}
         for kernel in ht.kernels(module):
-            if "@" in ht.name_of(kernel):
+            if not ht.identity_of(kernel).best:
                 continue  # another level's copy: the same table
             entry = _kernel_entry(kernel, calls)
             if entry["device"] == "cpu" and ht.custom_of(kernel) is not None and \
@@ -190,7 +190,7 @@ def _package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: Cu
     cuda_images: dict[str, int] = {}  # the generated kernels' images, stored once for all of them
     calls = _call_types(module)
     for kernel in ht.kernels(module):
-        if "@" in ht.name_of(kernel):
+        if not ht.identity_of(kernel).best:
             continue  # another level's copy of a cpu kernel: in that level's library, same entry
         entry = _kernel_entry(kernel, calls)
         if entry["op"] == "custom":

@@ -97,6 +97,7 @@ VARIANTS = "hextir.variants"        # on a kernel: [{symbol = @k__t32, below = {
 VARIANT_OF = "hextir.variant_of"    # on such an other kernel: @the kernel it is a variant of
 #: Each cuda kernel gets a cpu twin, `<name>_cpu`.
 FALLBACK_SUFFIX = "_cpu"
+IDENTITY = "hextir.id"             # on a kernel: its KernelId (name, best, variant, twin)
 #: The gpu.module that holds the outlined cuda kernels.
 GPU_MODULE = "hexir_cuda"
 
@@ -330,13 +331,50 @@ def set_variant_of(kernel: ir.Operation, name: str) -> None:
     kernel.attributes[VARIANT_OF] = ir.FlatSymbolRefAttr.get(name)
 
 
-def level_name(name: str, level: str, target: object) -> str:
-    """A cpu kernel's function name: its own for the target's best level, `<name>@<level>` else."""
-    return name if level == target.cpu else f"{name}@{level}"
+@dataclass(frozen=True)
+class KernelId:
+    """Who a kernel is: the op instance it computes (`name`, linear_0), its device, the x86-64
+    `level` a cpu kernel is built for (`best`: the target's best one), the schedule's `variant`
+    (one of the kernels the runtime picks from per call) and whether it is the cpu `twin` of the
+    cuda kernel `name`. Its names are made here and nowhere else: `symbol` in its library or
+    image, `function` in the module (a level other than the best one's copy has its own)."""
+
+    name: str
+    device: str
+    level: str | None = None
+    best: bool = True
+    variant: str | None = None
+    twin: bool = False
+
+    @property
+    def symbol(self) -> str:
+        return self.name + (f"__{self.variant}" if self.variant else "") + (FALLBACK_SUFFIX if self.twin else "")
+
+    @property
+    def function(self) -> str:
+        return self.symbol if self.best else f"{self.symbol}@{self.level}"
 
 
-def set_level(kernel: ir.Operation, level: str) -> None:
-    kernel.attributes[LEVEL] = ir.StringAttr.get(level)
+def set_identity(kernel: ir.Operation, identity: KernelId) -> None:
+    """Record `identity` on the kernel (its level as `hextir.level`, which the backends read)."""
+    fields = {"name": ir.StringAttr.get(identity.name), "best": ir.BoolAttr.get(identity.best),
+              "twin": ir.BoolAttr.get(identity.twin)}
+    if identity.variant:
+        fields["variant"] = ir.StringAttr.get(identity.variant)
+    kernel.attributes[IDENTITY] = ir.DictAttr.get(fields)
+    if identity.level:
+        kernel.attributes[LEVEL] = ir.StringAttr.get(identity.level)
+
+
+def identity_of(kernel: ir.Operation) -> KernelId:
+    """A kernel's KernelId (one with none, written by hand, is its own name at the best level)."""
+    if IDENTITY not in kernel.attributes:
+        return KernelId(name_of(kernel), kernel_of(kernel)[0], level_of(kernel))
+    fields = ir.DictAttr(kernel.attributes[IDENTITY])
+    return KernelId(ir.StringAttr(fields["name"]).value, kernel_of(kernel)[0], level_of(kernel),
+                    ir.BoolAttr(fields["best"]).value,
+                    ir.StringAttr(fields["variant"]).value if "variant" in fields else None,
+                    ir.BoolAttr(fields["twin"]).value)
 
 
 def level_of(kernel: ir.Operation) -> str | None:

@@ -72,19 +72,19 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 request, record = _request(op, definition, target, symbols, packed)
                 schedules = ops.schedules_of(definition)
                 if device == "cuda":
-                    kernel = _kernel(name, arg_types, device, schedules[device], request, record)
+                    kernel = _kernel(ht.KernelId(name, device), arg_types, schedules[device], request, record)
                     launch = ht.record_of(kernel)  # what can be checked before run time: the static axes
                     check_launch(name, [g if isinstance(g, int) else None for g in launch.grid], list(launch.block))
                     variants = getattr(definition, "variants", {}).get(device, lambda *_: [])(arg_types[:len(values)],
                                                                                               request)
-                    for variant, _ in variants:  # the schedule's other kernels, chosen per call
-                        other = _kernel(f"{name}__{variant}", arg_types, device, schedules[device],
-                                        replace(request, variant=variant), record)
-                        ht.set_variant_of(other, name)
+                    others = [ht.KernelId(name, device, variant=variant) for variant, _ in variants]
+                    for other in others:  # the schedule's other kernels, chosen per call
+                        ht.set_variant_of(_kernel(other, arg_types, schedules[device],
+                                                  replace(request, variant=other.variant), record), name)
                     if variants:
-                        ht.set_variants(kernel, [(f"{name}__{variant}", below) for variant, below in variants])
-                cpu_name = name if device == "cpu" else name + ht.FALLBACK_SUFFIX
-                for kernel in _cpu_kernels(cpu_name, arg_types, schedules["cpu"], request,
+                        ht.set_variants(kernel, [(o.function, below) for o, (_, below) in zip(others, variants,
+                                                                                              strict=True)])
+                for kernel in _cpu_kernels(name, device == "cuda", arg_types, schedules["cpu"], request,
                                            record):  # (the cpu twin lets `hexir-run --device=cpu` run it)
                     if device == "cuda":
                         ht.set_fallback_of(kernel, name)
@@ -112,7 +112,8 @@ def _pack_call(main: ir.Operation, op: ir.Operation, counter: int, target: Targe
     panels = ir.RankedTensorType.get([-(-n // lanes), k, lanes], ir.RankedTensorType(w.type).element_type)
     name = f"pack_panels_{counter}"
     with ir.InsertionPoint(main), op.location:
-        _cpu_kernels(name, [_memref(w.type), _memref(panels)], cpu.pack_panels, Request("pack_panels", dtype, target))
+        _cpu_kernels(name, False, [_memref(w.type), _memref(panels)], cpu.pack_panels,
+                     Request("pack_panels", dtype, target))
     with ir.InsertionPoint(op), op.location:
         return hx.call(name, [w], panels, "cpu")
 
@@ -138,22 +139,23 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
                    panels=hx.has_w_panels(op) or packed), record
 
 
-def _cpu_kernels(name: str, arg_types: list[ir.Type], build: Builder, request: Request,
+def _cpu_kernels(name: str, twin: bool, arg_types: list[ir.Type], build: Builder, request: Request,
                  record: object = None) -> list[ir.Operation]:
-    """A cpu kernel per x86-64 level of the target."""
+    """A cpu kernel per x86-64 level of the target (the cpu `twin` of the cuda kernel `name`)."""
     kernels = []
     for level in request.target.cpu_levels:
         at_level = replace(request, target=replace(request.target, cpu_levels=(level,)))
-        kernels.append(_kernel(ht.level_name(name, level, request.target), arg_types, "cpu", build, at_level, record))
-        ht.set_level(kernels[-1], level)
+        identity = ht.KernelId(name, "cpu", level, level == request.target.cpu, twin=twin)
+        kernels.append(_kernel(identity, arg_types, build, at_level, record))
     return kernels
 
 
-def _kernel(name: str, arg_types: list[ir.Type], device: str, build: Builder, request: Request,
+def _kernel(identity: ht.KernelId, arg_types: list[ir.Type], build: Builder, request: Request,
             record: object) -> ir.Operation:
-    kernel = func.FuncOp(name, ir.FunctionType.get(arg_types, []))
+    kernel = func.FuncOp(identity.function, ir.FunctionType.get(arg_types, []))
     op = request.op + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
-    ht.tag_kernel(kernel.operation, device, op, record, request.symbols)
+    ht.tag_kernel(kernel.operation, identity.device, op, record, request.symbols)
+    ht.set_identity(kernel.operation, identity)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
     buffers = list(block.arguments)[:len(arg_types) - len(request.symbols)]
@@ -170,11 +172,13 @@ def _custom_kernels(op: ir.Operation, name: str, arg_types: list[ir.Type], devic
     a cuda custom kernel with a cpu file gets a cpu twin, as the generated ones do."""
     objects = hx.objects_of(op)
     grid, block = hx.launch_of(op)
-    for kernel_device, kernel_name in ((device, name), ("cpu", name + ht.FALLBACK_SUFFIX)):
-        if kernel_name != name and (device != "cuda" or "cpu" not in objects):
+    for identity in (ht.KernelId(name, device), ht.KernelId(name, "cpu", twin=True)):
+        if identity.twin and (device != "cuda" or "cpu" not in objects):
             continue
+        kernel_device, kernel_name = identity.device, identity.function
         declaration = func.FuncOp(kernel_name, ir.FunctionType.get(arg_types, []), visibility="private")
         ht.tag_kernel(declaration.operation, kernel_device, "custom")
+        ht.set_identity(declaration.operation, identity)
         ht.set_custom(declaration.operation, hx.string_attr(op, "kernel"), objects[kernel_device])
         if kernel_device == "cuda":
             ht.set_record(declaration.operation, ht.Launch(tuple(grid), tuple(block)))

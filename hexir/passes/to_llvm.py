@@ -43,11 +43,11 @@ def cpu_kernels_to_llvm(module: ir.Module, level: str | None = None) -> ir.Modul
     with module.context, ir.Location.unknown():
         lowered = ir.Module.create()
         kernels = ht.generated_kernels(module, "cpu")
-        level = level or next((ht.level_of(k) for k in kernels if "@" not in ht.name_of(k)), None)
+        level = level or next((ht.level_of(k) for k in kernels if ht.identity_of(k).best), None)
         with ir.InsertionPoint(lowered.body):
             for kernel in (k for k in kernels if ht.level_of(k) == level):
                 clone = kernel.clone()
-                clone.attributes["sym_name"] = ir.StringAttr.get(ht.name_of(kernel).partition("@")[0])
+                clone.attributes["sym_name"] = ir.StringAttr.get(ht.identity_of(kernel).symbol)
                 for attribute in [name for name in clone.attributes if name.startswith("hextir.")]:
                     del clone.attributes[attribute]
                 _mark_noalias(clone)
