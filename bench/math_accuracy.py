@@ -2,6 +2,7 @@
 
     python bench/math_accuracy.py [--points N]  # here: the cpu (x86-64-v3 and the baseline)
     python bench/math_accuracy.py --speed       # here: ns per element of the cpu kernels, and numpy's
+    python bench/math_accuracy.py --exhaustive exp,log,tanh  # here: every float32 input (minutes)
     python bench/math_accuracy.py build DIR     # here (MLIR): the CUDA images, for the GPU machine
     python bench/math_accuracy.py run DIR [--ptx]  # on the GPU machine (numpy, cuda-python, the runtime)
 
@@ -236,6 +237,27 @@ def speed(library: ctypes.CDLL, size: int = 1 << 22) -> None:
         print(f"{op:6} {' '.join(cells)}")
 
 
+def exhaustive(library: ctypes.CDLL, op: str, chunk: int = SIZE) -> None:
+    """Every float32 input (2^32 bit patterns) of `op` against numpy's float64 function rounded
+    to float32 (numpy's own error, about 1 float64 ulp, can flip a result lying that close to a
+    rounding midpoint: such a case would be counted here)."""
+    worst, other, total = 0.0, 0, 0
+    for start in range(0, 1 << 32, chunk):
+        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        y = run_cpu(library, op, 16, x, x)
+        with np.errstate(all="ignore"):
+            exact = NUMPY[op](x.astype(np.float64))
+            expected = exact.astype(np.float32)
+        same = (y == expected) & (np.signbit(y) == np.signbit(expected)) | np.isnan(y) & np.isnan(expected)
+        differ = np.flatnonzero(~same)  # few: measure only these
+        error, wrong = errors(y[differ], exact[differ])
+        if wrong:
+            i = differ[wrong[0]]
+            print(f"  MISMATCH {op}({x[i]!r}) = {y[i]!r}, expected {exact[i]!r}")
+        worst, other, total = max(worst, error), other + differ.size, total + x.size
+    print(f"{op:6} {worst:16.4f} {other:12d}   (every float32: {total} inputs, x86-64-v3 vectors)")
+
+
 def build(out: Path) -> None:
     """The CUDA kernels of every op, as the cuda backend compiles them, into `out`."""
     from mlir import ir
@@ -295,6 +317,7 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=1 << 20, help="grid and random points per op and dtype")
     parser.add_argument("--ptx", action="store_true", help="run: load the PTX, not the GPU's CUBIN")
     parser.add_argument("--speed", action="store_true", help="cpu: time the vector kernels against numpy")
+    parser.add_argument("--exhaustive", metavar="OPS", help="cpu: every float32 input of these ops (exp,log,tanh)")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder)
@@ -302,11 +325,16 @@ def main() -> int:
     if args.action == "run":
         return 0 if report("cuda", cuda_runner(args.folder, args.ptx), args.points) else 1
     ok = True
-    for level in ("x86-64-v3", "x86-64"):
+    for level in ("x86-64-v3",) if args.exhaustive or args.speed else ("x86-64-v3", "x86-64"):
         library = cpu_library(level)
         if args.speed:
             speed(library)
             continue
+        if args.exhaustive:
+            print(f"{'op':6} {'float32 max ulp':>16} {'not nearest':>12}")
+            for op in args.exhaustive.split(","):
+                exhaustive(library, op)
+            return 0
         for widths, what in (((16, 8), "vectors"), ((1, 1), "scalars")):
             def run(op, x, p, widths=widths, library=library):
                 return run_cpu(library, op, widths[x.dtype == np.float64], x, p)

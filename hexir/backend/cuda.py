@@ -10,10 +10,10 @@ Math ops (docs/math.md) become calls to libdevice (`__nv_expf`, `__nv_erf`...), 
 NVVM serializer links in before PTX is generated: the pinned MLIR wheel embeds a libdevice,
 else it reads the toolkit's nvvm/libdevice (the CUDA wheel has one). A PTX that still
 declares a function it does not define (an unlinked `__nv_` call) is refused here, naming it.
-Square roots are the exception: libdevice's float32 sqrt and rsqrt are `sqrt.approx` and
-`rsqrt.approx` (its float64 rsqrt too, as NVVM reflect leaves __CUDA_PREC_SQRT off), so
+Square roots are the exception: libdevice's float32 sqrt is `sqrt.approx` (NVVM reflect
+leaves __CUDA_PREC_SQRT off) and its rsqrt, float32 and float64, is always `rsqrt.approx`, so
 `math.sqrt` becomes LLVM's sqrt (`sqrt.rn`, correctly rounded) and `math.rsqrt` 1 / that
-(`div.rn`) before the conversion.
+(`rcp.rn`, also IEEE) before the conversion.
 """
 
 from __future__ import annotations

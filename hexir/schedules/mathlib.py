@@ -6,7 +6,7 @@ float32 or float64 scalar or vector `x`, from operations every x86-64 level has 
 (add, mul, div, sqrt, compare, select, integer add/shift, bit casts: no conversion between
 float and i64, which AVX2 lacks). A float32 x is widened to float64, evaluated there (about
 1e-15 relative) and rounded once, so its results are within 0.5 ulp plus a hair of the exact
-value; a float64 x is evaluated in float64 (a few 1e-16 relative; erf 2e-15). bench/
+value; a float64 x is evaluated in float64 (under 5e-16 relative). bench/
 math_accuracy.py measures it; docs/math.md has the numbers. No fast-math flags: NaN, ±inf,
 -0, subnormals and overflow behave as numpy's.
 
@@ -19,10 +19,11 @@ math_accuracy.py measures it; docs/math.md has the numbers. No fast-math flags: 
   (|s| <= 0.172), plus k ln 2. 0, negative numbers, +inf and NaN are chosen by compares.
 - tanh: tanh |x| = e / (e + 2) with e = expm1(2|x|) = 2^n expm1(r) + (2^n - 1), 2|x| clamped
   to 40 (tanh is 1 in float64 beyond 19), the sign put back by copysign (so tanh(-0) = -0).
-- erf: for |x| < 1 the Taylor series x (2/sqrt(pi)) sum (-x^2)^n / (n! (2n + 1)) to n = 18;
-  for 1 <= |x| <= 6, 1 - exp(-x^2) g(x) where g(x) = exp(x^2) erfc(x) is the degree-24
+- erf: for |x| < 1.5 the Taylor series x (2/sqrt(pi)) sum (-x^2)^n / (n! (2n + 1)) to n = 25;
+  for 1.5 <= |x| <= 6, 1 - exp(-x^2) g(x) where g(x) = exp(x^2) erfc(x) is the degree-24
   polynomial interpolating g at Chebyshev points (computed here once, from Python's math.erfc);
-  beyond 6 erf is 1 in float64.
+  beyond 6 erf is 1 in float64. From 1.5 on, erfc <= 0.034 erf, so the polynomial's error
+  (about 1e-14 relative: its samples of g are that accurate) reaches erf 30 times smaller.
 - rsqrt (float32): 1 / sqrt(x) in float64, rounded once (in float32: two roundings, 1.5 ulp).
 
 Other ops, and float64 rsqrt (LLVM's 1 / sqrt), get None: the caller lowers them to LLVM/libm.
@@ -42,7 +43,7 @@ MAGIC = 1.5 * 2.0**52            # adding it rounds a float64 below 2^51 to an i
 LN2_HI = 0.6931471803691238      # ln 2 in 32 significant bits: n * LN2_HI is exact for |n| < 2^21
 LN2_LO = 1.9082149292705877e-10  # ln 2 - LN2_HI
 SQRT_HALF_BITS = 0x3FE6A09E667F3BCD
-ERF_SPLIT, ERF_ONE = 1.0, 6.0    # erf's two pieces meet at 1; erf rounds to 1 in float64 beyond 5.93
+ERF_SPLIT, ERF_ONE = 1.5, 6.0    # erf's two pieces meet at 1.5; erf rounds to 1 in float64 beyond 5.93
 ERF_DEGREE = 24                  # of the polynomial for exp(x^2) erfc(x) on [ERF_SPLIT, ERF_ONE]
 
 
@@ -89,12 +90,12 @@ class _Wide:
 _EXP_TAYLOR = [1 / math.factorial(k) for k in range(14)]       # exp(r), |r| <= 0.347: 4e-18 left
 _EXPM1_TAYLOR = [1 / math.factorial(k + 1) for k in range(13)]  # expm1(r) / r
 _ATANH_SERIES = [2 / (2 * k + 1) for k in range(12)]            # 2 atanh(s) / s in s^2 <= 0.0295
-_ERF_TAYLOR = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(19)]
+_ERF_TAYLOR = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(26)]
 
 
 @functools.cache
 def _erfcx_coefficients() -> list[float]:
-    """g(x) = exp(x^2) erfc(x) on [1, 6] as a polynomial in t = (2x - 7) / 5 in [-1, 1]."""
+    """g(x) = exp(x^2) erfc(x) on [1.5, 6] as a polynomial in t = (2x - 7.5) / 4.5 in [-1, 1]."""
     interpolant = np.polynomial.Chebyshev.interpolate(
         np.vectorize(lambda x: math.erfc(x) * math.exp(x * x)), ERF_DEGREE, domain=[ERF_SPLIT, ERF_ONE])
     return [float(c) for c in np.polynomial.chebyshev.cheb2poly(interpolant.coef)]
