@@ -93,11 +93,12 @@ def _absorb_producers(op: ir.Operation) -> None:
             if producer is None or hx.shape_of(value.type) != hx.shape_of(op.result.type):
                 continue
             inner = list(producer.operands)
-            merged = list(dict.fromkeys([*operands[:position], *inner, *operands[position + 1:]]))
+            merged = list(dict.fromkeys([*(v for v in operands[:position] if v != value), *inner,
+                                         *(v for v in operands[position + 1:] if v != value)]))
             if len(merged) > hx.MAX_CALL_ARGS:
                 continue
-            args = [_renumber(hx.expr_of(producer), inner, merged) if j == position else ["arg", merged.index(v)]
-                    for j, v in enumerate(operands)]
+            made = _renumber(hx.expr_of(producer), inner, merged)
+            args = [made if v == value else ["arg", merged.index(v)] for v in operands]
             op = _rebuilt(op, merged, scalars.substitute(tree, args))
             producer.erase()
             changed = True
