@@ -41,7 +41,8 @@ def test_a_fused_kernel_is_one_node_and_transfers_carry_bytes():
     text = hexir.explain(f, hexir.TensorSpec(("batch", 8), "float32"))
     assert text.startswith("digraph hexir {") and text.endswith("}\n")
     labels = {label: colour for label, colour in nodes(text).values()}
-    assert labels == {"x\\nfloat32[batch, 8]": COLORS["cpu"], "linear → max(a0, 0) (W1)\\nfloat32[batch, 16]": COLORS["cuda"],
+    assert labels == {"x\\nfloat32[batch, 8]": COLORS["cpu"],
+                      "linear → max(a0, 0) (W1)\\nfloat32[batch, 16]": COLORS["cuda"],
                       "linear (W2)\\nfloat32[batch, 4]": COLORS["cpu"], "return": COLORS["cpu"]}
     by_label = {label.split("\\n")[0]: node for node, (label, _) in nodes(text).items()}
     assert edges(text) == {(by_label["x"], by_label["linear → max(a0, 0) (W1)"]): "batch × 32 B",
