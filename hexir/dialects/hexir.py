@@ -339,7 +339,7 @@ def expr_of(op: ir.Operation) -> object:
     try:
         return json.loads(ir.StringAttr(op.attributes[name]).value)
     except (ValueError, TypeError) as error:
-        raise TraceError(f"{op.name}: {name} is not JSON: {error}") from None
+        raise TraceError(f"{op.name.removeprefix('hexir.')}: {name} is not JSON: {error}") from None
 
 
 def set_expr(op: ir.Operation, tree: object, name: str = EXPR) -> None:

@@ -6,11 +6,14 @@
 - `lower(ir_text, stage, **options)`: parse, run the pipeline up to `stage`, return the
   printed IR (or the bytes of an .hxb).
 - `manifest(data)`: the manifest of .hxb bytes, decoded and checked by the runtime's reader.
+- `family_attrs(name, operands)`: the attributes a registered pointwise or reduce op carries in
+  IR text (its own tree as `expr`, its operand groups), for writing `.mlir` inputs.
 - `line_of(path, tag)`: the number of the one line of a file that ends in the comment `# tag`.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 import textwrap
@@ -21,8 +24,11 @@ import pytest
 from hexir_runtime import format as hxb
 from mlir import ir
 
+from hexir import ops
 from hexir.dialects import make_context
+from hexir.dialects.hexir import MAX_CALL_ARGS
 from hexir.driver import Options, run_stage
+from hexir.ops import scalar
 
 LLVM_BIN = Path(llvm.__file__).parent / "bin"
 FILECHECK = LLVM_BIN / "FileCheck"
@@ -63,6 +69,21 @@ def linear_program(m: int, k: int, n: int, dtype: str = "f32") -> str:
       %y = "hexir.linear"(%x, %w) {{device = "auto"}} : ({x}, {w}) -> {y}
       return %y : {y}
     }}"""
+
+
+def family_attrs(name: str, operands: int = 1, axis: int = 1, **params: object) -> str:
+    """`expr = "...", operandSegmentSizes = array<i32: ...>` of a `hexir.<name>` op of `operands`
+    tensors, as the tracer writes them: a pointwise op's own tree over its operands, a reduce
+    op's program over `axis` of its first operand."""
+    definition = ops.REGISTRY[name]
+    if definition.family == "reduce":
+        args = [scalar.Scalar.arg(i) for i in range(operands)]
+        tree = scalar.reduce_program(definition.function, args, axis, **params).to_json()
+    else:
+        tree = definition.tree(**params)
+    text = json.dumps(tree, separators=(",", ":")).replace('"', "\\22")
+    groups = ", ".join(["1"] * operands + ["0"] * (MAX_CALL_ARGS - operands))
+    return f'expr = "{text}", operandSegmentSizes = array<i32: {groups}>'
 
 
 def manifest(data: bytes) -> dict:

@@ -16,6 +16,7 @@ from hexir.backend import cpu as cpu_backend
 from hexir.backend.toolchain import llvm_tool, run_tool
 from hexir.driver import Options, compile_module
 from hexir.errors import CompileError, TargetError
+from hexir.schedules import cpu_families
 from hexir.target import Target, parse_target
 
 from .conftest import LLVM_BIN, cpu_linear_tiles, parse
@@ -156,23 +157,25 @@ def test_manifest_describes_the_host_program(baseline):
 def test_manifest_kernels_carry_shapes_access_and_work_range(baseline):
     linear_relu, linear_bias = baseline.json["kernels"]
     assert linear_relu["op"] == "linear" and linear_relu["device"] == "cpu"
-    assert linear_relu["epilogues"] == ["relu"] and linear_relu["sizes"] == []
+    assert linear_relu["expr"] == ["max", ["arg", 0], ["const", 0.0]] and linear_relu["sizes"] == []  # relu's tree
     assert [a["shape"] for a in linear_relu["args"]] == [[2, 8], [8, 16], [2, 16]]
     assert [a["access"] for a in linear_relu["args"]] == ["read", "read", "write"]
     assert linear_bias["op"] == "linear" and linear_bias["device"] == "cpu"
-    assert linear_bias["epilogues"] == ["bias"] and linear_bias["sizes"] == []
+    assert linear_bias["expr"] == ["add", ["arg", 0], ["arg", 1]] and linear_bias["sizes"] == []  # sums + bias
     assert [a["shape"] for a in linear_bias["args"]] == [[2, 16], [16, 4], [4], [2, 4]]
     assert [a["access"] for a in linear_bias["args"]] == ["read", "read", "read", "write"]
     # a relu of an input has no linear to fuse into: it stays a kernel of its own
     relu_of_input = hexir.jit(lambda h: hexir.relu(h))
     (relu,) = hxb.decode(compile_module(relu_of_input.trace(hexir.TensorSpec((2, 16), "float32")),
                                         Options())).json["kernels"]
-    assert relu["op"] == "relu" and relu["device"] == "cpu" and relu["epilogues"] == []
+    assert relu["op"] == "pointwise" and relu["device"] == "cpu" and relu["expr"] == linear_relu["expr"]
     assert [a["shape"] for a in relu["args"]] == [[2, 16], [2, 16]]
     assert [a["access"] for a in relu["args"]] == ["read", "write"]
-    # linear (fused or not): tiles of its output (one here); relu: the rows
+    # linear (fused or not): tiles of its output (one here); relu: the rows, a thread taking at
+    # least CHUNK_ELEMENTS elements' worth of them
     assert [k["work"] for k in (linear_relu, relu, linear_bias)] == [
-        {"extent": cpu_linear_tiles(2, 16, "float32"), "grain": 1, "spans": True}, {"extent": 2, "grain": 1},
+        {"extent": cpu_linear_tiles(2, 16, "float32"), "grain": 1, "spans": True},
+        {"extent": 2, "grain": -(-cpu_families.CHUNK_ELEMENTS // 16)},
         {"extent": cpu_linear_tiles(2, 4, "float32"), "grain": 1, "spans": True}]
     assert cpu_linear_tiles(2, 16, "float32") == 1
 

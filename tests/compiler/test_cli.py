@@ -13,20 +13,22 @@ import pytest
 from hexir.cli import main
 from hexir.driver import STAGES
 
-from .conftest import MLP, REPO, manifest
+from .conftest import MLP, REPO, family_attrs, manifest
 
 MAGIC = b"\x89HXB\r\n\x1a\n"
 PYTHON_INPUT = [f"{MLP}:mlp", "-spec=x=2x8xf32"]
 
-PROGRAM = """\
-func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {
-  %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.25> : tensor<8x4xf32>} : () -> tensor<8x4xf32>
-  %1 = "hexir.linear"(%arg0, %0) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
-  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+PROGRAM = f"""\
+func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {{
+  %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.25> : tensor<8x4xf32>}} : () -> tensor<8x4xf32>
+  %1 = "hexir.linear"(%arg0, %0) {{device = "auto"}} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  %2 = "hexir.relu"(%1) {{device = "auto", {family_attrs("relu")}}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
   "hexir.print"(%2) : (tensor<2x4xf32>) -> ()
   return %2 : tensor<2x4xf32>
-}
+}}
 """
+RELU = ["max", ["arg", 0], ["const", 0.0]]  # relu's tree: the expr of a linear it is fused into
+PLAIN = ["arg", 0]  # a linear's sums as they are
 
 # what the output of each text stage must show (and, for the first ones, must no longer show)
 STAGE_SHOWS = {
@@ -83,8 +85,8 @@ def test_hxb_is_written_with_its_magic(source, program, tmp_path, capsys):
     assert f"wrote {output}" in capsys.readouterr().err
     kernels = manifest(data)["kernels"]
     # both programs' relu is the only user of a linear on its device: fused into it
-    expected = [("linear", ["relu"]), ("linear", [])] if source == "python" else [("linear", ["relu"])]
-    assert [(k["op"], k["epilogues"]) for k in kernels] == expected
+    expected = [("linear", RELU), ("linear", PLAIN)] if source == "python" else [("linear", RELU)]
+    assert [(k["op"], k["expr"]) for k in kernels] == expected
 
 
 def test_hxb_defaults_to_out_hxb(program, tmp_path, monkeypatch):
@@ -114,7 +116,7 @@ def test_compilation_resumes_from_a_saved_stage(saved, tmp_path, capsys):
     assert main([str(middle), "-emit=hxb", "-o", str(tmp_path / "m.hxb")]) == 0, capsys.readouterr().err
     kernels = manifest((tmp_path / "m.hxb").read_bytes())["kernels"]
     # examples/mlp.py: relu(linear(x, W1)) is one fused kernel, then the second linear
-    assert [(k["op"], k["epilogues"]) for k in kernels] == [("linear", ["relu"]), ("linear", [])]
+    assert [(k["op"], k["expr"]) for k in kernels] == [("linear", RELU), ("linear", PLAIN)]
     assert [re.fullmatch(r"linear_[0-9]+", k["name"]) is not None for k in kernels] == [True, True]
 
 
@@ -133,7 +135,8 @@ def test_unwritable_output_is_exit_1(program, tmp_path, capsys):
 # ---- exit 2: bad arguments --------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, message", [
-    (["-placement=hexir.conv=cuda"], r"placement: unknown op 'hexir.conv'; placeable ops are hexir.linear, hexir.relu"),
+    (["-placement=hexir.conv=cuda"],
+     r"placement: unknown op 'hexir.conv'; placeable ops are \* \(all\) and hexir.linear, hexir.add, .*hexir.relu"),
     (["-placement=hexir.linear=tpu"], r"placement: unknown device 'tpu' for hexir.linear; expected one of cpu, cuda"),
     (["-target=cuda:sm_1"], r"target 'cuda:sm_1': 'sm_1' is not a supported CUDA architecture; expected one of "),
     (["-target=tpu"], r"target 'tpu': unknown device 'tpu'; expected cpu or cuda"),
@@ -190,7 +193,7 @@ def test_syntax_error_is_exit_1_naming_the_file(tmp_path, capsys):
 
 def test_irdl_violation_is_exit_1(tmp_path, capsys):
     path = tmp_path / "nodevice.mlir"
-    path.write_text(PROGRAM.replace(' {device = "auto"} : (tensor<2x4xf32>)', " : (tensor<2x4xf32>)"))
+    path.write_text(PROGRAM.replace('"hexir.relu"(%1) {device = "auto", ', '"hexir.relu"(%1) {'))
     assert main([str(path), "-emit=mlir"]) == 1
     assert '\'hexir.relu\' op attribute "device" is expected but not provided' in capsys.readouterr().err
 

@@ -30,32 +30,34 @@ import hexir
 import hexir.cli
 from hexir.backend import cuda as cuda_backend
 from hexir.errors import TargetError
+from hexir.schedules import cpu_families, cuda_families
 from hexir.schedules import cuda as gpu_schedule
 from hexir.target import CUDA_ARCHS, MAX_SHARED_BYTES
 
-from .conftest import LLVM_BIN, cpu_linear_tiles, cuda_linear_launch, filecheck, linear_program, lower
+from .conftest import LLVM_BIN, cpu_linear_tiles, cuda_linear_launch, family_attrs, filecheck, linear_program, lower
 
 ON_CUDA = (("hexir.linear", "cuda"), ("hexir.relu", "cuda"))
+RELU = family_attrs("relu")
 EM_CUDA = 190
 
 # x[17, 5] @ W[5, 7], then relu: sizes no block divides, distinct from the schedule's constants.
 # The linear's result is printed too, so the relu is not fused into it: the relu's own schedule
 # and launch are checked here (tests/compiler/test_fuse.py has the fused pair).
-PROGRAM = """\
-func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {
-  %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>} : () -> tensor<5x7xf32>
-  %1 = "hexir.linear"(%arg0, %0) {device = "auto"} : (tensor<17x5xf32>, tensor<5x7xf32>) -> tensor<17x7xf32>
-  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<17x7xf32>) -> tensor<17x7xf32>
+PROGRAM = f"""\
+func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {{
+  %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
+  %1 = "hexir.linear"(%arg0, %0) {{device = "auto"}} : (tensor<17x5xf32>, tensor<5x7xf32>) -> tensor<17x7xf32>
+  %2 = "hexir.relu"(%1) {{device = "auto", {RELU}}} : (tensor<17x7xf32>) -> tensor<17x7xf32>
   "hexir.print"(%1) : (tensor<17x7xf32>) -> ()
   return %2 : tensor<17x7xf32>
-}
+}}
 """
 
-RELU_3D = """\
-func.func @main(%arg0: tensor<2x3x5xf64>) -> tensor<2x3x5xf64> {
-  %0 = "hexir.relu"(%arg0) {device = "auto"} : (tensor<2x3x5xf64>) -> tensor<2x3x5xf64>
+RELU_3D = f"""\
+func.func @main(%arg0: tensor<2x3x5xf64>) -> tensor<2x3x5xf64> {{
+  %0 = "hexir.relu"(%arg0) {{device = "auto", {RELU}}} : (tensor<2x3x5xf64>) -> tensor<2x3x5xf64>
   return %0 : tensor<2x3x5xf64>
-}
+}}
 """
 
 
@@ -63,14 +65,14 @@ func.func @main(%arg0: tensor<2x3x5xf64>) -> tensor<2x3x5xf64> {
 
 
 # x[17, 5] @ W[5, 7] + b, then relu, all fused into one cuda kernel (the relu is the linear's only user).
-FUSED_BIAS_RELU = """\
-func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {
-  %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>} : () -> tensor<5x7xf32>
-  %b = "hexir.constant"() {device = "auto", name = "b", value = dense<-1.0> : tensor<7xf32>} : () -> tensor<7xf32>
-  %1 = "hexir.linear"(%arg0, %0, %b) {device = "auto"} : (tensor<17x5xf32>, tensor<5x7xf32>, tensor<7xf32>) -> tensor<17x7xf32>
-  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<17x7xf32>) -> tensor<17x7xf32>
+FUSED_BIAS_RELU = f"""\
+func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {{
+  %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
+  %b = "hexir.constant"() {{device = "auto", name = "b", value = dense<-1.0> : tensor<7xf32>}} : () -> tensor<7xf32>
+  %1 = "hexir.linear"(%arg0, %0, %b) {{device = "auto"}} : (tensor<17x5xf32>, tensor<5x7xf32>, tensor<7xf32>) -> tensor<17x7xf32>
+  %2 = "hexir.relu"(%1) {{device = "auto", {RELU}}} : (tensor<17x7xf32>) -> tensor<17x7xf32>
   return %2 : tensor<17x7xf32>
-}
+}}
 """
 
 # x[17, 5] @ w[5, 7]: more rows than the row-streaming kernel takes, too few blocks for larger
@@ -209,17 +211,17 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
     filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
+        CHECK-SAME: attributes {{hextir.expr = "[\\22arg\\22,0]", hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
         {linear_kernel_checks("arg2", "", "SUM")}
 
         CHECK:      func.func public @[[LINEAR]]_cpu(
-        CHECK-SAME: hextir.epilogues = [], hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
+        CHECK-SAME: hextir.expr = "[\\22arg\\22,0]", hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
         CHECK-NOT:  Idx
         CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return
 
         CHECK:      func.func public @[[RELU:relu_[0-9]+]](
-        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "relu">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
+        CHECK-SAME: hextir.expr = "[\\22max\\22,[\\22arg\\22,0],[\\22const\\22,0.0]]", hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
         CHECK:      arith.cmpi ult, %{{{{.+}}}}, %c119 : index
         CHECK:      #hextir.loop<"parallel", "threadIdx.x">
         CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
@@ -242,7 +244,7 @@ def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
     filecheck(lower(FUSED_BIAS_RELU, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.epilogues = ["bias", "relu"], hextir.kernel = #hextir.kernel<"cuda", "linear">
+        CHECK-SAME: attributes {{hextir.expr = "[\\22max\\22,[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]],[\\22const\\22,0.0]]", hextir.kernel = #hextir.kernel<"cuda", "linear">
         {linear_kernel_checks("arg3", epilogue, "RELU")}
         CHECK-NOT:  hexir.relu
     """)
@@ -251,10 +253,13 @@ def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
 def test_tir_relu_of_any_rank_is_one_flat_guarded_axis():
     filecheck(lower(RELU_3D, "mlir-tir", placement=ON_CUDA), """
         CHECK-LABEL: func.func public @relu_
-        CHECK: memref.collapse_shape %arg0 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
-        CHECK: memref.collapse_shape %arg1 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
-        CHECK: arith.cmpi ult, %{{.+}}, %c30{{(_[0-9]+)?}} : index
+        CHECK-DAG: %[[IN:.+]] = memref.collapse_shape %arg0 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
+        CHECK-DAG: %[[OUT:.+]] = memref.collapse_shape %arg1 {{\\[\\[}}0, 1, 2{{\\]\\]}} : memref<2x3x5xf64> into memref<30xf64>
+        CHECK: %[[AT:.+]] = arith.addi
+        CHECK: arith.cmpi ult, %[[AT]], %c30{{(_[0-9]+)?}} : index
+        CHECK: "hextir.load"(%[[IN]], %[[AT]])
         CHECK: arith.maximumf
+        CHECK: "hextir.store"(%{{.+}}, %[[OUT]], %[[AT]])
         CHECK: #hextir.loop<"parallel", "threadIdx.x">
         CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
     """)
@@ -363,11 +368,12 @@ def ceil_div(a: int, b: int) -> int:
 
 LINEAR_SHAPES = [(1, 1, 1), (1000, 7, 33), (3, 5, 7), (64, 3, 64), (65, 2, 129), (2, 257, 1031), (2048, 3, 2049),
                  (2048, 2, 2048), (2049, 2, 2047), (1024, 2, 1024)]
-ELEMENTWISE_BLOCK = 256
+POINTWISE_BLOCK = 256
+RELU_TREE = ["max", ["arg", 0], ["const", 0.0]]
 
 
 def test_the_tilings_are_chosen_by_the_blocks_they_make():
-    assert gpu_schedule.ELEMENTWISE_BLOCK == ELEMENTWISE_BLOCK
+    assert cuda_families.POINTWISE_BLOCK == POINTWISE_BLOCK
     assert gpu_schedule.linear_tiling(2048, 2049) == (128, 16, 8)  # 16 x 17 = 272 blocks of 128x128
     assert gpu_schedule.linear_tiling(1024, 2048) == (128, 16, 8)  # exactly 128
     assert gpu_schedule.linear_tiling(1024, 1920) == (64, 16, 4)  # 8 x 15 = 120: too few; 16 x 30 of 64x64
@@ -396,7 +402,7 @@ def test_linear_launch_is_the_shape_ceil_divided_by_the_tile(build, m, k, n):
 def test_relu_launch_is_the_element_count_ceil_divided_by_the_block(build, shape):
     chain, dims = ("relu1", (shape[0], 1, 1)) if len(shape) == 1 else ("relu3", (*shape, 1)[:3])
     (kernel,) = read(build(chain, "float32", *dims))[0]["kernels"]
-    block = ELEMENTWISE_BLOCK
+    block = POINTWISE_BLOCK
     total = math.prod(kernel["args"][0]["shape"])
     assert total == math.prod(shape)
     assert kernel["launch"] == {"grid": [ceil_div(total, block), 1, 1], "block": [block, 1, 1], "shared_bytes": 0}
@@ -406,8 +412,8 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     m = 9
     manifest, _ = read(build("linear_relu_apart", "float32", m, 4, 5))  # two kernels: one image for both
     linear, relu = manifest["kernels"]
-    assert [(k["op"], k["epilogues"], k["sizes"], k["device"]) for k in (linear, relu)] == [
-        ("linear", [], [], "cuda"), ("relu", [], [], "cuda")]
+    assert [(k["op"], k["expr"], k["sizes"], k["device"]) for k in (linear, relu)] == [
+        ("linear", ["arg", 0], [], "cuda"), ("pointwise", RELU_TREE, [], "cuda")]
     assert re.fullmatch(r"linear_[0-9]+", linear["name"]) and re.fullmatch(r"relu_[0-9]+", relu["name"])
     assert [k["symbol"] for k in (linear, relu)] == [linear["name"], relu["name"]]
     assert "work" not in linear and "parallel_extent" not in linear
@@ -416,11 +422,13 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
     blobs = manifest["blobs"]
     assert blobs[linear["images"]["sm_90"]]["name"] == "cuda:sm_90.cubin"
     assert blobs[linear["images"]["compute_90"]]["name"] == "cuda:compute_90.ptx"
-    # the cpu twins keep the cpu schedules: linear over tiles of its output, relu over the rows
+    # the cpu twins keep the cpu schedules: linear over tiles of its output, relu over the rows (a
+    # thread's chunk at least CHUNK_ELEMENTS elements)
     streamed = {"spans": True} if m <= 16 else {}  # up to 16 rows streamed: a thread's chunk is its span
     assert linear["cpu_fallback"] == {"symbol": linear["name"] + "_cpu",
                                       "work": {"extent": cpu_linear_tiles(m, 5, "float32"), "grain": 1, **streamed}}
-    assert relu["cpu_fallback"] == {"symbol": relu["name"] + "_cpu", "work": {"extent": m, "grain": 1}}
+    assert relu["cpu_fallback"] == {"symbol": relu["name"] + "_cpu",
+                                    "work": {"extent": m, "grain": -(-cpu_families.CHUNK_ELEMENTS // 5)}}
     libraries = manifest["cpu"]["libraries"]
     assert [blobs[library["library"]]["name"] for library in libraries] == [
         f"cpu-{library['cpu']}.so" for library in libraries]
@@ -634,7 +642,9 @@ def timeline(manifest: dict) -> list[tuple[str, str, str]]:
             steps.append(("transfer", devices[command["src"]], devices[command["dst"]]))
         elif command["op"] == "call":
             kernel = kernels[command["kernel"]]
-            steps.append(("call", "_".join([kernel["op"], *kernel["epilogues"]]), kernel["device"]))
+            relu = ["relu"] if kernel["expr"] == RELU_TREE else []  # a relu alone, or fused into the linear
+            op = "_".join([kernel["op"], *relu]) if kernel["op"] != "pointwise" else "_".join(relu or ["pointwise"])
+            steps.append(("call", op, kernel["device"]))
     return steps
 
 

@@ -16,8 +16,9 @@ from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.dialects import make_context
 from hexir.errors import TraceError
+from hexir.ops.library import linear_shape
 
-from .conftest import lower, parse
+from .conftest import family_attrs, lower, parse
 
 LINEAR = """
 func.func @main(%arg0: tensor<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> {{
@@ -66,11 +67,11 @@ def test_linear_device_must_be_a_string():
 def test_relu_result_must_have_its_operand_type():
     """IRDL checks a compute op's structure only (tensors in, a tensor out); its registered shape
     rule, applied by the verifier, checks the result type."""
-    text = """
-    func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x8xf64> {
-      %1 = "hexir.relu"(%arg0) {device = "cpu"} : (tensor<2x8xf32>) -> tensor<2x8xf64>
+    text = f"""
+    func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x8xf64> {{
+      %1 = "hexir.relu"(%arg0) {{device = "cpu", {family_attrs("relu")}}} : (tensor<2x8xf32>) -> tensor<2x8xf64>
       return %1 : tensor<2x8xf64>
-    }
+    }}
     """
     parse(text)
     with pytest.raises(TraceError, match=r"^-:3:8: relu: result type is float64\[2, 8\], expected float32\[2, 8\]$"):
@@ -102,7 +103,7 @@ def test_transfer_endpoints_are_real_devices():
 def test_call_needs_a_callee():
     text = """
     func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-      %1 = "hexir.call"(%arg0) {device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}
+      %1 = "hexir.call"(%arg0) {device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}
           : (tensor<4xf32>) -> tensor<4xf32>
       return %1 : tensor<4xf32>
     }
@@ -113,7 +114,7 @@ def test_call_needs_a_callee():
 
 @pytest.mark.parametrize("op", ["hexir.call", "hexir.custom_call"])
 def test_call_operand_segments_have_one_entry_per_operand_group(op):
-    """Calls have one required and MAX_CALL_ARGS - 1 optional operand groups; three entries no longer do."""
+    """Calls have one required and MAX_CALL_ARGS - 1 optional operand groups; seven entries no longer do."""
     attributes = ('callee = @k, device = "cpu"' if op == "hexir.call" else
                   'kernel = "k", objects = {cpu = "k.c"}, grid = array<i64: 1, 1, 1>, block = array<i64: 1, 1, 1>, '
                   'device = "cpu"')
@@ -124,11 +125,11 @@ def test_call_operand_segments_have_one_entry_per_operand_group(op):
       return %1 : tensor<4xf32>
     }}
     """
-    assert hx.MAX_CALL_ARGS == 4
-    parse(text.format(op=op, attributes=attributes, segments="1, 0, 0, 0"))
+    assert hx.MAX_CALL_ARGS == 8
+    parse(text.format(op=op, attributes=attributes, segments="1, 0, 0, 0, 0, 0, 0, 0"))
     with pytest.raises(ir.MLIRError, match=r"'operandSegmentSizes' attribute for specifying operand segments must "
-                                           r"have 4 elements, but got 3"):
-        parse(text.format(op=op, attributes=attributes, segments="1, 0, 0"))
+                                           r"have 8 elements, but got 7"):
+        parse(text.format(op=op, attributes=attributes, segments="1, 0, 0, 0, 0, 0, 0"))
 
 
 # ---- hexir: typed builders --------------------------------------------------------------
@@ -150,7 +151,7 @@ def _in_function(build, *arg_types_text):
 
 def test_compute_builder_makes_the_registered_op():
     def build(x, w, b):
-        result = hx.tensor_type(ops.linear_shape(((3, 5), "float64"), ((5, 7), "float64"),
+        result = hx.tensor_type(linear_shape(((3, 5), "float64"), ((5, 7), "float64"),
                                                  ((7,), "float64")), "float64")
         with_bias = hx.compute("linear", [x, w, b], result, device="cuda")
         without = hx.compute("linear", [x, w], result)
@@ -168,38 +169,38 @@ def test_compute_builder_makes_the_registered_op():
 def test_linear_shape_rule_names_the_mismatch():
     with pytest.raises(TraceError, match=r"^linear: inner dimensions differ: x is float32\[3, 5\] and w is "
                                          r"float32\[4, 7\]; expected w to have 5 rows, got 4$"):
-        ops.linear_shape(((3, 5), "float32"), ((4, 7), "float32"))
+        linear_shape(((3, 5), "float32"), ((4, 7), "float32"))
     with pytest.raises(TraceError, match=r"^linear: argument 'bias' must be float32\[7\], got float32\[5\]$"):
-        ops.linear_shape(((3, 5), "float32"), ((5, 7), "float32"), ((5,), "float32"))
-    assert ops.linear_shape((("batch", 5), "float32"), ((5, 7), "float32")) == ("batch", 7)
+        linear_shape(((3, 5), "float32"), ((5, 7), "float32"), ((5,), "float32"))
+    assert linear_shape((("batch", 5), "float32"), ((5, 7), "float32")) == ("batch", 7)
 
 
 @pytest.mark.parametrize("shape", [(2, 0), (2, 0, 4), (2, 3, 0), (1, 0, 3, 2), (2, 3, 4, 0), ("batch", 0, 4)])
 def test_the_shape_rules_refuse_an_empty_axis_but_the_first(shape):
     """Only the first axis may be empty (a buffer whose inner axis is 0 has no stride the
-    bare-pointer calling convention can express): the element-wise rule refuses an empty second
+    bare-pointer calling convention can express): the pointwise rule refuses an empty second
     or later axis in every rank, and takes an empty first one."""
     described = re.escape(f"float32[{', '.join(map(str, shape))}]")
-    with pytest.raises(TraceError, match=rf"^relu: argument 'x' is {described}; only the first axis of a tensor"):
-        ops.REGISTRY["relu"].shape((shape, "float32"))
+    with pytest.raises(TraceError, match=rf"^relu: argument '\w+' is {described}; only the first axis of a tensor"):
+        ops.pointwise_shape("relu", [(shape, "float32")])
     full = tuple(extent or 5 for extent in shape[1:])
-    assert ops.REGISTRY["relu"].shape(((0, *full), "float32")) == (0, *full)
+    assert ops.pointwise_shape("relu", [((0, *full), "float32")]) == (0, *full)
 
 
 def test_linear_and_the_verifier_refuse_an_empty_inner_axis():
     """linear's rule, for x and w; the verifier (the same rules) at the op's line."""
     with pytest.raises(TraceError, match=r"^linear: argument 'x' is float32\[3, 0\]; only the first axis"):
-        ops.linear_shape(((3, 0), "float32"), ((0, 4), "float32"))
+        linear_shape(((3, 0), "float32"), ((0, 4), "float32"))
     with pytest.raises(TraceError, match=r"^linear: argument 'w' is float32\[3, 0\]; only the first axis"):
-        ops.linear_shape(((2, 3), "float32"), ((3, 0), "float32"))
-    assert ops.linear_shape(((0, 3), "float32"), ((3, 4), "float32")) == (0, 4)
-    text = """
-func.func @main(%x: tensor<2x0x4xf32>) -> tensor<2x0x4xf32> {
-  %1 = "hexir.relu"(%x) {device = "auto"} : (tensor<2x0x4xf32>) -> tensor<2x0x4xf32>
+        linear_shape(((2, 3), "float32"), ((3, 0), "float32"))
+    assert linear_shape(((0, 3), "float32"), ((3, 4), "float32")) == (0, 4)
+    text = f"""
+func.func @main(%x: tensor<2x0x4xf32>) -> tensor<2x0x4xf32> {{
+  %1 = "hexir.relu"(%x) {{device = "auto", {family_attrs("relu")}}} : (tensor<2x0x4xf32>) -> tensor<2x0x4xf32>
   return %1 : tensor<2x0x4xf32>
-}
+}}
 """
-    with pytest.raises(TraceError, match=r"^-:3:8: relu: argument 'x' is float32\[2, 0, 4\]; only the first axis"):
+    with pytest.raises(TraceError, match=r"^-:3:8: relu: argument '\w+' is float32\[2, 0, 4\]; only the first axis"):
         lower(text, "mlir")
 
 
@@ -214,7 +215,7 @@ def _custom_call(*args):
 
 @pytest.mark.parametrize("count", range(1, hx.MAX_CALL_ARGS + 1))
 @pytest.mark.parametrize("build", [_call, _custom_call], ids=["call", "custom_call"])
-def test_call_builders_take_one_to_four_operands(build, count):
+def test_call_builders_take_one_to_eight_operands(build, count):
     # distinct operand types: each operand is a group of its own, whatever its type
     types = [f"tensor<{i + 1}xf32>" for i in range(count)]
     (value, module) = _in_function(build, *types)
@@ -222,7 +223,7 @@ def test_call_builders_take_one_to_four_operands(build, count):
     op = value.owner
     assert [str(v.type) for v in op.operands] == types
     segments = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
-    assert segments == [1] * count + [0] * (4 - count)
+    assert segments == [1] * count + [0] * (hx.MAX_CALL_ARGS - count)
     assert f"operandSegmentSizes = array<i32: {', '.join(map(str, segments))}>" in str(module)
 
 
@@ -230,8 +231,8 @@ def test_call_builders_take_one_to_four_operands(build, count):
 @pytest.mark.parametrize(("build", "what"), [(_call, "hexir.call"), (_custom_call, "custom kernel k")],
                          ids=["call", "custom_call"])
 def test_call_builders_refuse_other_operand_counts(build, what, count):
-    assert hx.MAX_CALL_ARGS == 4
-    with pytest.raises(TraceError, match=rf"^{re.escape(what)} takes 1 to 4 tensors, got {count}$"):
+    assert hx.MAX_CALL_ARGS == 8
+    with pytest.raises(TraceError, match=rf"^{re.escape(what)} takes 1 to 8 tensors, got {count}$"):
         _in_function(build, *["tensor<2xf32>"] * count)
 
 

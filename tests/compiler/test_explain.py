@@ -41,11 +41,12 @@ def test_a_fused_kernel_is_one_node_and_transfers_carry_bytes():
     text = hexir.explain(f, hexir.TensorSpec(("batch", 8), "float32"))
     assert text.startswith("digraph hexir {") and text.endswith("}\n")
     labels = {label: colour for label, colour in nodes(text).values()}
-    assert labels == {"x\\nfloat32[batch, 8]": COLORS["cpu"], "linear+relu (W1)\\nfloat32[batch, 16]": COLORS["cuda"],
+    assert labels == {"x\\nfloat32[batch, 8]": COLORS["cpu"],
+                      "linear → max(a0, 0) (W1)\\nfloat32[batch, 16]": COLORS["cuda"],
                       "linear (W2)\\nfloat32[batch, 4]": COLORS["cpu"], "return": COLORS["cpu"]}
     by_label = {label.split("\\n")[0]: node for node, (label, _) in nodes(text).items()}
-    assert edges(text) == {(by_label["x"], by_label["linear+relu (W1)"]): "batch × 32 B",
-                           (by_label["linear+relu (W1)"], by_label["linear (W2)"]): "batch × 64 B",
+    assert edges(text) == {(by_label["x"], by_label["linear → max(a0, 0) (W1)"]): "batch × 32 B",
+                           (by_label["linear → max(a0, 0) (W1)"], by_label["linear (W2)"]): "batch × 64 B",
                            (by_label["linear (W2)"], by_label["return"]): ""}
 
 
@@ -79,6 +80,6 @@ def test_a_transfer_with_two_users_is_one_edge_with_its_bytes_that_fans_out():
     moved = {pair: label for pair, label in edges(text).items() if label}
     assert sorted(moved.values()) == ["batch × 32 B", "batch × 64 B"]  # x in, h back: one edge each
     ((source, junction),) = [pair for pair, label in moved.items() if label == "batch × 64 B"]
-    assert source == by_label["linear+relu (W1)"] and junction not in nodes(text)
+    assert source == by_label["linear → max(a0, 0) (W1)"] and junction not in nodes(text)
     assert {target for (start, target) in edges(text) if start == junction} == {by_label["linear (W2)"],
                                                                                 by_label["relu"]}

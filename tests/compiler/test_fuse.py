@@ -1,8 +1,10 @@
 """fuse (the first pass of -emit=mlir-tir): a relu that is the only user of a linear on the same
-device becomes that linear's epilogue (`hexir.epilogues = ["relu"]`, the relu gone), and
-lower-to-tir makes one kernel of the pair, a `linear` with epilogues ["relu"] / ["bias", "relu"]
-(written `linear_relu` / `linear_bias_relu` here), whose last step is max(., 0). Anything else that uses the linear's result (a print, the return, a second op),
-or a device change between the two, keeps them apart.
+device becomes that linear's epilogue (`hexir.epilogue`, relu's tree max(a0, 0) over the sums,
+the relu gone), and lower-to-tir makes one kernel of the pair, a `linear` whose `hextir.expr`
+(the manifest's `expr`) is max(a0, 0), or max(a0 + a1, 0) with a bias a1 (written `linear_relu` /
+`linear_bias_relu` here), whose last step is max(., 0). Anything else that uses the linear's
+result (a print, the return, a second op), or a device change between the two, keeps them apart.
+The other families' fusion (pointwise chains, reduce prologues) is tests/compiler/test_families.py.
 
 Checked on the graph fuse leaves (fuse called on a parsed, partitioned module: what lower-to-tir
 gets), on the tir kernels, and end to end against numpy."""
@@ -12,6 +14,7 @@ gets), on the tir kernels, and end to end against numpy."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import hexir_runtime
@@ -25,9 +28,12 @@ from hexir.driver import Options, run_stage
 from hexir.errors import TraceError
 from hexir.passes.fuse import fuse
 
-from .conftest import cpu_linear_tiles, cpu_tile_rows, filecheck, lower, parse
+from .conftest import cpu_linear_tiles, cpu_tile_rows, family_attrs, filecheck, lower, parse
 
 X, W, B, Y = "tensor<3x5xf32>", "tensor<5x7xf32>", "tensor<7xf32>", "tensor<3x7xf32>"
+RELU = family_attrs("relu")
+RELU_TREE = ["max", ["arg", 0], ["const", 0.0]]
+BIAS_RELU_TREE = ["max", ["add", ["arg", 0], ["arg", 1]], ["const", 0.0]]  # a1: the bias
 
 
 def program(*, linear: str = "cpu", relu: str | None = None, bias: bool = False,
@@ -45,7 +51,7 @@ def program(*, linear: str = "cpu", relu: str | None = None, bias: bool = False,
 func.func @main(%arg0: {X}) -> {results} {{
   %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : {W}}} : () -> {W}
 {bias_constant}  %1 = "hexir.linear"({operands}) {{device = "{linear}"}} : ({types}) -> {Y}
-  %2 = "hexir.relu"(%1) {{device = "{relu or linear}"}} : ({Y}) -> {Y}
+  %2 = "hexir.relu"(%1) {{device = "{relu or linear}", {RELU}}} : ({Y}) -> {Y}
 {extra}  {tail}
 }}
 """
@@ -60,22 +66,44 @@ def fused(text: str) -> str:
     return str(module)
 
 
-KERNEL = re.compile(r'func\.func public @(\w+)\(.*hextir\.epilogues = \[(.*?)\].*hextir\.kernel = #hextir\.kernel<"(\w+)", "(\w+)">')
+def printed(tree: object) -> str:
+    """A tree as the IR prints it in an attribute (`"[\\22max\\22,...]"`)."""
+    return '"' + json.dumps(tree, separators=(",", ":")).replace('"', "\\22") + '"'
+
+
+def named(kind: str, tree: object) -> str:
+    """A kernel's op and what its tree applies, in order: `linear_bias_relu` for a linear whose
+    tree is max(a0 + a1, 0) (a1 its bias), `pointwise_relu_relu` for max(max(a0, 0), 0); a cpu
+    linear reading a constant w in panels, `linear_panels`, is a linear here: fusing is the same
+    for both, and test_lowering.py checks the panels."""
+    steps = []
+    while tree not in (None, ["arg", 0]):
+        if tree == ["add", ["arg", 0], ["arg", 1]] and kind.startswith("linear"):
+            steps.append("bias")
+            break
+        assert tree[0] == "max" and tree[2] == ["const", 0.0], f"not a chain of relus: {tree}"
+        steps.append("relu")
+        tree = tree[1]
+    return "_".join([kind.replace("linear_panels", "linear"), *reversed(steps)])
 
 
 def kernel_ops(text: str) -> list[tuple[str, str, str]]:
-    """(name, device, op) of each kernel of a printed mlir-tir module, in order; the name with
-    its number left out (`linear`, `linear_cpu`), the op with its epilogues (`linear_bias_relu`;
-    a cpu linear reading a constant w in panels, `linear_panels`, is a linear here: fusing is
-    the same for both, and test_lowering.py checks the panels)."""
-    return [(re.sub(r"_[0-9]+", "", name), device,
-             "_".join([op.replace("linear_panels", "linear"), *re.findall(r'"(\w+)"', epilogues)]))
-            for name, epilogues, device, op in KERNEL.findall(text)]
+    """(name, device, op) of each kernel of a printed mlir-tir module, in order (a cpu kernel's
+    copies for the other x86-64 levels left out); the name with its number left out (`linear`,
+    `linear_cpu`), the op with what its `hextir.expr` applies (`named`)."""
+    found = []
+    for line in text.splitlines():
+        kernel = re.match(r'\s*func\.func public @(\w+)\(.*#hextir\.kernel<"(\w+)", "(\w+)">', line)
+        if kernel:
+            expr = re.search(r'hextir\.expr = "((?:[^"\\]|\\.)*)"', line)
+            tree = json.loads(expr.group(1).replace("\\22", '"')) if expr else None
+            found.append((re.sub(r"_[0-9]+", "", kernel.group(1)), kernel.group(2), named(kernel.group(3), tree)))
+    return found
 
 
 def manifest_op(kernel: dict) -> str:
-    """A manifest kernel's op with its epilogues: `linear_bias_relu` (`linear_panels`: a linear, as above)."""
-    return "_".join([kernel["op"].replace("linear_panels", "linear"), *kernel["epilogues"]])
+    """A manifest kernel's op with what its `expr` applies: `linear_bias_relu` (see `named`)."""
+    return named(kernel["op"], kernel.get("expr"))
 
 
 # ---- fused: the relu is the linear's only user, on the linear's device ---------------------------
@@ -89,7 +117,7 @@ def test_a_relu_alone_on_its_linear_becomes_the_linears_epilogue(device, bias):
             "        CHECK-NEXT: return %[[BACK]]") if device == "cuda" else "CHECK-NEXT: return %[[Y]]"
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{device}", hexir.epilogues = ["relu"]}} : ({types}) -> {Y}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {printed(RELU_TREE)}}} : ({types}) -> {Y}
         {back}
     """)
     assert text.count('"hexir.linear"') == 1 and "hexir.relu" not in text
@@ -102,19 +130,19 @@ def test_fuse_again_changes_nothing():
         once = str(module)
         fuse(module)
     assert str(module) == once
-    assert once.count('hexir.epilogues = ["relu"]') == 1
+    assert once.count(f"hexir.epilogue = {printed(RELU_TREE)}") == 1
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
 def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias):
-    epilogues, out, buffers = ('"bias", "relu"', "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
-        if bias else ('"relu"', "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
+    tree, out, buffers = (BIAS_RELU_TREE, "%arg3", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<7xf32>, %arg3: memref<3x7xf32>") \
+        if bias else (RELU_TREE, "%arg2", "%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>")
     # the sums start from the bias row, or from zeros
     start = "vector.load %arg2[%c0] : memref<7xf32>, vector<7xf32>" if bias else \
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
+        CHECK-SAME:      attributes {{hextir.expr = {printed(tree)}, hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[J0:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %{{{{[0-9]+}}}} : index
         CHECK:         %[[START:[0-9a-z_]+]] = {start.replace("%c0]", "%[[J0]]]")}
@@ -141,7 +169,7 @@ def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias)
 @pytest.mark.parametrize("bias", [False, True], ids=["linear", "linear_bias"])
 def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallback(bias):
     op, out = ("linear_bias_relu", "%arg3") if bias else ("linear_relu", "%arg2")
-    epilogues = '"bias", "relu"' if bias else '"relu"'
+    expr = printed(BIAS_RELU_TREE if bias else RELU_TREE)
     add_bias = """CHECK-NEXT:    %[[BIAS:.+]] = "hextir.load"(%arg2, %{{.+}}) : (memref<7xf32>, index) -> f32
         CHECK-NEXT:    %[[SB:.+]] = arith.addf %[[S]], %[[BIAS]] : f32
         CHECK-NEXT:    %[[M:.+]] = arith.maximumf %[[SB]], %{{.+}} : f32""" if bias else \
@@ -149,7 +177,7 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
     text = lower(program(linear="cuda", bias=bias, rows=17), "mlir-tir")  # 17 rows: the SIMT kernel, one sum per thread
     filecheck(text, f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](
-        CHECK-SAME:      hextir.epilogues = [{epilogues}], hextir.kernel = #hextir.kernel<"cuda", "linear">
+        CHECK-SAME:      hextir.expr = {expr}, hextir.kernel = #hextir.kernel<"cuda", "linear">
         CHECK-NOT:     arith.maximumf
         CHECK:         #hextir.loop<"serial", "">
         CHECK-NOT:     arith.maximumf
@@ -162,7 +190,7 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
         CHECK-NEXT:    return
 
         CHECK:       func.func public @[[LINEAR]]_cpu(
-        CHECK-SAME:      hextir.epilogues = [{epilogues}], hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">
+        CHECK-SAME:      hextir.expr = {expr}, hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">
         CHECK:         arith.maximumf
         CHECK:         #hextir.loop<"parallel", "">
         CHECK-NEXT:    return
@@ -182,8 +210,8 @@ OTHER_USERS = {
                 dict(extra=f'  "hexir.print"(%1) : ({Y}) -> ()\n')),
     "returned": ("CHECK-NEXT: return %[[R]], %[[Y]]",
                  dict(tail=f"return %2, %1 : {Y}, {Y}", results=f"({Y}, {Y})")),
-    "a second relu": ("CHECK-NEXT: %[[R2:.+]] = \"hexir.relu\"(%[[Y]]) {device = \"cpu\"}\n        CHECK-NEXT: return %[[R]], %[[R2]]",
-                      dict(extra=f'  %3 = "hexir.relu"(%1) {{device = "cpu"}} : ({Y}) -> {Y}\n',
+    "a second relu": (f"CHECK-NEXT: %[[R2:.+]] = \"hexir.relu\"(%[[Y]]) {{device = \"cpu\", {RELU}}}\n        CHECK-NEXT: return %[[R]], %[[R2]]",
+                      dict(extra=f'  %3 = "hexir.relu"(%1) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}\n',
                            tail=f"return %2, %3 : {Y}, {Y}", results=f"({Y}, {Y})")),
     "a second linear": ("CHECK-NEXT: %[[V:.+]] = \"hexir.constant\"()\n        CHECK-NEXT: %[[Z:.+]] = \"hexir.linear\"(%[[Y]], %[[V]]) {device = \"cpu\"}\n        CHECK-NEXT: return %[[R]], %[[Z]]",
                         dict(extra='  %v = "hexir.constant"() {device = "auto", name = "V", value = dense<1.0> : tensor<7x2xf32>} : () -> tensor<7x2xf32>\n'
@@ -199,12 +227,12 @@ def test_a_linear_with_another_user_keeps_its_relu(user):
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
         CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu"}} : ({X}, {W}) -> {Y}
-        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {{device = "cpu"}} : ({Y}) -> {Y}
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}
         {checks}
     """)
-    assert "hexir.epilogues" not in text
+    assert "hexir.epilogue" not in text
     ops = [op for _, _, op in kernel_ops(lower(program(**parts), "mlir-tir"))]
-    assert ops[:2] == ["linear", "relu"] and "linear_relu" not in ops
+    assert ops[:2] == ["linear", "pointwise_relu"] and "linear_relu" not in ops
 
 
 @pytest.mark.parametrize(("linear", "relu"), [("cuda", "cpu"), ("cpu", "cuda")])
@@ -214,43 +242,44 @@ def test_a_relu_on_another_device_than_its_linear_stays_apart(linear, relu):
         CHECK-LABEL: func.func @main
         CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{linear}"}} : ({X}, {W}) -> {Y}
         CHECK-NEXT:  %[[MOVED:.+]] = "hexir.transfer"(%[[Y]]) {{source = "{linear}", target = "{relu}"}}
-        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[MOVED]]) {{device = "{relu}"}} : ({Y}) -> {Y}
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[MOVED]]) {{device = "{relu}", {RELU}}} : ({Y}) -> {Y}
     """)
-    assert "hexir.epilogues" not in text
+    assert "hexir.epilogue" not in text
     kernels = [(device, op) for name, device, op in kernel_ops(lower(program(linear=linear, relu=relu), "mlir-tir"))
                if not name.endswith("_cpu")]
-    assert kernels == [(linear, "linear"), (relu, "relu")]
+    assert kernels == [(linear, "linear"), (relu, "pointwise_relu")]
 
 
 RELU_OF_RELU_OF_INPUT = f"""
 func.func @main(%arg0: {Y}) -> {Y} {{
-  %1 = "hexir.relu"(%arg0) {{device = "cpu"}} : ({Y}) -> {Y}
-  %2 = "hexir.relu"(%1) {{device = "cpu"}} : ({Y}) -> {Y}
+  %1 = "hexir.relu"(%arg0) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}
+  %2 = "hexir.relu"(%1) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}
   return %2 : {Y}
 }}
 """
 
 
-def test_a_relu_of_an_input_or_of_a_relu_is_untouched():
+def test_a_relu_of_an_input_stays_a_kernel_and_a_relu_of_it_joins_that_kernel():
+    """No linear to fuse into: the first relu is a pointwise kernel of its own, and the second,
+    its only user, absorbs it (one kernel, the trees composed; test_families.py has longer chains)."""
     text = fused(RELU_OF_RELU_OF_INPUT)
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK-NEXT:  %[[R1:.+]] = "hexir.relu"(%arg0) {{device = "cpu"}} : ({Y}) -> {Y}
-        CHECK-NEXT:  %[[R2:.+]] = "hexir.relu"(%[[R1]]) {{device = "cpu"}} : ({Y}) -> {Y}
-        CHECK-NEXT:  return %[[R2]]
+        CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%arg0) {{device = "cpu", expr = {printed(["max", RELU_TREE, ["const", 0.0]])}, operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}} : ({Y}) -> {Y}
+        CHECK-NEXT:  return %[[R]]
     """)
-    assert "hexir.epilogues" not in text
-    assert kernel_ops(lower(RELU_OF_RELU_OF_INPUT, "mlir-tir")) == [("relu", "cpu", "relu"), ("relu", "cpu", "relu")]
+    assert "hexir.epilogue" not in text
+    assert kernel_ops(lower(RELU_OF_RELU_OF_INPUT, "mlir-tir")) == [("relu", "cpu", "pointwise_relu_relu")]
 
 
 def test_a_chain_of_relus_after_a_linear_fuses_in_order():
     """Each relu is the only user of the linear (with the relus already fused) before it: the
     chain becomes one kernel whose epilogues apply in program order."""
-    source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu"}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
+    source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
     text = fused(source)
-    filecheck(text, """
+    filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{.+}}) {device = "cpu", hexir.epilogues = ["relu", "relu"]}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu", hexir.epilogue = {printed(["max", RELU_TREE, ["const", 0.0]])}}}
         CHECK-NEXT:  return %[[Y]]
     """)
     assert "hexir.relu" not in text
@@ -258,7 +287,7 @@ def test_a_chain_of_relus_after_a_linear_fuses_in_order():
 
 
 def test_a_linear_with_a_chain_of_relus_compiles_and_runs():
-    source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu"}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
+    source = program(extra=f'  %3 = "hexir.relu"(%2) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}\n', tail=f"return %3 : {Y}")
     x = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
     w = np.full((5, 7), 0.5, np.float32)
     np.testing.assert_allclose(hexir_runtime.load(lower(source, "hxb"), "cpu").main(x), np.maximum(x @ w, 0),
@@ -318,7 +347,7 @@ def test_fusing_changes_no_bit_of_the_cpu_result(dtype):
         return y, hexir.relu(y)  # the linear's result returned too: its relu is not fused
 
     ops = [manifest_op(kernel) for kernel in hxb.decode(apart.compile(x)).json["kernels"]]
-    assert ops == ["linear_bias", "relu"]
+    assert ops == ["linear_bias", "pointwise_relu"]
     linear, relu = apart(x)
     np.testing.assert_array_equal(hexir.jit(layer)(x), relu)
     np.testing.assert_array_equal(relu, np.maximum(linear, 0))
@@ -338,17 +367,21 @@ def test_a_fused_cuda_layer_matches_numpy_on_the_cpu_fallback_and_the_reference(
         np.testing.assert_allclose(y, expected, **TOLERANCE[dtype], err_msg=f"on {device}")
 
 
-def test_an_unknown_epilogue_in_an_mlir_file_is_refused():
+def test_a_bad_epilogue_in_an_mlir_file_is_refused():
     text = '''
     func.func @main(%x: tensor<2x3xf32>, %w: tensor<3x4xf32>) -> tensor<2x4xf32> {
-      %0 = "hexir.linear"(%x, %w) {device = "cpu", hexir.epilogues = ["gelu"]} : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+      %0 = "hexir.linear"(%x, %w) {device = "cpu", hexir.epilogue = EPILOGUE} : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
       return %0 : tensor<2x4xf32>
     }'''
-    with pytest.raises(TraceError, match=r"^-:3:8: linear: epilogue 'gelu' is not an element-wise op a linear can fuse$"):
-        lower(text, "mlir")
-    with pytest.raises(TraceError, match=r"^-:3:8: linear: epilogue 'linear' is not an element-wise op a linear can fuse$"):
-        lower(text.replace('"gelu"', '"linear"'), "mlir")
+    # an op's name is not a tree: the tree is made of the scalar language's ops
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: hexir.epilogue: unknown op 'gelu'; expected one of arg, "):
+        lower(text.replace("EPILOGUE", printed(["gelu", ["arg", 0]])), "mlir")
+    # an epilogue sees one value, the sum (bias added)
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: hexir.epilogue\[1\]\[1\]: expected an arg index below 1, got 1$"):
+        lower(text.replace("EPILOGUE", printed(["exp", ["arg", 1]])), "mlir")
+    with pytest.raises(TraceError, match=r"^-:3:8: linear: hexir.epilogue is not JSON: "):
+        lower(text.replace("EPILOGUE", '"relu"'), "mlir")
     # the compiler's own attribute for a packed weight is not an input's (its w would be 2-D here)
     with pytest.raises(TraceError, match=r"^-:3:8: linear: hexir.w_panels is set by the compiler \(pack-weights\), "
                                          r"not by its input$"):
-        lower(text.replace('hexir.epilogues = ["gelu"]', "hexir.w_panels"), "hxb")
+        lower(text.replace("hexir.epilogue = EPILOGUE", "hexir.w_panels"), "hxb")

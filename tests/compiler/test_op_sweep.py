@@ -103,16 +103,7 @@ def test_every_pointwise_op(name, device, dtype, fused):
     definition = ops.REGISTRY[name]
     params = PARAMS.get(name, {})
 
-    for shapes in SHAPES[definition.arity]:
-        def body(*xs):
-            xs = [x * 0.5 + 0.25 for x in xs] if fused else xs  # a pointwise prologue: one kernel with the op
-            y = pointwise(name, xs, **params)
-            return y * 2.0 if fused else y
-
-        model = (lambda a: body(a)) if definition.arity == 1 else (lambda a, b: body(a, b))
-
-        module = _compile(model, [_spec(s, dtype) for s in shapes], device)
-
+    def check(module, shapes):  # (a function of its own: it binds this iteration's module and shapes)
         @settings(max_examples=4, deadline=None, derandomize=True, database=None)
         @given(batch=st.integers(1, 9))
         def run(batch):
@@ -128,9 +119,20 @@ def test_every_pointwise_op(name, device, dtype, fused):
             tree = definition.tree(**params)
             own = scalars.evaluate(tree, [i.astype(dtype) for i in ins], dtype)
             _check(got, own * 2.0 if fused else own, dtype)
+        run()
+
+    for shapes in SHAPES[definition.arity]:
+        def body(*xs):
+            xs = [x * 0.5 + 0.25 for x in xs] if fused else xs  # a pointwise prologue: one kernel with the op
+            y = pointwise(name, xs, **params)
+            return y * 2.0 if fused else y
+
+        model = (lambda a: body(a)) if definition.arity == 1 else (lambda a, b: body(a, b))
+
+        module = _compile(model, [_spec(s, dtype) for s in shapes], device)
         if fused and name in POSITIVE:
             continue  # (x * 0.5 + 0.25 may be negative: the positive ops are checked alone)
-        run()
+        check(module, shapes)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -141,15 +143,16 @@ def test_every_reduce_op(name, device, dtype, fused):
     definition = ops.REGISTRY[name]
     rng = np.random.default_rng(7)
     extras = [rng.standard_normal(6).astype(dtype) for _ in definition.operands[1:]]
+    def model_of(axis, keepdims):  # (a function of its own: the model binds this iteration's axis and keepdims)
+        def model(x):
+            x = x * 0.5 + 0.25 if fused else x  # a pointwise prologue, fused into the reduce kernel
+            return reduce(name, x, extras, axis=axis, keepdims=keepdims)
+        return model
+
     for axis in (-1, 1) if name != "layer_norm" else (-1,):
         for rank, keepdims in ((2, False), (3, True)):
             shape = (4, 6) if rank == 2 else (4, 5, 6)
-
-            def model(x):
-                x = x * 0.5 + 0.25 if fused else x  # a pointwise prologue, fused into the reduce kernel
-                return reduce(name, x, extras, axis=axis, keepdims=keepdims)
-
-            module = _compile(model, [_spec(("B", *shape[1:]), dtype)], device)
+            module = _compile(model_of(axis, keepdims), [_spec(("B", *shape[1:]), dtype)], device)
             for batch in (1, 3, 8):
                 x = rng.standard_normal((batch, *shape[1:])).astype(dtype)
                 x[0, ..., 0] = x[0, ..., 1]  # a tie: argmax takes the first

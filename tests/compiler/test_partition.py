@@ -12,14 +12,16 @@ import pytest
 from hexir.driver import parse_placement
 from hexir.errors import PlacementError
 
-from .conftest import filecheck, lower, manifest
+from .conftest import family_attrs, filecheck, lower, manifest
+
+RELU = family_attrs("relu")
 
 # x -> linear(x, W) -> relu -> print, return; the devices are filled in per test
 MLP = """
 func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {{
   %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<8x4xf32>}} : () -> tensor<8x4xf32>
   %1 = "hexir.linear"(%arg0, %0) {{device = "{linear}"}} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
-  %2 = "hexir.relu"(%1) {{device = "{relu}"}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
+  %2 = "hexir.relu"(%1) {{device = "{relu}", """ + RELU.replace("{", "{{").replace("}", "}}") + """}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
   "hexir.print"(%2) : (tensor<2x4xf32>) -> ()
   return %2 : tensor<2x4xf32>
 }}
@@ -30,7 +32,7 @@ def test_auto_defaults_to_cpu_without_transfers():
     filecheck(lower(MLP.format(linear="auto", relu="auto"), "mlir-hetero"), """
         CHECK:     "hexir.constant"() {device = "cpu", name = "W"
         CHECK:     "hexir.linear"(%arg0, %{{.+}}) {device = "cpu"}
-        CHECK:     "hexir.relu"(%{{.+}}) {device = "cpu"}
+        CHECK:     "hexir.relu"(%{{.+}}) {device = "cpu", expr = "
         CHECK-NOT: hexir.transfer
         CHECK-NOT: "auto"
     """)
@@ -41,7 +43,7 @@ def test_device_from_on_block_is_kept_and_transfers_are_inserted():
         CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cuda", name = "W"
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"} : (tensor<2x8xf32>) -> tensor<2x8xf32>
         CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda"}
-        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "cuda"}
+        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "cuda", expr = "
         CHECK-NEXT: %[[BACK:.+]] = "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
         CHECK-NEXT: "hexir.print"(%[[BACK]])
         CHECK-NEXT: return %[[BACK]] : tensor<2x4xf32>
@@ -54,7 +56,7 @@ def test_split_placement_transfers_between_the_ops():
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
         CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda"}
         CHECK-NEXT: %[[YH:.+]] = "hexir.transfer"(%[[Y]]) {source = "cuda", target = "cpu"}
-        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YH]]) {device = "cpu"}
+        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YH]]) {device = "cpu", expr = "
         CHECK-NEXT: "hexir.print"(%[[R]])
         CHECK-NEXT: return %[[R]]
     """)
@@ -66,7 +68,7 @@ def test_placement_option_overrides_the_op_device():
         CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cpu"
         CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu"}
         CHECK-NEXT: %[[YD:.+]] = "hexir.transfer"(%[[Y]]) {source = "cpu", target = "cuda"}
-        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YD]]) {device = "cuda"}
+        CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YD]]) {device = "cuda", expr = "
         CHECK-NEXT: %[[RH:.+]] = "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
     """)
 
@@ -76,7 +78,7 @@ def test_placement_option_moves_auto_ops_to_cuda():
                  placement=parse_placement("hexir.linear=cuda,hexir.relu=cuda"))
     filecheck(text, """
         CHECK: "hexir.linear"(%{{.+}}, %{{.+}}) {device = "cuda"}
-        CHECK: "hexir.relu"(%{{.+}}) {device = "cuda"}
+        CHECK: "hexir.relu"(%{{.+}}) {device = "cuda", expr = "
     """)
 
 
@@ -107,14 +109,14 @@ def test_constant_shared_by_two_devices_gets_a_copy_on_each():
 def test_one_transfer_serves_every_user_on_a_device():
     text = """
     func.func @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {
-      %1 = "hexir.relu"(%arg0) {device = "cuda"} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+      %1 = "hexir.relu"(%arg0) {device = "cuda", RELU} : (tensor<4x4xf32>) -> tensor<4x4xf32>
       %2 = "hexir.linear"(%arg0, %1) {device = "cuda"} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
       %3 = "hexir.linear"(%2, %2) {device = "cuda"} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
       "hexir.print"(%3) : (tensor<4x4xf32>) -> ()
       return %3 : tensor<4x4xf32>
     }
     """
-    filecheck(lower(text, "mlir-hetero"), """
+    filecheck(lower(text.replace("RELU", RELU), "mlir-hetero"), """
         CHECK:      %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
         CHECK-NOT:  hexir.transfer
         CHECK:      %[[R:.+]] = "hexir.relu"(%[[X]])
@@ -143,7 +145,7 @@ def test_function_argument_returned_directly_needs_no_transfer():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("hexir.conv=cuda", r"placement: unknown op 'hexir.conv'; placeable ops are hexir.linear, hexir.relu"),
+    ("hexir.conv=cuda", r"placement: unknown op 'hexir.conv'; placeable ops are \* \(all\) and hexir.linear, "),
     ("hexir.print=cuda", r"placement: unknown op 'hexir.print'"),
     ("hexir.linear=tpu", r"placement: unknown device 'tpu' for hexir.linear; expected one of cpu, cuda"),
     ("hexir.linear=auto", r"placement: unknown device 'auto' for hexir.linear"),
