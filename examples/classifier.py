@@ -37,9 +37,9 @@ with threadpool_limits(limits=1):
     net.fit(x_train, y_train)
 
 
-def compile_classifier(W1, b1, W2, b2):
-    """scikit-learn's forward pass (a relu hidden layer, a softmax output) over the weights given:
-    returns each row's class index (int64) and its class probabilities."""
+def hexir_classifier(W1, b1, W2, b2):
+    """scikit-learn's forward pass (a relu hidden layer, a softmax output) as a hexir function of
+    the weights given: each row's class index (int64) and its class probabilities."""
     @hexir.jit
     def classify(x):
         logits = hexir.linear(hexir.relu(hexir.linear(x, W1, b1)), W2, b2)
@@ -48,7 +48,7 @@ def compile_classifier(W1, b1, W2, b2):
 
 
 (W1, W2), (b1, b2) = net.coefs_, net.intercepts_
-classify = compile_classifier(W1, b1, W2, b2)  # float64, as scikit-learn trained them
+classify = hexir_classifier(W1, b1, W2, b2)  # float64, as scikit-learn trained them
 
 
 if __name__ == "__main__":
@@ -62,7 +62,7 @@ if __name__ == "__main__":
     print(f"hexir float64: all {len(x_test)} predictions equal scikit-learn's, probabilities within "
           f"{np.max(np.abs(probabilities / expected_probabilities - 1)):.1e} relative")
 
-    classify32 = compile_classifier(*(w.astype(np.float32) for w in (W1, b1, W2, b2)))
+    classify32 = hexir_classifier(*(w.astype(np.float32) for w in (W1, b1, W2, b2)))
     classes32, probabilities32 = classify32(x_test.astype(np.float32))
     assert (net.classes_[classes32] == expected).all(), "hexir's float32 predictions differ from scikit-learn's"
     np.testing.assert_allclose(probabilities32, expected_probabilities, rtol=0, atol=1e-5)
