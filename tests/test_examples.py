@@ -1,9 +1,11 @@
-"""The examples a newcomer runs first: each runs, checks itself against numpy, writes its files
-into the folder it is given (next to itself by default) without touching another's, and the
-module it exports gives, through `hexir-run`, what the jit call printed; mlp.hxb serves any batch."""
+"""The examples a newcomer runs first: each runs, checks itself against numpy (the classifier
+against scikit-learn), writes its files into the folder it is given (next to itself by default)
+without touching another's, and the module it exports gives, through `hexir-run`, what the jit
+call printed or returned; mlp.hxb and classifier.hxb serve any batch."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -68,3 +70,32 @@ def test_custom_kernel_example_runs(tmp_path):
     assert (tmp_path / "custom.hxb").exists()
     info = hexir_run("custom.hxb", "--info", cwd=tmp_path)
     assert "source relu6.cu" in info and "from relu6.c" in info
+
+
+def test_classifier_example_gives_scikit_learns_answers_through_hexir_run(tmp_path):
+    pytest.importorskip("sklearn", reason="the classifier example needs scikit-learn (the dev install brings it)")
+    out, elsewhere = tmp_path / "out", tmp_path / "cwd"
+    out.mkdir(), elsewhere.mkdir()
+    printed = run([sys.executable, str(REPO / "examples" / "classifier.py"), str(out)], elsewhere)
+    assert {p.name for p in out.iterdir()} == {"classifier.hxb", "classifier_x.npy"} and not list(elsewhere.iterdir())
+    # the example's own network: its training is deterministic, so importing it trains the same one
+    spec = importlib.util.spec_from_file_location("classifier_example", REPO / "examples" / "classifier.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    net, x_test = example.net, example.x_test
+    assert f"the first ten predicted {net.predict(x_test[:10]).tolist()}" in printed
+    assert f"hexir float64: all {len(x_test)} predictions equal scikit-learn's" in printed
+
+    info = hexir_run("classifier.hxb", "--info", cwd=out)
+    assert "main(x: float64[batch, 64]) -> (int64[batch], float64[batch, 10])" in info
+    x = np.load(out / "classifier_x.npy")
+    np.testing.assert_array_equal(x, x_test[:5])
+    shown = hexir_run("classifier.hxb", "--input", "x=classifier_x.npy", "--output", str(tmp_path / "y.npz"),
+                      cwd=out)
+    predicted = net.predict(x)
+    assert f"output0: int64[5]\n{predicted}\n" in shown  # the class indices printed as integers
+    assert "output1: float64[5, 10]" in shown
+    y = np.load(tmp_path / "y.npz")
+    assert y["output0"].dtype == np.int64
+    np.testing.assert_array_equal(net.classes_[y["output0"]], predicted)
+    np.testing.assert_allclose(y["output1"], net.predict_proba(x), rtol=1e-12, atol=0)
