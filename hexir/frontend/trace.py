@@ -40,7 +40,9 @@ def user_frame() -> inspect.FrameInfo | None:
     frame = inspect.currentframe()
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_SKIPPED) and "typeguard" not in path:
+        # a dataclass's generated __init__ (hexir.Pointwise(...) checks its fields) is no user line
+        generated = frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__"
+        if not path.startswith(_SKIPPED) and "typeguard" not in path and not generated:
             return inspect.getframeinfo(frame, context=0)
         frame = frame.f_back
     return None
@@ -195,7 +197,7 @@ def _user_error(fn: Callable, error: Exception) -> TraceError:
 def _outputs(result: object, fn: Callable) -> list[Tensor]:
     items = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
     for position, item in enumerate(items):
-        if isinstance(item, np.ndarray):
+        if isinstance(item, np.ndarray) and item.ndim and item.dtype.name in hx.DTYPES:
             items[position] = _current().constant(item)
         elif not isinstance(item, Tensor):
             # the function has returned: blame its definition, not whoever called it
@@ -203,10 +205,16 @@ def _outputs(result: object, fn: Callable) -> list[Tensor]:
             code = fn.__code__
             raise TraceError(
                 f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
-                f"{fn.__qualname__}'s output {position} is a {type(item).__name__}",
+                f"{fn.__qualname__}'s output {position} is a {_kind(item)}",
                 f"{code.co_filename}:{code.co_firstlineno}",
                 linecache.getline(code.co_filename, code.co_firstlineno).strip() or None)
     return items
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.ndim}-d {value.dtype} array (a constant output is a float32 or float64 array of rank >= 1)"
+    return type(value).__name__
 
 
 # ---- ops -----------------------------------------------------------------------------
