@@ -27,7 +27,7 @@ from hexir_runtime.errors import HxbFormatError
 from hexir_runtime.format import scalars as sc
 
 from hexir.dialects import hexir as hx
-from hexir.errors import TraceError
+from hexir.errors import TraceError, user_where
 from hexir.ops import scalar
 from hexir.schedules import Builder, Variants, cpu_families, cuda_families
 
@@ -53,7 +53,7 @@ class Pointwise:
             object.__setattr__(self, "arity", len(inspect.signature(self.function).parameters))
         if isinstance(self.arity, bool) or not isinstance(self.arity, int) or not 1 <= self.arity <= hx.MAX_CALL_ARGS:
             raise TraceError(f"pointwise: op {self.name} takes 1 to {hx.MAX_CALL_ARGS} operands, got {self.arity!r}",
-                             *_user_where())
+                             *user_where())
 
     @property
     def operands(self) -> tuple[str, ...]:
@@ -79,22 +79,16 @@ class Reduce:
         if not isinstance(names, (tuple, list)) or not 1 <= len(names) <= hx.MAX_CALL_ARGS or not all(
                 isinstance(n, str) and n.rstrip("?").isidentifier() for n in names) or names[0].endswith("?"):
             raise TraceError(f"reduce: op {self.name}'s operands must be 1 to {hx.MAX_CALL_ARGS} names (a "
-                             f"trailing ? marks an optional one; not the first), got {names!r}", *_user_where())
+                             f"trailing ? marks an optional one; not the first), got {names!r}", *user_where())
         object.__setattr__(self, "operands", tuple(names))
-
-
-def _user_where() -> tuple[str | None, str | None]:
-    from hexir.frontend.trace import user_where  # (the frontend imports this module)
-
-    return user_where()
 
 
 def _check_definition(op: Pointwise | Reduce) -> None:
     if not isinstance(op.name, str) or not op.name.isidentifier():
-        raise TraceError(f"{op.family}: an op's name must be an identifier, got {op.name!r}", *_user_where())
+        raise TraceError(f"{op.family}: an op's name must be an identifier, got {op.name!r}", *user_where())
     if not callable(op.function):
         raise TraceError(f"{op.family}: op {op.name}'s function must be callable, got {type(op.function).__name__}",
-                         *_user_where())
+                         *user_where())
 
 
 @dataclass(frozen=True)
