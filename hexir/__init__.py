@@ -46,9 +46,12 @@ def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable
     `f(x, *others, axis=-1, keepdims=False, **params)` for a reduce op."""
     from hexir import ops
     from hexir.frontend import functions
-    from hexir.frontend.trace import op_function
+    from hexir.frontend.trace import _at_user_line, op_function
 
-    op = ops.register(definition)
+    try:
+        op = ops.register(definition)
+    except HexirError as error:
+        raise _at_user_line(error) from None
     if isinstance(op, Pointwise):
         def apply(*operands, **params):  # noqa: ANN002, ANN003, ANN202
             return functions.pointwise(op.name, operands, **params)

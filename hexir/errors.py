@@ -7,6 +7,39 @@ source text (`source`); errors from a `.mlir` file carry `file:line:column`.
 
 from __future__ import annotations
 
+import inspect
+import linecache
+import os
+
+import numpy as np
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# numpy's own frames are not the user's line either (np.sum(x) on a tensor goes through them)
+_SKIPPED = (_PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
+
+
+def user_frame() -> inspect.FrameInfo | None:
+    """The innermost frame outside the hexir package: the line the user wrote."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        # a dataclass's generated __init__ (hexir.Pointwise(...) checks its fields) is no user line
+        generated = frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__"
+        if not path.startswith(_SKIPPED) and "typeguard" not in path and not generated:
+            return inspect.getframeinfo(frame, context=0)
+        frame = frame.f_back
+    return None
+
+
+def user_where() -> tuple[str | None, str | None]:
+    """`file:line` of the user's line and its source text (None for what cannot be found);
+    an error takes both: `TraceError(message, *user_where())`."""
+    info = user_frame()
+    if info is None:
+        return None, None
+    source = linecache.getline(info.filename, info.lineno).strip()
+    return f"{info.filename}:{info.lineno}", source or None
+
 
 class HexirError(Exception):
     """Base class of every error hexir reports to a user, printed as

@@ -18,7 +18,7 @@ from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
 from hexir.frontend.tensor import Tensor, TensorSpec
-from hexir.frontend.trace import _build, _operand, current_device
+from hexir.frontend.trace import _build, _operand, current_device, user_where
 from hexir.ops import scalar
 
 Operand = Tensor | np.ndarray | float | int
@@ -92,7 +92,7 @@ def reduce(name: str, x: object, others: Sequence[object | None] = (), axis: int
                 continue
             tensors.append(_float_tensor(name, operand_name.rstrip("?"), value))
             args.append(scalar.Scalar.arg(len(tensors) - 1))
-        program = scalar.reduce_program(definition.function, args, where, **params)
+        program = scalar.reduce_program(name, definition.function, args, where, **params)
         specs = [(t.shape, t.dtype) for t in tensors]
         shape = ops.reduce_shape(name, specs, program, keepdims)
         return _emit(name, tensors, shape, ops.result_dtype(program, first.dtype), program.to_json())
@@ -134,7 +134,7 @@ def minimum(a: Operand, b: Operand) -> Tensor:
 def gelu(x: Operand, approximate: str = "none") -> Tensor:
     """torch's gelu: x * Phi(x) (approximate="none"), or its tanh approximation ("tanh")."""
     if approximate not in ("none", "tanh"):
-        raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise TraceError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}", *user_where())
     return pointwise("gelu" if approximate == "none" else "gelu_tanh", [x])
 
 
@@ -150,6 +150,9 @@ def mean(x: Operand, axis: int = -1, keepdims: bool = False) -> Tensor:
 
 def max(x: Operand, axis: int = -1, keepdims: bool = False) -> Tensor:  # noqa: A001
     """The largest element over `axis` (nan if any is: numpy's max). For two tensors: maximum."""
+    if isinstance(axis, (Tensor, np.ndarray)):
+        raise TraceError("max(x, axis) reduces one tensor over an axis; the element-wise maximum of two is "
+                         "hexir.maximum(a, b)", *user_where())
     return reduce("max", x, axis=axis, keepdims=keepdims)
 
 

@@ -8,7 +8,6 @@ current insertion point with a location pointing at the user's line; `print` is 
 
 from __future__ import annotations
 
-import inspect
 import linecache
 import os
 import threading
@@ -24,43 +23,19 @@ from mlir.dialects import func
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.dialects import make_context
-from hexir.errors import HexirError, PlacementError, TraceError
+from hexir.errors import _SKIPPED, HexirError, PlacementError, TraceError, user_frame, user_where
 from hexir.frontend.tensor import Tensor, TensorSpec
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# numpy's own frames are not the user's line either (np.sum(x) on a tensor goes through them)
-_SKIPPED = (_PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
 _state = threading.local()
 
 
-# ---- the user's line -----------------------------------------------------------------
-
-def user_frame() -> inspect.FrameInfo | None:
-    """The innermost frame outside the hexir package: the line the user wrote."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_SKIPPED) and "typeguard" not in path:
-            return inspect.getframeinfo(frame, context=0)
-        frame = frame.f_back
-    return None
-
+# ---- the user's line (user_frame, user_where: hexir/errors.py) ----------------------------
 
 def user_location() -> ir.Location:
     info = user_frame()
     if info is None:
         return ir.Location.unknown()
     return ir.Location.file(info.filename, info.lineno, 1)
-
-
-def user_where() -> tuple[str | None, str | None]:
-    """`file:line` of the user's line and its source text (None for what cannot be found);
-    an error takes both: `TraceError(message, *user_where())`."""
-    info = user_frame()
-    if info is None:
-        return None, None
-    source = linecache.getline(info.filename, info.lineno).strip()
-    return f"{info.filename}:{info.lineno}", source or None
 
 
 def _at_user_line(error: HexirError) -> HexirError:
@@ -195,7 +170,7 @@ def _user_error(fn: Callable, error: Exception) -> TraceError:
 def _outputs(result: object, fn: Callable) -> list[Tensor]:
     items = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
     for position, item in enumerate(items):
-        if isinstance(item, np.ndarray):
+        if isinstance(item, np.ndarray) and item.ndim and item.dtype.name in hx.DTYPES:
             items[position] = _current().constant(item)
         elif not isinstance(item, Tensor):
             # the function has returned: blame its definition, not whoever called it
@@ -203,10 +178,16 @@ def _outputs(result: object, fn: Callable) -> list[Tensor]:
             code = fn.__code__
             raise TraceError(
                 f"a @hexir.jit function must return tensors (or a tuple of them, or None); "
-                f"{fn.__qualname__}'s output {position} is a {type(item).__name__}",
+                f"{fn.__qualname__}'s output {position} is a {_kind(item)}",
                 f"{code.co_filename}:{code.co_firstlineno}",
                 linecache.getline(code.co_filename, code.co_firstlineno).strip() or None)
     return items
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.ndim}-d {value.dtype} array (a constant output is a float32 or float64 array of rank >= 1)"
+    return type(value).__name__
 
 
 # ---- ops -----------------------------------------------------------------------------

@@ -23,10 +23,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hexir_runtime.errors import HxbFormatError
 from hexir_runtime.format import scalars as sc
 
 from hexir.dialects import hexir as hx
-from hexir.errors import TraceError
+from hexir.errors import TraceError, user_where
 from hexir.ops import scalar
 from hexir.schedules import Builder, Variants, cpu_families, cuda_families
 
@@ -47,17 +48,19 @@ class Pointwise:
     family = "pointwise"
 
     def __post_init__(self) -> None:
+        _check_definition(self)
         if not self.arity:
             object.__setattr__(self, "arity", len(inspect.signature(self.function).parameters))
-        if not 1 <= self.arity <= hx.MAX_CALL_ARGS:
-            raise TraceError(f"register: pointwise op {self.name} takes 1 to {hx.MAX_CALL_ARGS} operands")
+        if isinstance(self.arity, bool) or not isinstance(self.arity, int) or not 1 <= self.arity <= hx.MAX_CALL_ARGS:
+            raise TraceError(f"pointwise: op {self.name} takes 1 to {hx.MAX_CALL_ARGS} operands, got {self.arity!r}",
+                             *user_where())
 
     @property
     def operands(self) -> tuple[str, ...]:
         return tuple(f"x{i}" for i in range(self.arity))
 
     def tree(self, **params: object) -> sc.Tree:
-        return scalar.pointwise_tree(self.function, self.arity, **params)
+        return scalar.pointwise_tree(self.name, self.function, self.arity, **params)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,23 @@ class Reduce:
     function: Callable[..., scalar.Scalar]
     operands: tuple[str, ...] = ("x",)
     family = "reduce"
+
+    def __post_init__(self) -> None:
+        _check_definition(self)
+        names = self.operands
+        if not isinstance(names, (tuple, list)) or not 1 <= len(names) <= hx.MAX_CALL_ARGS or not all(
+                isinstance(n, str) and n.rstrip("?").isidentifier() for n in names) or names[0].endswith("?"):
+            raise TraceError(f"reduce: op {self.name}'s operands must be 1 to {hx.MAX_CALL_ARGS} names (a "
+                             f"trailing ? marks an optional one; not the first), got {names!r}", *user_where())
+        object.__setattr__(self, "operands", tuple(names))
+
+
+def _check_definition(op: Pointwise | Reduce) -> None:
+    if not isinstance(op.name, str) or not op.name.isidentifier():
+        raise TraceError(f"{op.family}: an op's name must be an identifier, got {op.name!r}", *user_where())
+    if not callable(op.function):
+        raise TraceError(f"{op.family}: op {op.name}'s function must be callable, got {type(op.function).__name__}",
+                         *user_where())
 
 
 @dataclass(frozen=True)
@@ -97,15 +117,31 @@ def register(op: OpDef) -> OpDef:
     """Make `op` known to the dialect, the tracer, the verifier and lower-to-tir."""
     if not isinstance(op, (Pointwise, Reduce, Contract)):
         raise TraceError(f"register: expected a Pointwise, Reduce or Contract, got {type(op).__name__}")
-    if op.name in REGISTRY or not op.name.isidentifier():
-        raise TraceError(f"register: op name {op.name!r} is taken or not an identifier")
+    if op.name in REGISTRY:
+        raise TraceError(f"register: the op name {op.name!r} is taken (hexir.{op.name} exists)")
     if isinstance(op, Contract) and set(op.schedules) != set(hx.DEVICES):
         raise TraceError(f"register: op {op.name} needs a schedule for each of {', '.join(hx.DEVICES)}")
-    if isinstance(op, Pointwise) and len(inspect.signature(op.function).parameters) == op.arity:
-        sc.check(op.tree(), op.name, op.arity)  # its function builds a well-formed tree, now
+    _check_now(op)
     REGISTRY[op.name] = op
     hx.define_op(op.name, op.groups if isinstance(op, Contract) else op.operands, op.family)
     return op
+
+
+def _check_now(op: OpDef) -> None:
+    """Build a Pointwise's tree or a Reduce's program now, when its function needs no parameter
+    (those come with each call, checked then), so that a bad definition fails at register_op."""
+    if isinstance(op, Contract):
+        return
+    arguments = inspect.signature(op.function).parameters.values()
+    if sum(p.default is p.empty and p.kind is not p.VAR_POSITIONAL for p in arguments) > len(op.operands):
+        return
+    try:
+        if isinstance(op, Pointwise):
+            sc.check(op.tree(), op.name, op.arity)
+        else:
+            scalar.reduce_program(op.name, op.function, [scalar.Scalar.arg(i) for i in range(len(op.operands))], 0)
+    except HxbFormatError as error:
+        raise TraceError(f"op {op.name}: its function makes an expression the runtime refuses: {error}") from None
 
 
 def lookup(full_name: str) -> OpDef | None:

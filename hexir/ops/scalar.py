@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hexir_runtime.errors import HxbFormatError
 from hexir_runtime.format import scalars
 
 from hexir.errors import TraceError
@@ -165,20 +166,43 @@ def row_length() -> Scalar:
     return Scalar(["len"])
 
 
-def pointwise_tree(function: Callable[..., Scalar | Number], arity: int, **params: Any) -> scalars.Tree:
-    """The tree of a pointwise function of `arity` scalars (and keyword `params`)."""
-    return lift(function(*(Scalar.arg(i) for i in range(arity)), **params))
+def _call(op: str, function: Callable[..., Any], operands: Sequence[Scalar | None], params: dict) -> scalars.Tree:
+    """The tree of `function(*operands, **params)`: its result must be a Scalar, and what it
+    raises (numpy or `math` called on a Scalar, a wrong parameter) becomes a TraceError naming the op."""
+    try:
+        result = function(*operands, **params)
+    except TraceError as error:
+        raise TraceError(f"op {op}: {error.message}") from None
+    except Exception as error:  # the user's definition failed: say which op, and what it may call
+        raise TraceError(f"op {op}: its function raised {type(error).__name__}: {error} (it computes on "
+                         "hexir.scalar.Scalar values: arithmetic, ** a number, and hexir.scalar's functions, "
+                         "not numpy's or math's)") from None
+    if not isinstance(result, Scalar):
+        raise TraceError(f"op {op}: its function returned {type(result).__name__} {result!r:.40}; expected a "
+                         "hexir.scalar.Scalar computed from its operands")
+    return result.tree
 
 
-def reduce_program(function: Callable[..., Scalar], operands: Sequence[Scalar | None], axis: int,
+def pointwise_tree(op: str, function: Callable[..., Scalar], arity: int, **params: Any) -> scalars.Tree:
+    """The tree of the pointwise op `op`'s function of `arity` scalars (and keyword `params`)."""
+    return _call(op, function, [Scalar.arg(i) for i in range(arity)], params)
+
+
+def reduce_program(op: str, function: Callable[..., Scalar], operands: Sequence[Scalar | None], axis: int,
                    **params: Any) -> scalars.Program:
-    """The program of a reduce op's function called on `operands` (None for an absent optional one)."""
+    """The program of the reduce op `op`'s function called on `operands` (None for an absent
+    optional one), checked as the runtime will check it."""
     _state.reductions = []
     try:
-        out = lift(function(*operands, **params))
+        out = _call(op, function, operands, params)
         reductions = tuple(_state.reductions)
     finally:
         _state.reductions = None
     if not reductions:
-        raise TraceError("a reduce op's definition must reduce (row_sum, row_max or row_argmax)")
-    return scalars.Program(axis, reductions, out)
+        raise TraceError(f"op {op}: a reduce op's function must reduce (call row_sum, row_max or row_argmax)")
+    program = scalars.Program(axis, reductions, out)
+    try:
+        scalars.check_program(program.to_json(), op, len(operands), axis + 1)
+    except HxbFormatError as error:
+        raise TraceError(f"op {op}: its function makes a program the runtime refuses: {error}") from None
+    return program
