@@ -103,16 +103,19 @@ def _runner(path: Path, device: str, arrays: list[np.ndarray]):
         from hexir_runtime.cpu import CpuDevice
         place = CpuDevice()
     program = place.load(hxb)
-    entry = hxb.manifest.entries[0]  # the entry's buffers as its program lays them out
+    entry = hxb.manifest.entries[0]  # the entry's buffers as its program lays them out, all on `place`:
     buffers = [place.alloc(buffer.type.concrete({}), buffer.type.dtype) for buffer in entry.buffers]
+    same = {}  # a transfer's destination -> its source (one buffer here: the copy is not timed)
     for command in entry.program:
         if command.op == "input":
             place.copy_in(buffers[command.dst], arrays[command.index])
+        elif command.op == "transfer":
+            same[command.dst] = same.get(command.src, command.src)
         elif command.op == "return":
-            result = buffers[command.srcs[0]]
+            result = buffers[same.get(command.srcs[0], command.srcs[0])]
     if device == "cuda":
         place.make_current()
-    launch = program.launcher(calls[0].kernel, [buffers[arg] for arg in calls[0].args], {})
+    launch = program.launcher(calls[0].kernel, [buffers[same.get(arg, arg)] for arg in calls[0].args], {})
     if device == "cpu":
         def timed() -> float:
             start = time.perf_counter()
