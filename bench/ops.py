@@ -217,6 +217,7 @@ def _torch_columns(op: str, arrays: list[np.ndarray], runner, ours: float, repea
     compiled, started = "      n/a    n/a", time.perf_counter()
     if compile_:
         try:
+            torch._dynamo.reset()  # a fresh compile per row: the rows share one code object (recompile limit)
             fn = torch.compile(_torch(op), dynamic=False)
             fn(tx, *textras)
             seconds = _median(_events(lambda: fn(tx, *textras)), repeats)
