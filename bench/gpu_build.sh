@@ -2,12 +2,13 @@
 # Build, here (MLIR needed), everything bench/gpu_run.sh runs on the GPU machine, into .gpu/
 # (ignored by git; carry it with the device tool): the runtime and its tests as they are now,
 # the GPU suite's cases (linear and op-family), the benchmarks' modules, the examples.
-#   bash bench/gpu_build.sh             everything (parts 1, 2, 3 and h23); ~20 min on 2 busy cores
+#   bash bench/gpu_build.sh             everything (parts 1, 2, 3 and h23)
 #   ONLY=h23 bash bench/gpu_build.sh    what part h23 needs: runtime, its tests, the suite's cases,
-#                                       the GEMMs before/after, the epilogue and ops modules; ~10 min
+#                                       the GEMMs before/after, the epilogue and ops modules
 #   EXAMPLES=N                          the linear cases hypothesis draws beside the fixed ones (60)
-# Times are CPU minutes on one core of this machine; on its 2 shared cores under other work,
-# expect up to 2-3 times as long (the op-family cases: ~26 modules, each a few kernels, ~5 min).
+# Seen on 2026-12-01 on this machine's 2 cores under a load of ~12 (wall, CPU): the op-family
+# cases (26 modules) 21 min, 4.5 min; GEMMs before 2.6 min, 0.5; after + epilogues 12 min, 1.6;
+# ops modules 3 min, 0.5. Idle, the CPU minutes are about the wall minutes.
 # "before" is the compiler of $BEFORE_REF (default main), from a worktree at $BEFORE (default
 # /work/wt/h23-before, added detached if missing), run with its own PYTHONPATH; "after" is this tree.
 set -euo pipefail

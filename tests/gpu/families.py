@@ -6,7 +6,8 @@ with `F = hexir` (traced, fused and compiled), the run with `F = NUMPY` below (t
 in float64 numpy, written independently of hexir's trees), so a fusion that composes trees
 wrongly shows. An op of the registry that NUMPY does not know (one registered after this file
 was written) is checked against the runtime's reference device instead (numpy evaluating the
-kernel's own tree), and still cuda against the cpu twins.
+kernel's own tree), on cuda and on the cpu twins alike. To keep the build small, each module
+holds a group of outputs (every unary op of a dtype, say), each its own kernel or fused chain.
 
 Tolerances (`|got - expected| <= atol + rtol * |expected|`, expected in float64): rtol is TOL
 by dtype (float32 math 1e-5 relative, float64 1e-12) times the op's factor in RTOL; atol is
