@@ -4,12 +4,49 @@
 #   part 1: machine, runtime tests (Python 3.12, no MLIR), GPU suite, examples, crafted files
 #   part 2: benchmarks (linear vs cuBLAS and numpy, thread scaling, MLP call path vs torch)
 #   part 3: the GPU suite, the tilings sweep (built with TUNE=1), linear vs cuBLAS, MLP (profiled)
+#   part h23 (issue #23, one call, ~6-8 min; `ONLY=h23 bash bench/gpu_build.sh` builds what it needs),
+#     each also a part of its own:
+#     machine  GPU, versions, runtime tests (~1 min)                                  -> machine.txt
+#     suite    GPU ≡ CPU suite: linear cases and every registered op / fused chain
+#              / long row, cuda vs cpu vs numpy (~1-2 min)                             -> suite.txt
+#     gemm     GEMMs before/after (main's compiler vs this tree's, in turns) with
+#              after/before, and linear 4096^3 + gelu/gelu_tanh/silu/bias+gelu vs
+#              the plain linear (#23's target: <= 1.03) (~1 min)                       -> gemm.txt
+#     ops      softmax, layer_norm, gelu(x*a+b) vs a copy of the bytes, torch eager,
+#              torch.compile (at most ~2 min of compiling) on cuda, vs numpy on the
+#              cpu (~3-4 min)                                                          -> ops.txt
+#   Exit status 0 only if each part ran and nothing printed FAIL or WRONG.
 set -uo pipefail
 out=${1:-/tmp/hexir-gpu}; part=${2:-1}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export PYTHONPATH=$PWD/runtime PYTHONUNBUFFERED=1
 status=0
+run_machine() {
+  { echo "== machine"; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.max.sm --format=csv,noheader; nproc
+    python3 -c "import sys, numpy, torch, cuda.bindings; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+    echo "== runtime tests (Python 3.12, no MLIR; the torch/cupy DLPack tests need this GPU)"
+    (cd tests && python3 -m pytest runtime -q -p no:cacheprovider -o addopts="" -rfs 2>&1 | tail -15)
+  } 2>&1 | tee "$out/machine.txt"
+}
+run_suite() {
+  echo "== GPU property suite: cuda vs cpu vs numpy (linear cases, then the op families)"
+  python3 tests/gpu/suite.py run cases --devices cuda,cpu 2>&1 | tee "$out/suite.txt" | tail -60 || status=1
+}
+run_gemm() {
+  echo "== GEMMs before/after, and linear + epilogue vs plain linear"
+  python3 bench/gemm_compare.py run gemm --repeats 30 2>&1 | tee "$out/gemm.txt" || status=1
+}
+run_ops() {
+  echo "== memory-bound ops: cuda vs a copy, torch eager, torch.compile; cpu vs numpy"
+  { python3 bench/ops.py run ops --device cuda --compile --compile-budget 120
+    python3 bench/ops.py run ops --device cpu --repeats 8; } 2>&1 | tee "$out/ops.txt" || status=1
+}
+case "$part" in
+  h23) run_machine; run_suite; run_gemm; run_ops
+       grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
+  machine|suite|gemm|ops) "run_$part"; exit $status ;;
+esac
 if [ "$part" = 1 ]; then
   { echo "== machine"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; nproc
     python3 -c "import sys, numpy, torch, cuda.bindings; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"

@@ -1,6 +1,7 @@
 """The CPU ≡ GPU property suite, in two halves: build here (MLIR), run there (runtime only).
 
     python tests/gpu/suite.py build bench/gpu_cases [--examples 120]   # on a machine with hexir
+    python tests/gpu/suite.py build DIR --part families                # only the op-family cases
     python tests/gpu/suite.py run bench/gpu_cases                      # on the GPU machine
 
 `build` lets hypothesis draw cases — an op chain (linear, linear+bias, relu, linear+relu),
@@ -12,6 +13,13 @@ draws several batch sizes for it (0 and 1 among them). `run` draws random values
 case, runs it with `--device=cuda` and `--device=cpu` (the cpu twins of the GPU kernels),
 compares both with numpy in float64 and prints a summary. Exit status 0 only if every case
 passes.
+
+The op-family cases (families.py, #23) add every registered pointwise and reduce op (from the
+registry: a new op is covered when it is registered), fused chains (broadcasting, linear
+epilogues, residuals, reductions with a prologue, argmax, middle axes), placements that split a
+chain between cuda and cpu, and long rows (softmax, layer_norm, log_softmax up to 16384
+columns), each in float32 and float64 with a symbolic batch run at several sizes (0 among them);
+their tolerances are stated per op in families.py.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import families  # noqa: E402  (beside this file; imports hexir only to build)
+
 # Relative error bounds against the float64 reference, by dtype (summation order differs).
 TOLERANCE = {"float32": 1e-4, "float64": 1e-11}
 CHAINS = ("linear", "linear_bias", "relu", "linear_relu")
@@ -33,13 +44,29 @@ SPLITS = (("cuda", "cuda"), ("cuda", "cpu"), ("cpu", "cuda"))
 BATCHES = (0, 1, 2, 3, 31, 63, 64, 65, 127, 128, 129, 255, 1000, 2053)
 
 
-def build(out: Path, examples: int) -> None:
+def build(out: Path, examples: int, part: str = "all") -> None:
+    import hexir
+
+    out.mkdir(parents=True, exist_ok=True)
+    cases: list[dict] = []
+    if part in ("all", "linear"):
+        cases += build_linear(out, examples)
+    if part in ("all", "families"):
+        def add_family(record, function, specs, placement):
+            name = f"fam{len(cases):03d}"
+            hexir.export(function, out / f"{name}.hxb", *specs, placement=placement, target="cuda:sm_90")
+            cases.append({**record, "kind": "family", "name": name, "placement": placement})
+        families.build(out, add_family)
+    (out / "cases.json").write_text(json.dumps(cases, indent=1))
+    print(f"built {len(cases)} cases in {out}")
+
+
+def build_linear(out: Path, examples: int) -> list[dict]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
     import hexir
 
-    out.mkdir(parents=True, exist_ok=True)
     interesting = st.sampled_from([1, 2, 3, 7, 13, 31, 32, 33, 97, 127, 255, 257, 1000, 1031, 2053, 3001])
     small = st.one_of(interesting.filter(lambda d: d <= 257), st.integers(1, 300))
     cases: list[dict] = []
@@ -88,8 +115,7 @@ def build(out: Path, examples: int) -> None:
     for m, k, n in ((200, 65, 1000), (1000, 33, 1000), (2100, 33, 1000), (2100, 34, 1000)):
         add("linear_bias", "float64", m, k, n, SPLITS[0])
     draw()
-    (out / "cases.json").write_text(json.dumps(cases, indent=1))
-    print(f"built {len(cases)} cases in {out}")
+    return cases
 
 
 def _case_function(chain: str, m: int, k: int, n: int, dtype: str):
@@ -133,7 +159,8 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
 def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
     import hexir_runtime
 
-    cases = json.loads((cases_dir / "cases.json").read_text())
+    every = json.loads((cases_dir / "cases.json").read_text())
+    cases = [case for case in every if "kind" not in case]  # the linear cases; then the families'
     rng = np.random.default_rng(seed)
     failures, worst, started = [], {d: 0.0 for d in devices}, time.perf_counter()
     device_line = ""
@@ -164,6 +191,7 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
         if len(results) == 2 and not np.allclose(results[devices[0]], results[devices[1]],
                                                   rtol=bound, atol=bound * scale):
             failures.append(f"{case['name']}: {devices[0]} and {devices[1]} disagree")
+    family_runs, family_failures, used = run_families(cases_dir, [c for c in every if "kind" in c], devices, rng)
     elapsed = time.perf_counter() - started
     print(f"device        : {device_line or ', '.join(devices)}")
     counts = ", ".join(f"{chain}: {sum(c['chain'] == chain for c in cases)}" for chain in CHAINS)
@@ -173,11 +201,62 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
     for device in devices:
         print(f"max rel error : {device} {worst[device]:.3e} (vs numpy float64)")
     print(f"symbolic      : {sum(c['m'] == 'batch' for c in cases)} cases, each at 3 batch sizes")
-    print(f"passed        : {len(runs) * len(devices) - len(failures)} of {len(runs) * len(devices)} runs "
-          f"in {elapsed:.1f} s")
+    outputs = [o for c in every if "kind" in c for o in c["outputs"]]
+    kinds = {kind: sum(o["what"] == kind for o in outputs) for kind in ("op", "chain", "long")}
+    print(f"family cases  : {len(every) - len(cases)} modules, {len(outputs)} outputs (registered ops: {kinds['op']}, "
+          f"fused chains: {kinds['chain']}, long rows: {kinds['long']}), {family_runs} output checks per device")
+    for device in devices:
+        print(f"family error  : {device} at most {used[device]:.3f} of the tolerance (families.py)")
+    total = len(runs) * len(devices) + family_runs * len(devices)  # (a module's load failure: one more)
+    failures += family_failures
+    print(f"passed        : {total - len(failures)} of {total} runs in {elapsed:.1f} s")
     for failure in failures:
         print(f"FAIL {failure}")
     return 1 if failures else 0
+
+
+def run_families(cases_dir: Path, cases: list[dict], devices: tuple[str, ...], rng) -> tuple[int, list[str], dict]:
+    """Each family module at each of its batch sizes on every device; each of its outputs
+    against float64 numpy (families.NUMPY) or, for an op it does not know, the reference
+    device. Returns (outputs checked per device, failures, the largest share of a tolerance used)."""
+    import hexir_runtime
+
+    failures, used, checked = [], {d: 0.0 for d in devices}, 0
+    for case in cases:
+        where = f"{case['name']} ({case['label']}, {case['dtype']}, {case['placement']})"
+        modules = {}
+        for device in (*devices, "reference"):
+            try:
+                modules[device] = hexir_runtime.load(cases_dir / f"{case['name']}.hxb", device=device)
+            except hexir_runtime.HexirRuntimeError as error:
+                failures.append(f"{where} on {device}: {error}")
+        for batch in case.get("batches", families.BATCHES) if modules else ():  # (those that loaded)
+            arrays = families.draw(case, rng, batch)
+            results = {}
+            for device, module in modules.items():
+                try:
+                    result = module.main(*arrays)
+                    results[device] = result if isinstance(result, tuple) else (result,)
+                except hexir_runtime.HexirRuntimeError as error:
+                    failures.append(f"{where} batch {batch} on {device}: {error}")
+            for index, output in enumerate(case["outputs"]):
+                checked += 1
+                want, oracle = families.expected(output, arrays), "numpy"
+                if want is None and "reference" in results:
+                    want, oracle = results["reference"][index].astype(np.float64), "the reference device"
+                for device in devices if want is not None else ():
+                    if device not in results:
+                        continue
+                    got = results[device][index]
+                    why = families.compare(output, case["dtype"], got, want)
+                    if why is not None:
+                        failures.append(f"{where} batch {batch}: {families.label(output)} on {device} vs {oracle}: "
+                                        f"{why}")
+                    elif np.asarray(want).dtype.kind == "f" and np.size(want):
+                        rtol, atol = families.tolerance(output, case["dtype"])
+                        share = np.abs(np.asarray(got, np.float64) - want) / (atol + rtol * np.abs(want))
+                        used[device] = max(used[device], float(share.max()))
+    return checked, failures, used
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,13 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     build_parser = commands.add_parser("build", help="draw and compile cases (needs hexir)")
     build_parser.add_argument("out", type=Path)
     build_parser.add_argument("--examples", type=int, default=120)
+    build_parser.add_argument("--part", choices=("all", "linear", "families"), default="all",
+                              help="the linear cases, the op-family cases (families.py) or both")
     run_parser = commands.add_parser("run", help="run the cases (needs only hexir_runtime)")
     run_parser.add_argument("cases", type=Path)
     run_parser.add_argument("--devices", default="cuda,cpu", help="devices to run and compare")
     run_parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out, args.examples)
+        build(args.out, args.examples, args.part)
         return 0
     return run(args.cases, tuple(args.devices.split(",")), args.seed)
 

@@ -1,0 +1,42 @@
+"""The GPU suite's op-family half (families.py) here, on the cpu: it covers the registry, its
+numpy formulas agree with what hexir compiles, and its comparison catches a wrong value."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hexir import ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import families  # noqa: E402
+import suite  # noqa: E402
+
+
+def test_every_registered_pointwise_and_reduce_op_is_a_case():
+    covered = {(o["op"], g["dtype"]) for g in families.groups() for o in g["outputs"] if o["what"] == "op"}
+    for name, definition in ops.REGISTRY.items():
+        if definition.family in ("pointwise", "reduce"):
+            assert {(name, "float32"), (name, "float64")} <= covered, name
+
+
+def test_a_built_group_passes_on_the_cpu_and_a_wrong_value_fails(tmp_path, monkeypatch):
+    chosen = [g for g in families.groups() if g["label"] == "chains linear_gelu" or
+              (g["label"] == "reduce ops, middle axis of rank 3, keepdims" and g["dtype"] == "float32")]
+    monkeypatch.setattr(families, "groups", lambda: chosen)
+    suite.build(tmp_path, 0, "families")
+    cases = json.loads((tmp_path / "cases.json").read_text())
+    assert len(cases) == 2
+    checked, failures, used = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
+    assert not failures and checked == len(families.BATCHES) * sum(len(c["outputs"]) for c in cases)
+    assert 0 < used["cpu"] <= 1
+    output = cases[0]["outputs"][-1]  # (a float result: the sum)
+    arrays = families.draw(cases[0], np.random.default_rng(1), 7)
+    want = families.expected(output, arrays)
+    wrong = want.copy()
+    wrong.flat[3] += 10 * sum(families.tolerance(output, cases[0]["dtype"])) * (1 + abs(wrong.flat[3]))
+    assert families.compare(output, cases[0]["dtype"], want, want) is None
+    assert "1 of" in families.compare(output, cases[0]["dtype"], wrong, want)
