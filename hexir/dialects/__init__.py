@@ -13,8 +13,12 @@ from hexir.dialects import hexir, hextir
 
 
 def make_context() -> ir.Context:
-    """A fresh MLIR context with the hexir dialect (every defined op) and hextir registered."""
+    """A fresh MLIR context with the hexir dialect (every defined op) and hextir registered.
+    Single-threaded: a context's LLVM thread pool, freed in a forked child (which has none of
+    its threads), aborts the child (`pthread_join failed`); hexir's passes are driven from
+    Python, one module at a time, so the pool bought nothing."""
     context = ir.Context()
+    context.enable_multithreading(False)
     with context, ir.Location.unknown():
         irdl.load_dialects(ir.Module.parse(hexir.irdl() + hextir.IRDL))
     return context
