@@ -22,7 +22,7 @@ func.func @main({args}){' -> ' + results if results else ''} {{
 
 
 VALID = graph("""  %0 = "hexir.constant"() {device = "auto", name = "b", value = dense<0.5> : tensor<4xf32>} : () -> tensor<4xf32>
-  %1 = "hexir.linear"(%arg0, %w, %0) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  %1 = "hexir.linear"(%arg0, %w, %0) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0>} : (tensor<2x8xf32>, tensor<8x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
   %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<2x4xf32>) -> tensor<2x4xf32>
   "hexir.print"(%2) : (tensor<2x4xf32>) -> ()
   return %2 : tensor<2x4xf32>""", results="tensor<2x4xf32>")
@@ -38,7 +38,8 @@ def test_valid_graph_passes_unchanged():
     filecheck(lower(VALID, "mlir"), """
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>) -> tensor<2x4xf32>
         CHECK-NEXT:    %[[B:.+]] = "hexir.constant"() {device = "auto", name = "b", value = dense<5.000000e-01> : tensor<4xf32>}
-        CHECK-NEXT:    %[[Y:.+]] = "hexir.linear"(%arg0, %arg1, %[[B]]) {device = "auto"}
+        CHECK-NEXT:    %[[Y:.+]] = "hexir.linear"(%arg0, %arg1, %[[B]]) {device = "auto", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT:    %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "auto"}
         CHECK-NEXT:    "hexir.print"(%[[R]])
         CHECK-NEXT:    return %[[R]] : tensor<2x4xf32>
@@ -49,7 +50,7 @@ def _linear(x: str, w: str, result: str, bias: str | None = None) -> str:
     operands = "%x, %w" + (", %b" if bias else "")
     types = f"{x}, {w}" + (f", {bias}" if bias else "")
     args = f"%x: {x}, %w: {w}" + (f", %b: {bias}" if bias else "")
-    return graph(f'  %1 = "hexir.linear"({operands}) {{device = "auto"}} : ({types}) -> {result}\n'
+    return graph(f'  %1 = "hexir.linear"({operands}) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, {int(bool(bias))}, 0, 0, 0, 0>}} : ({types}) -> {result}\n'
                  f"  return %1 : {result}", args=args, results=result)
 
 
@@ -92,8 +93,8 @@ def test_bad_linear_is_reported_at_its_line(text, message):
 
 
 def test_error_points_at_the_second_of_two_ops():
-    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
-  %2 = "hexir.linear"(%1, %w) {device = "auto"} : (tensor<2x4xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  %2 = "hexir.linear"(%1, %w) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<2x4xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
   return %2 : tensor<2x4xf32>""", results="tensor<2x4xf32>")
     with pytest.raises(TraceError, match=r"inner dimensions differ: x is float32\[2, 4\]") as caught:
         lower(text, "mlir")
@@ -176,7 +177,7 @@ def test_named_leading_extent_is_accepted_and_others_are_not():
 
 
 def test_unnamed_dynamic_extent_inside_main_is_reported_at_its_op():
-    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<?x4xf32>
+    text = graph("""  %1 = "hexir.linear"(%arg0, %w) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<?x4xf32>
   "hexir.print"(%1) : (tensor<?x4xf32>) -> ()
   return""")
     with pytest.raises(TraceError, match=r"^-:3:8: linear: result 0: tensor<\?x4xf32>: each \? extent needs a name "
