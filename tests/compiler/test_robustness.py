@@ -107,7 +107,7 @@ def test_custom_calls_in_mlir_files_are_verified(attributes, message):
     text = f'''
     func.func @main(%arg0: tensor<2xf32>) -> tensor<2xf32> {{
       %0 = "hexir.custom_call"(%arg0) {{{attributes}, block = array<i64: 32, 1, 1>, device = "auto",
-                                      operandSegmentSizes = array<i32: 1, 0, 0, 0>}} : (tensor<2xf32>) -> tensor<2xf32>
+        operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}} : (tensor<2xf32>) -> tensor<2xf32>
       return %0 : tensor<2xf32>
     }}'''
     with pytest.raises(TraceError, match=message):

@@ -205,7 +205,7 @@ def test_constant_value_must_have_the_result_type(value, result):
 
 
 def test_call_of_an_unknown_kernel_is_rejected():
-    text = graph('  %0 = "hexir.call"(%x) {callee = @nope, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>} '
+    text = graph('  %0 = "hexir.call"(%x) {callee = @nope, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>} '
                  ": (tensor<2xf32>) -> tensor<2xf32>\n  return %0 : tensor<2xf32>",
                  args="%x: tensor<2xf32>", results="tensor<2xf32>")
     with pytest.raises(TraceError, match=r"^-:3:8: call: @nope is not a kernel of this module; expected a "
@@ -218,7 +218,7 @@ def test_call_of_a_cpu_twin_is_rejected():
     twin = ('func.func public @relu_0_cpu(%arg0: memref<2xf32>, %arg1: memref<2xf32>) attributes '
             '{hextir.fallback_of = @relu_0, hextir.kernel = #hextir.kernel<"cpu", "relu">} {\n  return\n}\n')
     text = twin + graph('  %0 = "hexir.call"(%x) {callee = @relu_0_cpu, device = "cpu", '
-                        'operandSegmentSizes = array<i32: 1, 0, 0, 0>} : (tensor<2xf32>) -> tensor<2xf32>\n'
+                        'operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>} : (tensor<2xf32>) -> tensor<2xf32>\n'
                         '  return %0 : tensor<2xf32>', args="%x: tensor<2xf32>", results="tensor<2xf32>")
     with pytest.raises(TraceError, match=r"call: @relu_0_cpu is not a kernel of this module"):
         lower(text, "mlir")
