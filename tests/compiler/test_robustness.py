@@ -130,9 +130,9 @@ def test_the_command_keeps_the_decorators_options_under_its_own(tmp_path, capsys
                        "def f(x, w):\n    return hexir.linear(x, w)\n")
     specs = [f"{program}:f", "-emit=mlir-hetero", "-spec=x=2x3xf32", "-spec=w=3x4xf32"]
     assert main(specs) == 0
-    assert re.search(r'"hexir.linear"\(%\d+, %\d+\) \{device = "cuda"\}', capsys.readouterr().out)
+    assert re.search(r'"hexir.linear"\(%\d+, %\d+\) \{device = "cuda", operandSegmentSizes', capsys.readouterr().out)
     assert main([*specs, "-placement=hexir.linear=cpu"]) == 0
-    assert '"hexir.linear"(%arg0, %arg1) {device = "cpu"}' in capsys.readouterr().out
+    assert '"hexir.linear"(%arg0, %arg1) {device = "cpu", operandSegmentSizes' in capsys.readouterr().out
 
 
 def test_the_command_reports_a_file_that_fails_to_load(tmp_path, capsys):
