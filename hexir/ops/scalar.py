@@ -72,6 +72,14 @@ class Scalar:
     def __repr__(self) -> str:
         return f"Scalar({scalars.text(self.tree)})"
 
+    def _not_a_number(self, *_: object) -> Any:
+        raise TraceError(f"{self!r} is an op's element, not a number: math.exp and the like, if and int() "
+                         "need its value; use hexir.scalar.exp (log, tanh, sqrt, rsqrt, erf, maximum, "
+                         "minimum), not math.exp, and no branches on it")
+
+    # math.exp(x), float(x), `if x > 0`, range(x), a[x]: each needs a value an element does not have
+    __float__ = __int__ = __index__ = __bool__ = __gt__ = __ge__ = __lt__ = __le__ = _not_a_number
+
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

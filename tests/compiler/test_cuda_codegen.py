@@ -46,7 +46,7 @@ EM_CUDA = 190
 PROGRAM = f"""\
 func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {{
   %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
-  %1 = "hexir.linear"(%arg0, %0) {{device = "auto"}} : (tensor<17x5xf32>, tensor<5x7xf32>) -> tensor<17x7xf32>
+  %1 = "hexir.linear"(%arg0, %0) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<17x5xf32>, tensor<5x7xf32>) -> tensor<17x7xf32>
   %2 = "hexir.relu"(%1) {{device = "auto", {RELU}}} : (tensor<17x7xf32>) -> tensor<17x7xf32>
   "hexir.print"(%1) : (tensor<17x7xf32>) -> ()
   return %2 : tensor<17x7xf32>
@@ -69,7 +69,7 @@ FUSED_BIAS_RELU = f"""\
 func.func @main(%arg0: tensor<17x5xf32>) -> tensor<17x7xf32> {{
   %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
   %b = "hexir.constant"() {{device = "auto", name = "b", value = dense<-1.0> : tensor<7xf32>}} : () -> tensor<7xf32>
-  %1 = "hexir.linear"(%arg0, %0, %b) {{device = "auto"}} : (tensor<17x5xf32>, tensor<5x7xf32>, tensor<7xf32>) -> tensor<17x7xf32>
+  %1 = "hexir.linear"(%arg0, %0, %b) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0>}} : (tensor<17x5xf32>, tensor<5x7xf32>, tensor<7xf32>) -> tensor<17x7xf32>
   %2 = "hexir.relu"(%1) {{device = "auto", {RELU}}} : (tensor<17x7xf32>) -> tensor<17x7xf32>
   return %2 : tensor<17x7xf32>
 }}
@@ -211,17 +211,20 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
     filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.expr = "[\\22arg\\22,0]", hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
+        CHECK-SAME: attributes {{hextir.expr = "[\\22arg\\22,0]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
         {linear_kernel_checks("arg2", "", "SUM")}
 
         CHECK:      func.func public @[[LINEAR]]_cpu(
-        CHECK-SAME: hextir.expr = "[\\22arg\\22,0]", hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
+        CHECK-SAME: hextir.expr = "[\\22arg\\22,0]", hextir.fallback_of = @[[LINEAR]]
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
         CHECK-NOT:  Idx
         CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return
 
         CHECK:      func.func public @[[RELU:relu_[0-9]+]](
-        CHECK-SAME: hextir.expr = "[\\22max\\22,[\\22arg\\22,0],[\\22const\\22,0.0]]", hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
+        CHECK-SAME: hextir.expr = "[\\22max\\22,[\\22arg\\22,0],[\\22const\\22,0.0]]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
         CHECK:      arith.cmpi ult, %{{{{.+}}}}, %c119 : index
         CHECK:      #hextir.loop<"parallel", "threadIdx.x">
         CHECK-NEXT: #hextir.loop<"parallel", "blockIdx.x">
@@ -244,7 +247,8 @@ def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
     filecheck(lower(FUSED_BIAS_RELU, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.expr = "[\\22max\\22,[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]],[\\22const\\22,0.0]]", hextir.kernel = #hextir.kernel<"cuda", "linear">
+        CHECK-SAME: attributes {{hextir.expr = "[\\22max\\22,[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]],[\\22const\\22,0.0]]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">
         {linear_kernel_checks("arg3", epilogue, "RELU")}
         CHECK-NOT:  hexir.relu
     """)

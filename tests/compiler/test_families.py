@@ -10,7 +10,7 @@ FileCheck.
   a block per row whose threads combine their partials through shared memory in a tree with
   barriers; argmax writes int64; a pointwise prologue is part of every pass.
 - contract: a pointwise op of the linear's result alone becomes its epilogue (gelu: math.erf in
-  the linear kernel); a residual add is a kernel of its own.
+  the linear kernel); so does a residual add, reading the residual as its extra input.
 - what must not fuse: a value used twice, a value on another device.
 - `.mlir` input for family ops: the verifier holds each op's `expr` to the scalar language and
   the result type to the family's shape rule.
@@ -95,7 +95,8 @@ def test_the_cpu_pointwise_kernel_loops_over_the_output_reading_a_row_by_its_col
     text = lower(POINTWISE_CHAIN, "mlir-tir", **CPU)
     filecheck(text, f"""
         CHECK:       func.func public @[[K:sub_[0-9]+]](%arg0: memref<4x6xf32>, %arg1: memref<6xf32>, %arg2: memref<4x6xf32>)
-        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}, hextir.kernel = #hextir.kernel<"cpu", "pointwise">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "4", grain = {-(-16384 // 6)} : i64}}}}
+        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "pointwise">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "4", grain = {-(-16384 // 6)} : i64}}}}
         CHECK:         scf.for %[[I:arg[0-9]+]] = %c0 to %c4 step %c1 {{
         CHECK:           scf.for %[[J:arg[0-9]+]] = %c0 to %c6 step %c1 {{
         CHECK-NEXT:        %[[X:[0-9]+]] = "hextir.load"(%arg0, %[[I]], %[[J]]) : (memref<4x6xf32>, index, index) -> f32
@@ -118,7 +119,8 @@ def test_the_cuda_pointwise_kernel_is_one_flat_guarded_axis_of_blocks_and_thread
     text = lower(POINTWISE_CHAIN, "mlir-tir", **CUDA)
     filecheck(text, f"""
         CHECK:       func.func public @[[K:sub_[0-9]+]](%arg0: memref<4x6xf32>, %arg1: memref<6xf32>, %arg2: memref<4x6xf32>)
-        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}, hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
+        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
         CHECK-DAG:     %[[OUT:.+]] = memref.collapse_shape %arg2 {{{{\\[\\[}}}}0, 1{{{{\\]\\]}}}} : memref<4x6xf32> into memref<24xf32>
         CHECK-DAG:     %[[IN:.+]] = memref.collapse_shape %arg0 {{{{\\[\\[}}}}0, 1{{{{\\]\\]}}}} : memref<4x6xf32> into memref<24xf32>
         CHECK:         scf.for %[[B:arg[0-9]+]] =
@@ -135,7 +137,8 @@ def test_the_cuda_pointwise_kernel_is_one_flat_guarded_axis_of_blocks_and_thread
         CHECK:           }} {{hextir.schedule = #hextir.loop<"parallel", "threadIdx.x">}}
         CHECK-NEXT:    }} {{hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}}
         CHECK:       func.func public @[[K]]_cpu(
-        CHECK-SAME:      hextir.fallback_of = @[[K]], hextir.kernel = #hextir.kernel<"cpu", "pointwise">
+        CHECK-SAME:      hextir.fallback_of = @[[K]]
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "pointwise">
         CHECK-LABEL: func.func @main
         CHECK:         "hexir.call"(%{{{{.+}}}}, %{{{{.+}}}}) {{callee = @[[K]], device = "cuda"
         CHECK-NOT:     "hexir.call"
@@ -302,7 +305,7 @@ def test_a_pointwise_prologue_is_part_of_every_pass_of_its_reduction():
 GELU_OF_LINEAR = f"""
 func.func @main(%x: tensor<3x5xf32>) -> tensor<3x7xf32> {{
   %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
-  %0 = "hexir.linear"(%x, %w) {{device = "auto"}} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
+  %0 = "hexir.linear"(%x, %w) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
   %1 = "hexir.gelu"(%0) {{device = "auto", {family_attrs("gelu")}}} : (tensor<3x7xf32>) -> tensor<3x7xf32>
   return %1 : tensor<3x7xf32>
 }}
@@ -314,14 +317,16 @@ def test_a_gelu_of_a_linear_is_its_epilogue_with_the_erf_in_the_linear_kernel(de
     options = CUDA if device == "cuda" else CPU
     graph = fused(GELU_OF_LINEAR, **options)
     filecheck(graph, f"""
-        CHECK:      %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}, %{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {pattern(ops.REGISTRY["gelu"].tree())}}}
+        CHECK:      %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}, %{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {pattern(ops.REGISTRY["gelu"].tree())}, operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}}
         CHECK-NOT:  hexir.gelu
     """)
     text = lower(GELU_OF_LINEAR, "mlir-tir", **options)
     kernel = text[:text.index("func.func @main")]
     filecheck(kernel, f"""
         CHECK:      func.func public @linear_{{{{[0-9]+}}}}(
-        CHECK-SAME: hextir.expr = "[\\22mul\\22,{{{{.*}}}}\\22erf\\22{{{{.*}}}}", hextir.kernel = #hextir.kernel<"{device}", "linear">
+        CHECK-SAME: hextir.expr = "[\\22mul\\22,{{{{[^"]*}}}}\\22erf\\22{{{{[^"]*}}}}"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"{device}", "linear">
         CHECK:      math.erf
         CHECK:      {"vector.store" if device == "cpu" else '"hextir.store"'}
     """)
@@ -334,27 +339,45 @@ def test_a_gelu_of_a_linear_is_its_epilogue_with_the_erf_in_the_linear_kernel(de
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
 
 
-def test_a_residual_add_after_a_linear_is_a_kernel_of_its_own():
-    text = f"""
-    func.func @main(%x: tensor<3x5xf32>, %r: tensor<3x7xf32>) -> tensor<3x7xf32> {{
-      %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
-      %0 = "hexir.linear"(%x, %w) {{device = "auto"}} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
-      %1 = "hexir.add"(%0, %r) {attrs(SHIFTED, 2)} : (tensor<3x7xf32>, tensor<3x7xf32>) -> tensor<3x7xf32>
-      return %1 : tensor<3x7xf32>
-    }}"""
-    filecheck(fused(text), """
-        CHECK:      %[[Y:.+]] = "hexir.linear"(%arg0, %{{.+}}) {device = "cpu"} :
-        CHECK-NEXT: %[[S:.+]] = "hexir.add"(%[[Y]], %arg1)
-        CHECK-NEXT: return %[[S]]
+RESIDUAL_OF_LINEAR = f"""
+func.func @main(%x: tensor<3x5xf32>, %r: tensor<3x7xf32>) -> tensor<3x7xf32> {{
+  %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf32>}} : () -> tensor<5x7xf32>
+  %0 = "hexir.linear"(%x, %w) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<3x5xf32>, tensor<5x7xf32>) -> tensor<3x7xf32>
+  %1 = "hexir.add"(%0, %r) {attrs(SHIFTED, 2)} : (tensor<3x7xf32>, tensor<3x7xf32>) -> tensor<3x7xf32>
+  return %1 : tensor<3x7xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_residual_add_after_a_linear_is_its_epilogue_reading_the_residual(device):
+    """linear(x, W) + r: the add becomes the linear's epilogue with r as its extra input (the
+    linear's first epilogue group, read as arg 1), one kernel of x, W, r and the output."""
+    options = CUDA if device == "cuda" else CPU
+    filecheck(fused(RESIDUAL_OF_LINEAR, **options), f"""
+        CHECK:      %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}, %{{{{.+}}}}, %{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {pattern(SHIFTED)}, operandSegmentSizes = array<i32: 1, 1, 0, 1, 0, 0, 0>}} : (tensor<3x5xf32>, tensor<5x7xf32>, tensor<3x7xf32>) -> tensor<3x7xf32>
+        CHECK-NOT:  hexir.add
     """)
-    tir = lower(text, "mlir-tir", **CPU)
-    filecheck(tir, """
-        CHECK:      #hextir.kernel<"cpu", "linear">
-        CHECK:      #hextir.kernel<"cpu", "pointwise">
+    tir = lower(RESIDUAL_OF_LINEAR, "mlir-tir", **options)
+    filecheck(tir, f"""
+        CHECK:      func.func public @[[K:linear_[0-9]+]](%arg0: memref<3x5xf32>, %arg1: memref<5x7xf32>, %arg2: memref<3x7xf32>, %arg3: memref<3x7xf32>)
+        CHECK-SAME: hextir.expr = {pattern(SHIFTED)}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"{device}", "linear">
+        CHECK-NOT:  #hextir.kernel<"{device}", "pointwise">
         CHECK-LABEL: func.func @main
-        CHECK:      %[[Y:.+]] = "hexir.call"(%arg0, %{{.+}}) {callee = @linear_{{[0-9]+}}
-        CHECK-NEXT: "hexir.call"(%[[Y]], %arg1) {callee = @add_{{[0-9]+}}
+        CHECK:      "hexir.call"(%{{{{.+}}}}, %{{{{.+}}}}, %{{{{.+}}}}) {{callee = @[[K]], device = "{device}"
+        CHECK-NOT:  "hexir.call"
     """)
+    host = parse_target("cpu:host,cuda:sm_90" if device == "cuda" else "cpu:host")
+    data = lower(RESIDUAL_OF_LINEAR, "hxb", **{**options, "target": host})
+    (kernel,) = manifest(data)["kernels"]
+    assert (kernel["op"], kernel["device"], kernel["expr"]) == ("linear", device, SHIFTED)
+    assert [(arg["shape"], arg["access"]) for arg in kernel["args"]] == [
+        ([3, 5], "read"), ([5, 7], "read"), ([3, 7], "read"), ([3, 7], "write")]  # x, w, r, out
+    x = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+    r = np.arange(21, dtype=np.float32).reshape(3, 7) - 10
+    got = load(data, "cpu").main(x, r)  # cuda: its kernel's cpu twin
+    np.testing.assert_allclose(got, x.astype(np.float64) @ np.full((5, 7), 0.5) + r, rtol=1e-6, atol=1e-6)
 
 
 # ---- what must not fuse -------------------------------------------------------------------------

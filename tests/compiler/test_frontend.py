@@ -1,6 +1,9 @@
 """The tracer: @hexir.jit builds hexir IR whose ops point at the user's lines, and every bad
 input is a HexirError naming the op or argument, expected vs actual, and the user's line."""
 
+# IR lines are checked as printed: wrapping them would change what they check.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import linecache
@@ -54,7 +57,8 @@ def test_trace_builds_the_graph():
         CHECK-SAME:    attributes {hexir.arg_names = ["x"], hexir.result_form = "single"} {
         CHECK-NEXT:  %[[W:.+]] = "hexir.constant"() {device = "auto", name = "W1", value = {{.+}} : tensor<8x4xf32>}
         CHECK-NEXT:  %[[B:.+]] = "hexir.constant"() {device = "auto", name = "B1", value = {{.+}} : tensor<4xf32>}
-        CHECK-NEXT:  %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]], %[[B]]) {device = "auto"}
+        CHECK-NEXT:  %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]], %[[B]]) {device = "auto", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-SAME:    : (tensor<2x8xf32>, tensor<8x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
         CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "auto",
         CHECK-SAME:      expr = "[\\22max\\22,[\\22arg\\22,0],[\\22const\\22,0.0]]",
@@ -155,7 +159,7 @@ def test_on_blocks_place_the_ops_built_inside():
         return hexir.relu(h)
 
     filecheck(str(f.trace(X)), """
-        CHECK: "hexir.linear"{{.+}} {device = "cuda"}
+        CHECK: "hexir.linear"{{.+}} {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}
         CHECK: "hexir.relu"{{.+}} {device = "cpu", expr = "
         CHECK: "hexir.relu"{{.+}} {device = "cuda", expr = "
         CHECK: "hexir.relu"{{.+}} {device = "auto", expr = "
@@ -169,7 +173,7 @@ def test_jit_placement_reaches_the_partitioner():
 
     filecheck(str(run_stage(f.trace(X), "mlir-hetero", f.options)), """
         CHECK: "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK: "hexir.linear"{{.+}} {device = "cuda"}
+        CHECK: "hexir.linear"{{.+}} {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}
         CHECK: "hexir.transfer"{{.+}} {source = "cuda", target = "cpu"}
         CHECK: "hexir.relu"{{.+}} {device = "cpu", expr = "
     """)

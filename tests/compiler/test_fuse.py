@@ -50,7 +50,7 @@ def program(*, linear: str = "cpu", relu: str | None = None, bias: bool = False,
     return f"""
 func.func @main(%arg0: {X}) -> {results} {{
   %w = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : {W}}} : () -> {W}
-{bias_constant}  %1 = "hexir.linear"({operands}) {{device = "{linear}"}} : ({types}) -> {Y}
+{bias_constant}  %1 = "hexir.linear"({operands}) {{device = "{linear}", operandSegmentSizes = array<i32: 1, 1, {int(bias)}, 0, 0, 0, 0>}} : ({types}) -> {Y}
   %2 = "hexir.relu"(%1) {{device = "{relu or linear}", {RELU}}} : ({Y}) -> {Y}
 {extra}  {tail}
 }}
@@ -117,7 +117,8 @@ def test_a_relu_alone_on_its_linear_becomes_the_linears_epilogue(device, bias):
             "        CHECK-NEXT: return %[[BACK]]") if device == "cuda" else "CHECK-NEXT: return %[[Y]]"
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {printed(RELU_TREE)}}} : ({types}) -> {Y}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{device}", hexir.epilogue = {printed(RELU_TREE)}, operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}} : ({types}) -> {Y}
         {back}
     """)
     assert text.count('"hexir.linear"') == 1 and "hexir.relu" not in text
@@ -142,7 +143,8 @@ def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias)
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.expr = {printed(tree)}, hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
+        CHECK-SAME:      attributes {{hextir.expr = {printed(tree)}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[J0:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %{{{{[0-9]+}}}} : index
         CHECK:         %[[START:[0-9a-z_]+]] = {start.replace("%c0]", "%[[J0]]]")}
@@ -177,7 +179,8 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
     text = lower(program(linear="cuda", bias=bias, rows=17), "mlir-tir")  # 17 rows: the SIMT kernel, one sum per thread
     filecheck(text, f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](
-        CHECK-SAME:      hextir.expr = {expr}, hextir.kernel = #hextir.kernel<"cuda", "linear">
+        CHECK-SAME:      hextir.expr = {expr}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">
         CHECK-NOT:     arith.maximumf
         CHECK:         #hextir.loop<"serial", "">
         CHECK-NOT:     arith.maximumf
@@ -190,7 +193,8 @@ def test_the_cuda_kernel_applies_the_relu_as_it_stores_and_so_does_its_cpu_fallb
         CHECK-NEXT:    return
 
         CHECK:       func.func public @[[LINEAR]]_cpu(
-        CHECK-SAME:      hextir.expr = {expr}, hextir.fallback_of = @[[LINEAR]], hextir.kernel = #hextir.kernel<"cpu", "linear">
+        CHECK-SAME:      hextir.expr = {expr}, hextir.fallback_of = @[[LINEAR]]
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">
         CHECK:         arith.maximumf
         CHECK:         #hextir.loop<"parallel", "">
         CHECK-NEXT:    return
@@ -213,9 +217,9 @@ OTHER_USERS = {
     "a second relu": (f"CHECK-NEXT: %[[R2:.+]] = \"hexir.relu\"(%[[Y]]) {{device = \"cpu\", {RELU}}}\n        CHECK-NEXT: return %[[R]], %[[R2]]",
                       dict(extra=f'  %3 = "hexir.relu"(%1) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}\n',
                            tail=f"return %2, %3 : {Y}, {Y}", results=f"({Y}, {Y})")),
-    "a second linear": ("CHECK-NEXT: %[[V:.+]] = \"hexir.constant\"()\n        CHECK-NEXT: %[[Z:.+]] = \"hexir.linear\"(%[[Y]], %[[V]]) {device = \"cpu\"}\n        CHECK-NEXT: return %[[R]], %[[Z]]",
+    "a second linear": ("CHECK-NEXT: %[[V:.+]] = \"hexir.constant\"()\n        CHECK-NEXT: %[[Z:.+]] = \"hexir.linear\"(%[[Y]], %[[V]]) {device = \"cpu\", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}\n        CHECK-NEXT: return %[[R]], %[[Z]]",
                         dict(extra='  %v = "hexir.constant"() {device = "auto", name = "V", value = dense<1.0> : tensor<7x2xf32>} : () -> tensor<7x2xf32>\n'
-                                   f'  %3 = "hexir.linear"(%1, %v) {{device = "cpu"}} : ({Y}, tensor<7x2xf32>) -> tensor<3x2xf32>\n',
+                                   f'  %3 = "hexir.linear"(%1, %v) {{device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : ({Y}, tensor<7x2xf32>) -> tensor<3x2xf32>\n',
                              tail=f"return %2, %3 : {Y}, tensor<3x2xf32>", results=f"({Y}, tensor<3x2xf32>)")),
 }
 
@@ -226,7 +230,8 @@ def test_a_linear_with_another_user_keeps_its_relu(user):
     text = fused(program(**parts))
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu"}} : ({X}, {W}) -> {Y}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}} : ({X}, {W}) -> {Y}
         CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[Y]]) {{device = "cpu", {RELU}}} : ({Y}) -> {Y}
         {checks}
     """)
@@ -240,7 +245,8 @@ def test_a_relu_on_another_device_than_its_linear_stays_apart(linear, relu):
     text = fused(program(linear=linear, relu=relu))
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{linear}"}} : ({X}, {W}) -> {Y}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%{{{{.+}}}}) {{device = "{linear}", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}} : ({X}, {W}) -> {Y}
         CHECK-NEXT:  %[[MOVED:.+]] = "hexir.transfer"(%[[Y]]) {{source = "{linear}", target = "{relu}"}}
         CHECK-NEXT:  %[[R:.+]] = "hexir.relu"(%[[MOVED]]) {{device = "{relu}", {RELU}}} : ({Y}) -> {Y}
     """)
@@ -279,7 +285,8 @@ def test_a_chain_of_relus_after_a_linear_fuses_in_order():
     text = fused(source)
     filecheck(text, f"""
         CHECK-LABEL: func.func @main
-        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu", hexir.epilogue = {printed(["max", RELU_TREE, ["const", 0.0]])}}}
+        CHECK:       %[[Y:.+]] = "hexir.linear"(%arg0, %{{{{.+}}}}) {{device = "cpu", hexir.epilogue = {printed(["max", RELU_TREE, ["const", 0.0]])}, operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}}
         CHECK-NEXT:  return %[[Y]]
     """)
     assert "hexir.relu" not in text
@@ -370,7 +377,7 @@ def test_a_fused_cuda_layer_matches_numpy_on_the_cpu_fallback_and_the_reference(
 def test_a_bad_epilogue_in_an_mlir_file_is_refused():
     text = '''
     func.func @main(%x: tensor<2x3xf32>, %w: tensor<3x4xf32>) -> tensor<2x4xf32> {
-      %0 = "hexir.linear"(%x, %w) {device = "cpu", hexir.epilogue = EPILOGUE} : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+      %0 = "hexir.linear"(%x, %w) {device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>, hexir.epilogue = EPILOGUE} : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
       return %0 : tensor<2x4xf32>
     }'''
     # an op's name is not a tree: the tree is made of the scalar language's ops

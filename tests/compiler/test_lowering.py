@@ -6,6 +6,7 @@ each checked on the printed IR of small cpu graphs."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import hexir_runtime
@@ -19,14 +20,15 @@ from hexir.dialects import hexir as hx
 from hexir.driver import run_stage
 from hexir.errors import CompileError
 from hexir.schedules import cpu as cpu_schedule
+from hexir.schedules import cpu_families
 from hexir.schedules.cpu import NC_BYTES, PANEL_BYTES
 from hexir.target import parse_target
 
-from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, filecheck, linear_program, lower
+from .conftest import CPU_TILE_ROWS, cpu_linear_tiles, cpu_tile_rows, family_attrs, filecheck, linear_program, lower
 
 LINEAR_OF_M = """
 func.func @main(%arg0: tensor<{m}x8xf32>, %w: tensor<8x4xf32>) -> tensor<{m}x4xf32> {{
-  %1 = "hexir.linear"(%arg0, %w) {{device = "auto"}} : (tensor<{m}x8xf32>, tensor<8x4xf32>) -> tensor<{m}x4xf32>
+  %1 = "hexir.linear"(%arg0, %w) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<{m}x8xf32>, tensor<8x4xf32>) -> tensor<{m}x4xf32>
   return %1 : tensor<{m}x4xf32>
 }}
 """
@@ -38,19 +40,19 @@ LINEAR_BIAS_RELU = """
 func.func @main(%arg0: tensor<3x5xf64>) -> tensor<3x7xf64> {
   %w = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<5x7xf64>} : () -> tensor<5x7xf64>
   %b = "hexir.constant"() {device = "auto", name = "b", value = dense<-1.0> : tensor<7xf64>} : () -> tensor<7xf64>
-  %1 = "hexir.linear"(%arg0, %w, %b) {device = "auto"} : (tensor<3x5xf64>, tensor<5x7xf64>, tensor<7xf64>) -> tensor<3x7xf64>
-  %2 = "hexir.relu"(%1) {device = "auto"} : (tensor<3x7xf64>) -> tensor<3x7xf64>
+  %1 = "hexir.linear"(%arg0, %w, %b) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0>} : (tensor<3x5xf64>, tensor<5x7xf64>, tensor<7xf64>) -> tensor<3x7xf64>
+  %2 = "hexir.relu"(%1) {device = "auto", RELU_ATTRS} : (tensor<3x7xf64>) -> tensor<3x7xf64>
   "hexir.print"(%1) : (tensor<3x7xf64>) -> ()
   return %2 : tensor<3x7xf64>
 }
-"""
+""".replace("RELU_ATTRS", family_attrs("relu"))
 
 RELU = """
 func.func @main(%arg0: {type}) -> {type} {{
-  %1 = "hexir.relu"(%arg0) {{device = "cpu"}} : ({type}) -> {type}
+  %1 = "hexir.relu"(%arg0) {{device = "cpu", RELU_ATTRS}} : ({type}) -> {type}
   return %1 : {type}
 }}
-"""
+""".replace("RELU_ATTRS", family_attrs("relu"))
 
 
 # ---- lower-to-tir ----------------------------------------------------------------------
@@ -58,10 +60,11 @@ func.func @main(%arg0: {type}) -> {type} {{
 def test_linear_becomes_a_kernel_and_a_call():
     filecheck(lower(LINEAR, "mlir-tir"), """
         CHECK-LABEL: func.func public @linear_0(%arg0: memref<2x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<2x4xf32>)
-        CHECK-SAME:      attributes {hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64, spans = true}}
+        CHECK-SAME:      attributes {hextir.expr = "[\\22arg\\22,0]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {extent = "1", grain = 1 : i64, spans = true}}
         CHECK-NOT:   hexir.linear
         CHECK-LABEL: func.func @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>)
-        CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0>}
+        CHECK-NEXT:    %[[Y:.+]] = "hexir.call"(%arg0, %arg1) {callee = @linear_0, device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0, 0>}
         CHECK-SAME:      : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
         CHECK-NEXT:    return %[[Y]]
     """)
@@ -69,7 +72,7 @@ def test_linear_becomes_a_kernel_and_a_call():
 
 WIDE = """
 func.func @main(%arg0: tensor<{m}x300xf32{enc}>, %w: tensor<300x300xf32>) -> tensor<{m}x300xf32{enc}> {{
-  %1 = "hexir.linear"(%arg0, %w) {{device = "auto"}} : (tensor<{m}x300xf32{enc}>, tensor<300x300xf32>) -> tensor<{m}x300xf32{enc}>
+  %1 = "hexir.linear"(%arg0, %w) {{device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<{m}x300xf32{enc}>, tensor<300x300xf32>) -> tensor<{m}x300xf32{enc}>
   return %1 : tensor<{m}x300xf32{enc}>
 }}
 """
@@ -126,7 +129,8 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
     (w, a constant of 7 columns, stays as it is: pack-weights leaves weights of one panel or less.)"""
     filecheck(lower(LINEAR_BIAS_RELU, "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]](%arg0: memref<3x5xf64>, %arg1: memref<5x7xf64>, %arg2: memref<7xf64>, %arg3: memref<3x7xf64>)
-        CHECK-SAME:      attributes {{hextir.epilogues = ["bias"], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64, spans = true}}}}
+        CHECK-SAME:      attributes {{hextir.expr = "[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float64")}", grain = 1 : i64, spans = true}}}}
         CHECK-NEXT:  %[[XS:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<3x5xf64>
         CHECK:       %[[END:[0-9]+]] = "hextir.chunk_end"() : () -> index
         CHECK:       %[[C1:[0-9]+]] = arith.minui %{{{{[0-9]+}}}}, %c7 : index
@@ -160,8 +164,8 @@ def test_linear_with_bias_starts_each_row_from_the_bias():
 SHARED_WEIGHT = """
 func.func @main(%arg0: tensor<768x8xf32>) -> (tensor<768x40xf32>, tensor<768x40xf32>) {
   %w = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<8x40xf32>} : () -> tensor<8x40xf32>
-  %1 = "hexir.linear"(%arg0, %w) {device = "cpu"} : (tensor<768x8xf32>, tensor<8x40xf32>) -> tensor<768x40xf32>
-  %2 = "hexir.linear"(%arg0, %w) {device = "cuda"} : (tensor<768x8xf32>, tensor<8x40xf32>) -> tensor<768x40xf32>
+  %1 = "hexir.linear"(%arg0, %w) {device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<768x8xf32>, tensor<8x40xf32>) -> tensor<768x40xf32>
+  %2 = "hexir.linear"(%arg0, %w) {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<768x8xf32>, tensor<8x40xf32>) -> tensor<768x40xf32>
   return %1, %2 : tensor<768x40xf32>, tensor<768x40xf32>
 }
 """
@@ -195,7 +199,7 @@ def test_a_constant_weight_comes_in_panels_to_a_cpu_linear_only():
 
 TALL_W_ARGUMENT = """
 func.func @main(%arg0: tensor<40x300xf32>, %w: tensor<300x70xf32>) -> tensor<40x70xf32> {
-  %1 = "hexir.linear"(%arg0, %w) {device = "auto"} : (tensor<40x300xf32>, tensor<300x70xf32>) -> tensor<40x70xf32>
+  %1 = "hexir.linear"(%arg0, %w) {device = "auto", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<40x300xf32>, tensor<300x70xf32>) -> tensor<40x70xf32>
   return %1 : tensor<40x70xf32>
 }
 """
@@ -329,7 +333,8 @@ def test_loops_use_memref_and_take_a_work_range():
     """A tiled linear's parallel loop runs [first, last) of its tiles, one at a time."""
     filecheck(lower(LINEAR_OF_M.format(m=20), "mlir-linalg"), f"""
         CHECK:       func.func public @linear_0(%arg0: memref<20x8xf32>, %arg1: memref<8x4xf32>, %arg2: memref<20x4xf32>, %[[FIRST:.+]]: index, %[[LAST:.+]]: index)
-        CHECK-SAME:      attributes {{hextir.epilogues = [], hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(20, 4, "float32")}", grain = 1 : i64}}}}
+        CHECK-SAME:      attributes {{hextir.expr = "[\\22arg\\22,0]"
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "{{{{.+}}}}", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(20, 4, "float32")}", grain = 1 : i64}}}}
         CHECK:       scf.for %[[T:.+]] = %[[FIRST]] to %[[LAST]] step %c1 {{
         CHECK:         %[[ROW0:.+]] = arith.muli %{{{{.+}}}}, %c{cpu_tile_rows(20, 4, "float32")} : index
         CHECK:         memref.load %arg0[%[[I:.+]], %[[K:.+]]] : memref<20x8xf32>
@@ -380,9 +385,11 @@ def test_linear_work_items_are_the_output_tiles(m):
 
 @pytest.mark.parametrize("type_, items", [("tensor<6xf32>", 6), ("tensor<2x3x5xf64>", 2), ("tensor<1x9xf32>", 1)])
 def test_work_items_is_the_outer_loop_trip_count(type_, items):
+    """A pointwise kernel's work items are its outer rows; a thread takes CHUNK_ELEMENTS' worth."""
+    row = math.prod(int(extent) for extent in type_[7:-5].split("x")[1:])
     filecheck(lower(RELU.format(type=type_), "mlir-linalg"), f"""
         CHECK: func.func public @relu_0(%arg0: memref<{type_[7:-1]}>, %arg1: memref<{type_[7:-1]}>, %arg2: index, %arg3: index)
-        CHECK-SAME: hextir.work = {{extent = "{items}", grain = 1 : i64}}
+        CHECK-SAME: hextir.work = {{extent = "{items}", grain = {-(-cpu_families.CHUNK_ELEMENTS // row)} : i64}}
         CHECK: scf.for %{{{{.+}}}} = %arg2 to %arg3 step %c1
     """)
 
@@ -391,7 +398,7 @@ def _relu_kernel(body: str, schedule: str) -> str:
     """A hand-written cpu relu kernel over 4 elements, its loop `body` (the element index %i;
     %v = the value stored) scheduled `schedule`, and the main that calls it."""
     return f"""
-    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {{hextir.kernel = #hextir.kernel<"cpu", "relu">}} {{
+    func.func public @relu_0(%x: memref<4xf32>, %out: memref<4xf32>) attributes {{hextir.kernel = #hextir.kernel<"cpu", "pointwise">}} {{
       %c0 = arith.constant 0 : index
       %c4 = arith.constant 4 : index
       %c1 = arith.constant 1 : index
@@ -402,7 +409,7 @@ def _relu_kernel(body: str, schedule: str) -> str:
       return
     }}
     func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {{
-      %0 = "hexir.call"(%arg0) {{callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0>}} : (tensor<4xf32>) -> tensor<4xf32>
+      %0 = "hexir.call"(%arg0) {{callee = @relu_0, device = "cpu", operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}} : (tensor<4xf32>) -> tensor<4xf32>
       return %0 : tensor<4xf32>
     }}
     """

@@ -20,7 +20,7 @@ RELU = family_attrs("relu")
 MLP = """
 func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {{
   %0 = "hexir.constant"() {{device = "auto", name = "W", value = dense<0.5> : tensor<8x4xf32>}} : () -> tensor<8x4xf32>
-  %1 = "hexir.linear"(%arg0, %0) {{device = "{linear}"}} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+  %1 = "hexir.linear"(%arg0, %0) {{device = "{linear}", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>}} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
   %2 = "hexir.relu"(%1) {{device = "{relu}", """ + RELU.replace("{", "{{").replace("}", "}}") + """}} : (tensor<2x4xf32>) -> tensor<2x4xf32>
   "hexir.print"(%2) : (tensor<2x4xf32>) -> ()
   return %2 : tensor<2x4xf32>
@@ -31,7 +31,8 @@ func.func @main(%arg0: tensor<2x8xf32>) -> tensor<2x4xf32> {{
 def test_auto_defaults_to_cpu_without_transfers():
     filecheck(lower(MLP.format(linear="auto", relu="auto"), "mlir-hetero"), """
         CHECK:     "hexir.constant"() {device = "cpu", name = "W"
-        CHECK:     "hexir.linear"(%arg0, %{{.+}}) {device = "cpu"}
+        CHECK:     "hexir.linear"(%arg0, %{{.+}}) {device = "cpu", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK:     "hexir.relu"(%{{.+}}) {device = "cpu", expr = "
         CHECK-NOT: hexir.transfer
         CHECK-NOT: "auto"
@@ -42,7 +43,8 @@ def test_device_from_on_block_is_kept_and_transfers_are_inserted():
     filecheck(lower(MLP.format(linear="cuda", relu="cuda"), "mlir-hetero"), """
         CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cuda", name = "W"
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"} : (tensor<2x8xf32>) -> tensor<2x8xf32>
-        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda"}
+        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[Y]]) {device = "cuda", expr = "
         CHECK-NEXT: %[[BACK:.+]] = "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
         CHECK-NEXT: "hexir.print"(%[[BACK]])
@@ -54,7 +56,8 @@ def test_split_placement_transfers_between_the_ops():
     filecheck(lower(MLP.format(linear="cuda", relu="cpu"), "mlir-hetero"), """
         CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cuda"
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda"}
+        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%[[X]], %[[W]]) {device = "cuda", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT: %[[YH:.+]] = "hexir.transfer"(%[[Y]]) {source = "cuda", target = "cpu"}
         CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YH]]) {device = "cpu", expr = "
         CHECK-NEXT: "hexir.print"(%[[R]])
@@ -66,7 +69,8 @@ def test_placement_option_overrides_the_op_device():
     text = lower(MLP.format(linear="cuda", relu="cuda"), "mlir-hetero", placement=parse_placement("hexir.linear=cpu"))
     filecheck(text, """
         CHECK:      %[[W:.+]] = "hexir.constant"() {device = "cpu"
-        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu"}
+        CHECK-NEXT: %[[Y:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT: %[[YD:.+]] = "hexir.transfer"(%[[Y]]) {source = "cpu", target = "cuda"}
         CHECK-NEXT: %[[R:.+]] = "hexir.relu"(%[[YD]]) {device = "cuda", expr = "
         CHECK-NEXT: %[[RH:.+]] = "hexir.transfer"(%[[R]]) {source = "cuda", target = "cpu"}
@@ -77,7 +81,8 @@ def test_placement_option_moves_auto_ops_to_cuda():
     text = lower(MLP.format(linear="auto", relu="auto"), "mlir-hetero",
                  placement=parse_placement("hexir.linear=cuda,hexir.relu=cuda"))
     filecheck(text, """
-        CHECK: "hexir.linear"(%{{.+}}, %{{.+}}) {device = "cuda"}
+        CHECK: "hexir.linear"(%{{.+}}, %{{.+}}) {device = "cuda", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK: "hexir.relu"(%{{.+}}) {device = "cuda", expr = "
     """)
 
@@ -86,8 +91,8 @@ def test_constant_shared_by_two_devices_gets_a_copy_on_each():
     text = """
     func.func @main(%arg0: tensor<2x8xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
       %0 = "hexir.constant"() {device = "auto", name = "W", value = dense<0.5> : tensor<8x4xf32>} : () -> tensor<8x4xf32>
-      %1 = "hexir.linear"(%arg0, %0) {device = "cpu"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
-      %2 = "hexir.linear"(%arg0, %0) {device = "cuda"} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+      %1 = "hexir.linear"(%arg0, %0) {device = "cpu", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+      %2 = "hexir.linear"(%arg0, %0) {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
       return %1, %2 : tensor<2x4xf32>, tensor<2x4xf32>
     }
     """
@@ -95,9 +100,11 @@ def test_constant_shared_by_two_devices_gets_a_copy_on_each():
     filecheck(lower(text, "mlir-hetero"), """
         CHECK:      %[[WD:.+]] = "hexir.constant"() {device = "cuda", name = "W"
         CHECK-NEXT: %[[W:.+]] = "hexir.constant"() {device = "cpu", name = "W"
-        CHECK-NEXT: %[[A:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu"}
+        CHECK-NEXT: %[[A:.+]] = "hexir.linear"(%arg0, %[[W]]) {device = "cpu", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT: %[[X:.+]] = "hexir.transfer"(%arg0) {source = "cpu", target = "cuda"}
-        CHECK-NEXT: %[[B:.+]] = "hexir.linear"(%[[X]], %[[WD]]) {device = "cuda"}
+        CHECK-NEXT: %[[B:.+]] = "hexir.linear"(%[[X]], %[[WD]]) {device = "cuda", operandSegmentSizes = array<i32: 1, 1,
+        CHECK-SAME: 0, 0, 0, 0>}
         CHECK-NEXT: %[[BH:.+]] = "hexir.transfer"(%[[B]]) {source = "cuda", target = "cpu"}
         CHECK-NEXT: return %[[A]], %[[BH]]
         CHECK-NOT: hexir.transfer
@@ -110,8 +117,8 @@ def test_one_transfer_serves_every_user_on_a_device():
     text = """
     func.func @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {
       %1 = "hexir.relu"(%arg0) {device = "cuda", RELU} : (tensor<4x4xf32>) -> tensor<4x4xf32>
-      %2 = "hexir.linear"(%arg0, %1) {device = "cuda"} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
-      %3 = "hexir.linear"(%2, %2) {device = "cuda"} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+      %2 = "hexir.linear"(%arg0, %1) {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+      %3 = "hexir.linear"(%2, %2) {device = "cuda", operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0, 0>} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
       "hexir.print"(%3) : (tensor<4x4xf32>) -> ()
       return %3 : tensor<4x4xf32>
     }

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import hexir
 from hexir.driver import Options, compile_module
 from hexir.schedules import cpu as cpu_schedule
+from hexir.schedules import cpu_families
 from hexir.target import parse_target
 
 from .conftest import cpu_linear_tiles, manifest
@@ -55,17 +56,18 @@ def test_linear_relu_compiles_for_any_shape(m, k, n, bias, dtype, fused):
     panels = [-(-n // lanes), k, lanes] if n > lanes else [k, n]
     expected_linear = [[m, k], panels] + ([[n]] if bias else []) + [[m, n]]
     assert linear["op"] == ("linear_panels" if n > lanes else "linear")
-    assert linear["epilogues"] == (["bias"] if bias else []) + (["relu"] if fused else [])
+    sums = ["add", ["arg", 0], ["arg", 1]] if bias else ["arg", 0]  # what the linear stores: sums (+ bias)
+    assert linear["expr"] == (["max", sums, ["const", 0.0]] if fused else sums)  # (relu'd)
     assert [a["shape"] for a in linear["args"]] == expected_linear
-    # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu row by row
+    # linear runs in tiles of its output (24 rows up to 40 and 512 bytes of columns), relu by rows
     streamed = {"spans": True} if m <= 16 and n <= lanes else {}  # a thread's chunk is the span it streams
     assert linear["work"] == {"extent": cpu_linear_tiles(m, n, dtype, n > lanes), "grain": 1, **streamed}
     assert len(kernels) == (1 if fused else 2)
     if not fused:
         relu = kernels[1]
-        assert (relu["op"], relu["epilogues"]) == ("relu", [])
+        assert (relu["op"], relu["expr"]) == ("pointwise", ["max", ["arg", 0], ["const", 0.0]])
         assert [a["shape"] for a in relu["args"]] == [[m, n], [m, n]]
-        assert relu["work"] == {"extent": m, "grain": 1}
+        assert relu["work"] == {"extent": m, "grain": -(-cpu_families.CHUNK_ELEMENTS // n)}  # rows: a chunk's worth
     for kernel in kernels:
         assert kernel["device"] == "cpu"
         assert {a["dtype"] for a in kernel["args"]} == {dtype}

@@ -125,3 +125,17 @@ def test_a_registration_is_checked():
     with pytest.raises(hexir.TraceError, match="needs a schedule for each of cpu, cuda"):
         hexir.register_op(hexir.Contract("half", ("x",), lambda x: x[0], {"cpu": None}))
     assert not {"concat", "wide", "half"} & set(hexir.ops.REGISTRY)  # a refused op is not registered
+
+
+@pytest.mark.parametrize(("name", "definition"), [
+    ("math_exp", hexir.Pointwise("math_exp", lambda x: math.exp(x) - 1)),
+    ("branchy", hexir.Pointwise("branchy", lambda x: x if x > 0 else -x)),
+    ("floated", hexir.Pointwise("floated", lambda x: x * float(x))),
+], ids=["math.exp", "a branch", "float()"])
+def test_an_element_used_as_a_number_names_the_scalar_function_to_use(name, definition):
+    """math.exp, float(), `if`: an element has no value while its tree is written; the error says
+    what to write instead (it was a TypeError from inside math before), and nothing is registered."""
+    with pytest.raises(hexir.TraceError, match=r"Scalar\(a0\) is an op's element, not a number: .*use "
+                                               r"hexir\.scalar\.exp .*not math\.exp") as caught:
+        hexir.register_op(definition)
+    assert isinstance(caught.value, hexir.TraceError) and name not in hexir.ops.REGISTRY

@@ -107,7 +107,7 @@ def test_custom_calls_in_mlir_files_are_verified(attributes, message):
     text = f'''
     func.func @main(%arg0: tensor<2xf32>) -> tensor<2xf32> {{
       %0 = "hexir.custom_call"(%arg0) {{{attributes}, block = array<i64: 32, 1, 1>, device = "auto",
-                                      operandSegmentSizes = array<i32: 1, 0, 0, 0>}} : (tensor<2xf32>) -> tensor<2xf32>
+        operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}} : (tensor<2xf32>) -> tensor<2xf32>
       return %0 : tensor<2xf32>
     }}'''
     with pytest.raises(TraceError, match=message):
@@ -130,9 +130,9 @@ def test_the_command_keeps_the_decorators_options_under_its_own(tmp_path, capsys
                        "def f(x, w):\n    return hexir.linear(x, w)\n")
     specs = [f"{program}:f", "-emit=mlir-hetero", "-spec=x=2x3xf32", "-spec=w=3x4xf32"]
     assert main(specs) == 0
-    assert re.search(r'"hexir.linear"\(%\d+, %\d+\) \{device = "cuda"\}', capsys.readouterr().out)
+    assert re.search(r'"hexir.linear"\(%\d+, %\d+\) \{device = "cuda", operandSegmentSizes', capsys.readouterr().out)
     assert main([*specs, "-placement=hexir.linear=cpu"]) == 0
-    assert '"hexir.linear"(%arg0, %arg1) {device = "cpu"}' in capsys.readouterr().out
+    assert '"hexir.linear"(%arg0, %arg1) {device = "cpu", operandSegmentSizes' in capsys.readouterr().out
 
 
 def test_the_command_reports_a_file_that_fails_to_load(tmp_path, capsys):
