@@ -104,7 +104,7 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
 def _packs_at_run_time(op: ir.Operation, device: str) -> bool:
     """Whether a cpu linear's w, known only at run time (pack-weights packed the constant ones),
     is packed in panels by a kernel launched before it (the cpu schedule's `packs_w`)."""
-    if ops.lookup(op.name).name != "linear" or device != "cpu" or hx.has_w_panels(op):
+    if op.name != "hexir.linear" or device != "cpu" or hx.has_w_panels(op):
         return False
     return cpu.packs_w(rows(hx.shape_of(op.operands[0].type)), hx.shape_of(op.operands[1].type)[1],
                        hx.dtype_of(op.result.type))
