@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import math
 
-import hexir
 import hexir_runtime
 import numpy as np
 import pytest
-from hexir import TensorSpec
-from hexir.errors import TraceError
 from hexir_runtime.errors import InputError
 
+import hexir
+from hexir import TensorSpec
 from hexir.cli import main
+from hexir.errors import TraceError
 
 RNG = np.random.default_rng(24)
 W = RNG.standard_normal((16, 8)).astype(np.float32)
