@@ -74,8 +74,8 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
                                   f"{', '.join(map(str, args))}")
         return None
     if op in ("linear", "linear_panels"):
-        _check_linear(op, args, path)
         _check_broadcasts(args, range(2, len(args) - 1), out, path)
+        _check_linear(op, args, path)
         return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 2)
     if op == "pointwise":
         _check_broadcasts(args, range(len(args) - 1), out, path)

@@ -69,8 +69,8 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
             _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
         variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
                                 _launch(variant["launch"], f"{where}.launch", symbols),
-                                {_below_key(key, f"{where}.below.{key}", symbols): _int(bound, f"{where}.below.{key}", 1)
-                                 for key, bound in below.items()}))
+                                {_below_key(key, f"{where}.below.{key}", symbols):
+                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}))
     images = kernel["images"]
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
