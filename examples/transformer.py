@@ -29,7 +29,7 @@ import numpy as np
 # hexir itself is imported where the model is compiled: on a machine with only the runtime,
 # generate() and the references run a prebuilt .hxb.
 
-VOCAB, DIM, HEADS, LAYERS, HIDDEN, MAX_SEQ = 96, 64, 4, 2, 256, 64
+VOCAB, DIM, HEADS, LAYERS, HIDDEN, MAX_SEQ = 96, 64, 4, 2, 256, 1024
 HEAD = DIM // HEADS
 DTYPE = np.float32
 
