@@ -1,17 +1,19 @@
 """cuda matmul (numpy's a @ b between tensors, schedules of the same shape: cpu_matmul.py).
 
 A shared-memory tiled kernel: each block of 32 x 8 threads computes a TILE x TILE tile of one
-batch index's out (blockIdx.z: the batch index, read in each operand at its own, broadcast,
-index: cpu_matmul.Layout). It walks K in slices of TILE: each thread loads ROWS elements of a's
+batch index's out. blockIdx.x is (batch index, row tile), the batch index read in each operand
+at its own, broadcast, index (cpu_matmul.Layout); blockIdx.y the column tile: x allows 2^31 - 1
+blocks, y and z 65535, and batch x rows is what grows with the data (batch x heads x
+sequence), where the columns are a model's width. It walks K in slices of TILE: each thread loads ROWS elements of a's
 slice and ROWS of b's (consecutive threads at consecutive addresses; outside the operand, 0
 and no load), a barrier, then TILE steps of ROWS multiply-adds from shared memory (a warp reads
 one a element, broadcast, and 32 consecutive b elements), a barrier. Each thread keeps the
 sums of ROWS rows of its column in registers and stores them through the epilogue, guarded:
 any M, N, K (1 and odd sizes included).
 
-    for z in [0, batches) bind blockIdx.z            a_tile[TILE][TILE], b_tile[TILE][TILE]
-      for by in [0, ceil(M/TILE)) bind blockIdx.y
-        for bx in [0, ceil(N/TILE)) bind blockIdx.x
+    for bx in [0, ceil(N/TILE)) bind blockIdx.y      a_tile[TILE][TILE], b_tile[TILE][TILE]
+      for item in [0, batches * ceil(M/TILE)) bind blockIdx.x
+        batch, by = divmod(item, ceil(M/TILE))
           for ty in [0, 8), tx in [0, 32) bind threadIdx.y, threadIdx.x
             sums[ROWS] = 0
             for each K slice: a_tile[ty + 8r][tx] = a[.., row, k]; b_tile[ty + 8r][tx] = b[.., k, col];
@@ -64,16 +66,18 @@ def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     request = request.with_args(args)
     layout = Layout.of(args, request)
     element = ir.MemRefType(layout.out.type).element_type
-    grid = (exprs.ceildiv(layout.n, TILE), exprs.ceildiv(layout.m, TILE), layout.batches())
-    with ht.loop(0, ht.size_value(grid[2], symbols), "parallel", "blockIdx.z") as z, \
-            ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
-            ht.loop(0, ht.size_value(grid[0], symbols), "parallel", "blockIdx.x") as block_column:
+    row_tiles = exprs.ceildiv(layout.m, TILE)
+    grid = (exprs.mul(layout.batches(), row_tiles), exprs.ceildiv(layout.n, TILE), 1)
+    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_column, \
+            ht.loop(0, ht.size_value(grid[0], symbols), "parallel", "blockIdx.x") as item:
         a_tile = ht.alloc_local([TILE, TILE], element, "shared")
         b_tile = ht.alloc_local([TILE, TILE], element, "shared")
         with ht.loop(0, THREADS_Y, "parallel", "threadIdx.y") as ty, \
                 ht.loop(0, TILE, "parallel", "threadIdx.x") as tx:
             m, k, n = (ht.size_value(e, symbols) for e in (layout.m, layout.k, layout.n))
-            batch = layout.coordinates(z, symbols)
+            tiles = ht.size_value(row_tiles, symbols)
+            batch = layout.coordinates(arith.DivUIOp(item, tiles).result, symbols)
+            block_row = arith.RemUIOp(item, tiles).result
             row0, column0 = _times(block_row, TILE), _times(block_column, TILE)
             sums = _zeros([ROWS], element)
             rows = [_plus(ty, r * THREADS_Y) if r else ty for r in range(ROWS)]

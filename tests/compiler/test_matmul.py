@@ -163,17 +163,18 @@ def test_the_cpu_kernel_walks_batch_and_row_tiles_in_parallel_with_vector_fmas()
     """)  # 2 x 4 batch indices x one tile of 24 rows (MR 6 x 4 groups on x86-64-v4); 25 items make 64K FMAs
 
 
-def test_the_cuda_kernel_is_tiled_through_shared_memory_a_block_per_batch_index():
+def test_the_cuda_kernel_is_tiled_through_shared_memory_grid_x_the_batch_and_row_tiles():
     tir = lower(SCORES, "mlir-tir", **CUDA)
     kernel = tir[:tir.index("func.func public @matmul_0_cpu")]
     filecheck(kernel, """
         CHECK:      func.func public @matmul_0(
-        CHECK-SAME: hextir.launch = {block = array<i64: 32, 8, 1>, grid = ["1", "1", "8"]
+        CHECK-SAME: hextir.launch = {block = array<i64: 32, 8, 1>, grid = ["8", "1", "1"]
         CHECK:      "hextir.barrier"
         CHECK:      "hextir.barrier"
         CHECK:      #hextir.loop<"parallel", "threadIdx.x">
-        CHECK:      } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.z">}
-    """)
+        CHECK:      } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}
+        CHECK:      } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.y">}
+    """)  # 2 x 4 batch indices x one row tile of 32, one column tile
     assert kernel.count('"hextir.alloc_local"') == 3  # a's and b's tiles, a thread's sums
 
 
