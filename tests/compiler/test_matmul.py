@@ -168,13 +168,13 @@ def test_the_cuda_kernel_is_tiled_through_shared_memory_grid_x_the_batch_and_row
     kernel = tir[:tir.index("func.func public @matmul_0_cpu")]
     filecheck(kernel, """
         CHECK:      func.func public @matmul_0(
-        CHECK-SAME: hextir.launch = {block = array<i64: 32, 8, 1>, grid = ["8", "1", "1"]
+        CHECK-SAME: hextir.launch = {block = array<i64: 16, 16, 1>, grid = ["8", "1", "1"]
         CHECK:      "hextir.barrier"
         CHECK:      "hextir.barrier"
         CHECK:      #hextir.loop<"parallel", "threadIdx.x">
         CHECK:      } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}
         CHECK:      } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.y">}
-    """)  # 2 x 4 batch indices x one row tile of 32, one column tile
+    """)  # 2 x 4 batch indices x one row tile of 64, one column tile
     assert kernel.count('"hextir.alloc_local"') == 3  # a's and b's tiles, a thread's sums
 
 
