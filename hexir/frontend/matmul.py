@@ -1,7 +1,8 @@
 """`hexir.matmul(a, b)` and `a @ b`: numpy's matmul between tensors (ops/matmul.py).
 
 A 2-D constant on the right (a weight) goes to `hexir.linear`, whose kernels read it packed in
-panels: `x @ W` is `hexir.linear(x, W)` for a 2-D x. Anything else is a `matmul` op.
+panels: `x @ W` is `hexir.linear(x, W)` for x[..., K] of rank >= 2. Anything else is a
+`matmul` op.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def matmul(a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> Tensor:
                 raise TraceError(f"matmul: argument '{name}' is a 0-d array; matmul takes tensors of rank >= 1")
         left, right = _operand("matmul", "a", a), _operand("matmul", "b", b)
         ops.REGISTRY["matmul"].shape((left.shape, left.dtype), (right.shape, right.dtype))  # its errors, first
-        if isinstance(b, np.ndarray) and b.ndim == 2 and left.ndim == 2:
+        if isinstance(b, np.ndarray) and b.ndim == 2 and left.ndim >= 2:
             return _apply(ops.REGISTRY["linear"], [left, right])
         return _apply(ops.REGISTRY["matmul"], [left, right])
     return _build(build)

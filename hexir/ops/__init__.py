@@ -102,6 +102,7 @@ class Contract:
     variants: dict[str, Variants] = field(default_factory=dict)  # device -> the schedule's other kernels
     epilogue_inputs: int = 0  # tensors its epilogue may read besides its sums (a residual): groups e0?, e1?, ...
     weights: bool = False  # its operand 1 is a weight w[K, N] the cpu reads in panels (pack-weights, pack_panels)
+    rows: bool = False  # its kernels see x[..., K] and its output as rows (lower-to-tir views them so)
     family = "contract"
 
     @property
@@ -203,9 +204,6 @@ def reduce_shape(op: str, specs: Sequence[tuple[hx.Shape, str]], program: sc.Pro
     """The result of a reduce program on operands `specs` (the first is reduced along the axis)."""
     (shape, dtype), axis = specs[0], program.axis
     pointwise_shape(op, [specs[0]])
-    if isinstance(shape[axis], str):
-        raise TraceError(f"{op}: axis {axis} of {hx.describe(shape, dtype)} is symbolic; reductions over a "
-                         "symbolic axis are not supported yet")
     if shape[axis] == 0:
         raise TraceError(f"{op}: axis {axis} of {hx.describe(shape, dtype)} is empty")
     if pointwise_shape(op, specs) != tuple(shape):

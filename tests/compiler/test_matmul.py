@@ -73,15 +73,16 @@ def test_a_matmul_of_two_inputs_is_numpys(a_shape, b_shape, dtype, device):
 def test_a_constant_on_either_side_and_the_function_form():
     w, left, stack = _inputs((8, 6), (5, 4), (3, 8, 6))
 
-    def f(x, y):
-        return x @ w, left @ y, hexir.matmul(y, x), x @ stack, np.matmul(left, y)
+    def f(x, y, z):
+        return x @ w, left @ y, hexir.matmul(y, x), x @ stack, np.matmul(left, y), z @ w
 
-    module, kernels = _compile(f, [TensorSpec((4, 8), "float32"), TensorSpec((4, 4), "float32")], "cpu")
-    # x @ w (a 2-D constant on the right of a 2-D tensor) is a linear; the rest are matmuls
-    assert sorted(k["op"] for k in kernels) == ["linear", "matmul", "matmul", "matmul", "matmul"]
-    x, y = _inputs((4, 8), (4, 4))
-    expected = (x @ w, left @ y, y @ x, x @ stack, left @ y)
-    for value, reference in zip(module.main(x, y), expected, strict=True):
+    specs = [TensorSpec((4, 8), "float32"), TensorSpec((4, 4), "float32"), TensorSpec((2, 3, 8), "float32")]
+    module, kernels = _compile(f, specs, "cpu")
+    # x @ w (a 2-D constant on the right of a tensor of rank >= 2) is a linear; the rest are matmuls
+    assert sorted(k["op"] for k in kernels) == ["linear", "linear", "matmul", "matmul", "matmul", "matmul"]
+    x, y, z = _inputs((4, 8), (4, 4), (2, 3, 8))
+    expected = (x @ w, left @ y, y @ x, x @ stack, left @ y, z @ w)
+    for value, reference in zip(module.main(x, y, z), expected, strict=True):
         _close(value, reference.astype(np.float64), "float32")
 
 
@@ -217,6 +218,39 @@ def test_a_symbolic_batch_is_a_size_of_the_kernel(device):
     for batch in (1, 5, 30):
         q = _inputs((batch, 6, 8))[0]
         _close(module.main(q, k), q.astype(np.float64) @ k, "float32")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_attention_with_a_symbolic_batch_and_sequence(device):
+    """Every extent but the model's width symbolic: the scores' N, the second product's K and the
+    mask's both axes are sizes of the call (the cpu kernel's columns then go NR at a time, then
+    one by one)."""
+    def attention(q, kt, v, mask):
+        return hexir.softmax(q @ kt * 0.125 + mask) @ v
+
+    shapes = [("batch", "seq", 64), ("batch", 64, "seq"), ("batch", "seq", 64), ("seq", "seq")]
+    module, kernels = _compile(attention, [TensorSpec(s, "float32") for s in shapes], device)
+    own = [k for k in kernels if not k["name"].endswith("_cpu")]
+    assert [(k["op"], k["sizes"]) for k in own] == [("matmul", ["batch", "seq"]), ("reduce", ["batch", "seq"]),
+                                                    ("matmul", ["batch", "seq"])]
+    for batch, seq in ((1, 1), (2, 7), (3, 33), (1, 70)):
+        q, kt, v, mask = _inputs(*(tuple({"batch": batch, "seq": seq}.get(d, d) for d in s) for s in shapes))
+        scores = q.astype(np.float64) @ kt * 0.125 + mask
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        _close(module.main(q, kt, v, mask), weights / weights.sum(-1, keepdims=True) @ v, "float32")
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    (("n", "m", "k"), ("n", "k", 5)), (("m", "k"), ("k", "j")), (("k",), (2, "k", "j")), ((3, 1, "m", 4), ("h", 4, 9)),
+])
+def test_symbolic_extents_anywhere(a_shape, b_shape):
+    module, kernels = _compile(hexir.matmul, [TensorSpec(a_shape, "float64"), TensorSpec(b_shape, "float64")], "cpu")
+    (kernel,) = kernels
+    assert kernel["sizes"] == list(dict.fromkeys(d for d in (*a_shape, *b_shape) if isinstance(d, str)))
+    for sizes in ({"n": 2, "m": 3, "k": 5, "j": 7, "h": 2}, {"n": 1, "m": 1, "k": 1, "j": 1, "h": 1},
+                  {"n": 3, "m": 19, "k": 40, "j": 33, "h": 4}):
+        a, b = _inputs(*(tuple(sizes.get(d, d) for d in s) for s in (a_shape, b_shape)), dtype="float64")
+        _close(module.main(a, b), a @ b, "float64")
 
 
 # ---- bad input, at the user's line ----------------------------------------------------------------

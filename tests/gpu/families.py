@@ -120,7 +120,12 @@ CHAINS = {
     **{f"attention_{s}": (lambda F, q, kt, v, mask: F.softmax(q @ kt * 0.125 + mask) @ v,
                           [("B", s, d), ("B", d, s), ("B", s, d), (s, s)], "matmul", max(s, d))
        for s, d in ((1, 8), (7, 16), (129, 64))},
+    # attention of 3 heads whose sequence is the symbol (q[3, seq, 64]), run at SEQUENCES' lengths
+    "attention_seq": (lambda F, q, kt, v, mask: F.softmax(q @ kt * 0.125 + mask) @ v,
+                      [(3, "B", 64), (3, 64, "B"), (3, "B", 64), ("B", "B")], "matmul", 1000),
 }
+#: Chains whose symbol is a sequence length (a module of their own, run at these lengths).
+SEQUENCE_CHAINS, SEQUENCES = ("attention_seq",), [1, 7, 129, 1000]
 #: Chains also built alone with a placement that splits them between cuda and cpu (float64).
 MIXES = {"linear_gelu": {"hexir.linear": "cuda", "hexir.gelu": "cpu"},
          "linear_residual": {"hexir.linear": "cpu", "*": "cuda"},
@@ -200,9 +205,10 @@ def groups() -> list[dict]:
                       "outputs": [_output_op(d.name, "reduce", [0], axis=1, n=33, keepdims=True, prologue=False)
                                   for d in reductions if len(d.operands) == 1]})
         for kind in ("pointwise", "linear", "matmul", "reduce"):  # the fused chains, a module of each kind
-            names = [n for n, c in CHAINS.items()
-                     if (c[2] if c[2] in ("pointwise", "linear", "matmul") else "reduce") == kind]
+            names = [n for n, c in CHAINS.items() if n not in SEQUENCE_CHAINS
+                     and (c[2] if c[2] in ("pointwise", "linear", "matmul") else "reduce") == kind]
             found.append(_chains(names, dtype, "*=cuda"))
+        found.append({**_chains(list(SEQUENCE_CHAINS), dtype, "*=cuda"), "batches": SEQUENCES})
         for n, long_ops in LONG.items():
             found.append({"label": f"long rows of {n}", "dtype": dtype, "inputs": [("B", n), (n,), (n,)],
                           "batches": [1, 7, 129],

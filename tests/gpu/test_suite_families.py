@@ -52,3 +52,13 @@ def test_the_matmul_chains_pass_on_the_cpu(tmp_path, monkeypatch):
     cases = json.loads((tmp_path / "cases.json").read_text())
     checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
     assert not failures and checked == 3 * len(cases[0]["outputs"])
+
+
+def test_attention_over_a_symbolic_sequence_passes_on_the_cpu(tmp_path, monkeypatch):
+    """q[3, seq, 64] with the sequence the symbol, at lengths 1, 7, 129 and 1000, as the H200 runs it."""
+    chosen = [g for g in families.groups() if g["label"] == "chains attention_seq" and g["dtype"] == "float32"]
+    monkeypatch.setattr(families, "groups", lambda: chosen)
+    suite.build(tmp_path, 0, "families")
+    cases = json.loads((tmp_path / "cases.json").read_text())
+    checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
+    assert not failures and checked == len(families.SEQUENCES)
