@@ -32,6 +32,7 @@ from hexir.frontend.functions import (  # noqa: A004
     sum,
     tanh,
 )
+from hexir.frontend.matmul import matmul
 from hexir.frontend.tensor import Tensor, TensorSpec
 from hexir.frontend.trace import linear, on, print  # noqa: A004
 from hexir.jit import export, jit
@@ -65,7 +66,7 @@ def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable
 
 
 __all__ = [
-    "jit", "export", "explain", "on", "linear", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
+    "jit", "export", "explain", "on", "linear", "matmul", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
     "relu", "exp", "log", "tanh", "sqrt", "rsqrt", "erf", "abs", "sigmoid", "silu", "gelu", "maximum", "minimum",
     "sum", "mean", "max", "argmax", "softmax", "log_softmax", "layer_norm",
     "OpDef", "Pointwise", "Reduce", "Contract", "scalar", "register_op", "HexirError", "ArgumentError", "TraceError",

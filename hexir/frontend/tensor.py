@@ -126,10 +126,15 @@ class Tensor:
 
         raise TraceError(f"{what} on a traced {self.spec} tensor is not a hexir op; {hint}", *user_where())
 
-    def __matmul__(self, other: Any) -> Any:
-        return self._unsupported("x @ w", "use hexir.linear(x, w)")
+    def __matmul__(self, other: Any) -> Tensor:
+        from hexir.frontend.matmul import matmul
 
-    __rmatmul__ = __matmul__
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        from hexir.frontend.matmul import matmul
+
+        return matmul(other, self)
 
     # ---- arithmetic: pointwise ops, numpy's broadcasting, numbers in the tensor's dtype ----
     def _op(self, name: str, *operands: Any, **params: Any) -> Tensor:
@@ -212,6 +217,10 @@ class Tensor:
                "maximum": "maximum", "minimum": "minimum"}
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if ufunc is np.matmul and method == "__call__" and not kwargs:  # array @ tensor
+            from hexir.frontend.matmul import matmul
+
+            return matmul(*inputs)
         name = self._UFUNCS.get(ufunc.__name__)
         if method != "__call__" or kwargs or name is None:
             hint = f"hexir.{name}(...)" if name else "use hexir ops (docs/api.md lists them)"

@@ -5,7 +5,7 @@ Families (what the compiler knows how to compute; the runtime checks kernels by 
   `Scalar` (`hexir/ops/scalar.py`), e.g. `Pointwise("silu", lambda x: x / (1 + exp(-x)))`.
 - `Reduce(name, function, operands)`: over one axis of its first operand; `function` also
   calls `row_sum` / `row_max` / `row_argmax` (`softmax`, `layer_norm`, `argmax` ...).
-- `Contract(name, ...)`: `linear`, with its own shape rule and schedules.
+- `Contract(name, ...)`: `linear`, `matmul` (ops/matmul.py), each with its own shape rule and schedules.
 
 An instance of a pointwise or reduce op carries its tree (the runtime's scalar-expression
 language) in the IR as `expr`, Python numbers folded in as constants: that tree is the one
@@ -101,6 +101,7 @@ class Contract:
     schedules: dict[str, Builder]
     variants: dict[str, Variants] = field(default_factory=dict)  # device -> the schedule's other kernels
     epilogue_inputs: int = 0  # tensors its epilogue may read besides its sums (a residual): groups e0?, e1?, ...
+    weights: bool = False  # its operand 1 is a weight w[K, N] the cpu reads in panels (pack-weights, pack_panels)
     rows: bool = False  # its kernels see x[..., K] and its output as rows (lower-to-tir views them so)
     family = "contract"
 
@@ -154,6 +155,12 @@ def family_of(op: object) -> str | None:
     """"pointwise", "reduce", "contract" for a compute op of the graph, else None."""
     definition = lookup(op.name)
     return None if definition is None else definition.family
+
+
+def reads_weights(op: object) -> bool:
+    """Whether `op` is a contract whose operand 1 is a weight matrix (a linear's w)."""
+    definition = lookup(op.name)
+    return isinstance(definition, Contract) and definition.weights
 
 
 def schedules_of(definition: OpDef) -> dict[str, Builder]:

@@ -60,7 +60,7 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
 
 
 register(Contract("linear", ("x", "w", "bias?"), linear_shape, schedules={"cpu": cpu.linear, "cuda": cuda.linear},
-                  variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4, rows=True))
+                  variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4, weights=True, rows=True))
 
 # ---- pointwise ------------------------------------------------------------------------------
 for _name, _function in {
@@ -102,3 +102,6 @@ for _reduce in (Reduce("sum", row_sum), Reduce("mean", lambda x: row_sum(x) / ro
                 Reduce("max", row_max), Reduce("argmax", row_argmax), Reduce("softmax", _softmax),
                 Reduce("log_softmax", _log_softmax), Reduce("layer_norm", _layer_norm, ("x", "weight?", "bias?"))):
     register(_reduce)
+
+
+from hexir.ops import matmul  # noqa: E402,F401 - a @ b between tensors: its own file

@@ -2,7 +2,7 @@
 
 Input: a partitioned hexir module. Output, walking the program in order, for ops on one
 device whose producer has no other user:
-- a pointwise op of one tensor operand after a contract (linear) becomes the linear's
+- a pointwise op of one tensor operand after a contract (linear, matmul) becomes the linear's
   epilogue (`hexir.epilogue`: its tree over the linear's sums, bias added), applied as each
   result is stored: no intermediate buffer, one pass over memory fewer;
 - a pointwise op absorbs the pointwise ops producing its operands (of its own shape): their
@@ -57,20 +57,20 @@ def _into_contract(op: ir.Operation) -> bool:
     if len({hash(v) for v in found}) != 1 or hx.shape_of(found[0].type) != hx.shape_of(op.result.type):
         return False
     linear = _producer(found[0], op, "contract")
-    groups = hx.operand_groups(linear)
-    inputs = [v for g in groups[3:] for v in g]
-    others = [v for v in dict.fromkeys(operands) if v != found[0] and v not in inputs]
     definition = ops.lookup(linear.name)
-    if len(inputs) + len(others) > definition.epilogue_inputs or not all(
-            rows_alike(hx.shape_of(v.type), hx.shape_of(op.result.type)) for v in others):
+    groups, named = hx.operand_groups(linear), len(definition.operands)
+    inputs = [v for g in groups[named:] for v in g]
+    others = [v for v in dict.fromkeys(operands) if v != found[0] and v not in inputs]
+    if len(inputs) + len(others) > definition.epilogue_inputs or (definition.rows and not all(
+            rows_alike(hx.shape_of(v.type), hx.shape_of(op.result.type)) for v in others)):
         return False
     inputs += others
     before = hx.expr_of(linear) or ["arg", 0]
     tree = scalars.substitute(hx.expr_of(op), [before if v == found[0] else ["arg", 1 + inputs.index(v)]
                                                for v in operands])
     with ir.InsertionPoint(op), op.location:  # at the pointwise op: its other operands exist there
-        sizes = [len(g) for g in groups[:3]] + [1] * len(inputs) + [0] * (definition.epilogue_inputs - len(inputs))
-        result = hx.compute(linear.name.removeprefix("hexir."), [v for g in groups[:3] for v in g] + inputs,
+        sizes = [len(g) for g in groups[:named]] + [1] * len(inputs) + [0] * (definition.epilogue_inputs - len(inputs))
+        result = hx.compute(linear.name.removeprefix("hexir."), [v for g in groups[:named] for v in g] + inputs,
                             op.result.type, hx.device_of(linear), groups=sizes)
     fused = result.owner.operation if hasattr(result.owner, "operation") else result.owner
     hx.set_expr(fused, tree, hx.EPILOGUE)

@@ -104,7 +104,7 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
 def _packs_at_run_time(op: ir.Operation, device: str) -> bool:
     """Whether a cpu linear's w, known only at run time (pack-weights packed the constant ones),
     is packed in panels by a kernel launched before it (the cpu schedule's `packs_w`)."""
-    if op.name != "hexir.linear" or device != "cpu" or hx.has_w_panels(op):
+    if not ops.reads_weights(op) or device != "cpu" or hx.has_w_panels(op):
         return False
     return cpu.packs_w(rows(hx.shape_of(op.operands[0].type)), hx.shape_of(op.operands[1].type)[1],
                        hx.dtype_of(op.result.type))
@@ -161,10 +161,10 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
     if definition.family == "reduce":
         program = scalars.Program(expr["axis"], tuple((k, t) for k, t in expr["reductions"]), expr["out"])
         return Request("reduce", dtype, target, symbols, program), expr
-    # a contract (linear): its epilogue is a tree over its sums, bias added (["arg", 0]), and its
-    # other inputs (["arg", i]); the manifest's is over the product (arg 0), the bias, the others
-    groups = hx.operand_groups(op)
-    bias, extras = len(groups[2]) == 1, sum(len(g) for g in groups[3:])
+    # a contract (linear, matmul): its epilogue is a tree over its sums, bias added (["arg", 0]), and
+    # its other inputs (["arg", i]); the manifest's is over the product (arg 0), the bias, the others
+    groups, named = hx.operand_groups(op), len(definition.operands)
+    bias, extras = named > 2 and len(groups[2]) == 1, sum(len(g) for g in groups[named:])
     sums = ["add", ["arg", 0], ["arg", 1]] if bias else ["arg", 0]
     record = sums if expr is None else \
         scalars.substitute(expr, [sums, *(["arg", 1 + bias + i] for i in range(extras))])

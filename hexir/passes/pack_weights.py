@@ -41,7 +41,7 @@ def pack_weights(module: ir.Module) -> None:
     packed: dict[ir.Operation, ir.Value | None] = {}  # constant -> its panels (None: left as it is)
     for op in list(hx.main_function(module).regions[0].blocks[0].operations):
         op = op.operation
-        if ops.family_of(op) != "contract" or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
+        if not ops.reads_weights(op) or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
             continue
         source = op.operands[1].owner.operation
         if source.name != "hexir.constant":
@@ -76,6 +76,6 @@ def _panels(source: ir.Operation) -> ir.Value | None:
 def _one_row_only(constant: ir.Operation) -> bool:
     """Whether every cpu linear reading `constant` as its w (the readers of its panels) has one (static) row."""
     readers = [use.owner for use in constant.result.uses
-               if ops.family_of(use.owner) == "contract" and use.operand_number == 1
+               if ops.reads_weights(use.owner) and use.operand_number == 1
                and hx.device_of(use.owner) == "cpu"]
     return all(ir.RankedTensorType(reader.operands[0].type).shape[0] == 1 for reader in readers)

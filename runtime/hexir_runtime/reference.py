@@ -5,7 +5,7 @@ with. It runs the kernels of every manifest device (cpu and cuda) and never load
 so it refuses a module with custom kernels (the user's code has no numpy twin) when it loads.
 A kernel is computed from what the manifest says it computes (format/scalars.py), never from
 its name: a `pointwise` kernel evaluates its tree over its inputs, broadcast to the output; a
-`linear` evaluates its tree over x @ w and its epilogue inputs; a `reduce` runs its program
+`linear` (or `matmul`, numpy's a @ b) evaluates its tree over x @ w and its epilogue inputs; a `reduce` runs its program
 over its axis; `pack_panels` lays w out as `linear_panels` reads it.
 """
 
@@ -68,7 +68,7 @@ def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
 def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
     """What computes `kernel` (`label` in errors: `kernels[3] (softmax_3)`) in numpy, or None for
     a custom kernel (the user's code)."""
-    if kernel.op in ("linear", "linear_panels"):
+    if kernel.op in ("linear", "linear_panels", "matmul"):
         return _linear(kernel.expr, kernel.op == "linear_panels")
     if kernel.op == "pointwise":
         return _pointwise(kernel.expr)

@@ -25,7 +25,8 @@ import numpy as np
 TOL = {"float32": 1e-5, "float64": 1e-12}
 #: atol / TOL by op (n: the reduced length; a linear's K): sums grow as sqrt(n).
 ATOL = {"sum": math.sqrt, "mean": lambda n: 1 / math.sqrt(n), "softmax": lambda n: 1 / n,
-        "log_softmax": lambda n: 1 + math.log(n), "layer_norm": lambda n: 1.0, "linear": math.sqrt}
+        "log_softmax": lambda n: 1 + math.log(n), "layer_norm": lambda n: 1.0, "linear": math.sqrt,
+        "matmul": math.sqrt}
 #: rtol / TOL where an op's result is not within TOL of the rounded exact one (f32 pow x**3: 3 roundings)
 RTOL = {"pow": 4.0}
 POSITIVE = {"log", "sqrt", "rsqrt", "pow"}  # drawn as |x| + 0.5
@@ -111,7 +112,20 @@ CHAINS = {
     "mean_rank3_keep": (lambda F, x: F.mean(F.abs(x), axis=-1, keepdims=True), [("B", 7, 513)], "mean", 513),
     "argmax_mid_axis": (lambda F, x: F.argmax(x, axis=1), [("B", 33, 65)], "argmax", 33),
     "softmax_then_scale": (lambda F, x: F.softmax(x) * 2.0 + 1.0, [("B", 1000)], "softmax", 1000),
+    # matmul between inputs (#24): symbolic rows, batches broadcast, a 1-D operand, epilogues; attention
+    # (the scale and mask the scores' epilogue) at sequence lengths 1, 7, 129, the batch symbolic
+    "matmul_rows": (lambda F, a, b: a @ b, [("B", 67), (67, 33)], "matmul", 67),
+    "matmul_bcast_gelu": (lambda F, a, b: F.gelu(a @ b), [("B", 3, 7, 16), (3, 16, 9)], "matmul", 16),
+    "matmul_vector_residual": (lambda F, v, m, r: v @ m + r, [(33,), ("B", 33, 5), (5,)], "matmul", 33),
+    **{f"attention_{s}": (lambda F, q, kt, v, mask: F.softmax(q @ kt * 0.125 + mask) @ v,
+                          [("B", s, d), ("B", d, s), ("B", s, d), (s, s)], "matmul", max(s, d))
+       for s, d in ((1, 8), (7, 16), (129, 64))},
+    # attention of 3 heads whose sequence is the symbol (q[3, seq, 64]), run at SEQUENCES' lengths
+    "attention_seq": (lambda F, q, kt, v, mask: F.softmax(q @ kt * 0.125 + mask) @ v,
+                      [(3, "B", 64), (3, 64, "B"), (3, "B", 64), ("B", "B")], "matmul", 1000),
 }
+#: Chains whose symbol is a sequence length (a module of their own, run at these lengths).
+SEQUENCE_CHAINS, SEQUENCES = ("attention_seq",), [1, 7, 129, 1000]
 #: Chains also built alone with a placement that splits them between cuda and cpu (float64).
 MIXES = {"linear_gelu": {"hexir.linear": "cuda", "hexir.gelu": "cpu"},
          "linear_residual": {"hexir.linear": "cpu", "*": "cuda"},
@@ -190,9 +204,11 @@ def groups() -> list[dict]:
                       "inputs": [("B", 33, 65)],
                       "outputs": [_output_op(d.name, "reduce", [0], axis=1, n=33, keepdims=True, prologue=False)
                                   for d in reductions if len(d.operands) == 1]})
-        for kind in ("pointwise", "linear", "reduce"):  # the fused chains, a module of each kind
-            names = [n for n, c in CHAINS.items() if (c[2] if c[2] in ("pointwise", "linear") else "reduce") == kind]
+        for kind in ("pointwise", "linear", "matmul", "reduce"):  # the fused chains, a module of each kind
+            names = [n for n, c in CHAINS.items() if n not in SEQUENCE_CHAINS
+                     and (c[2] if c[2] in ("pointwise", "linear", "matmul") else "reduce") == kind]
             found.append(_chains(names, dtype, "*=cuda"))
+        found.append({**_chains(list(SEQUENCE_CHAINS), dtype, "*=cuda"), "batches": SEQUENCES})
         for n, long_ops in LONG.items():
             found.append({"label": f"long rows of {n}", "dtype": dtype, "inputs": [("B", n), (n,), (n,)],
                           "batches": [1, 7, 129],

@@ -40,3 +40,25 @@ def test_a_built_group_passes_on_the_cpu_and_a_wrong_value_fails(tmp_path, monke
     wrong.flat[3] += 10 * sum(families.tolerance(output, cases[0]["dtype"])) * (1 + abs(wrong.flat[3]))
     assert families.compare(output, cases[0]["dtype"], want, want) is None
     assert "1 of" in families.compare(output, cases[0]["dtype"], wrong, want)
+
+
+def test_the_matmul_chains_pass_on_the_cpu(tmp_path, monkeypatch):
+    """#24's matmul chains (batched, broadcast, a 1-D operand, attention) as the H200 runs them."""
+    chosen = [g for g in families.groups() if "matmul_rows" in g["label"] and g["dtype"] == "float32"]
+    assert len(chosen) == 1 and any(o["name"] == "attention_129" for o in chosen[0]["outputs"])
+    monkeypatch.setattr(families, "groups", lambda: chosen)
+    monkeypatch.setattr(families, "BATCHES", [0, 1, 7])  # (the H200 runs 129 and 1000 too)
+    suite.build(tmp_path, 0, "families")
+    cases = json.loads((tmp_path / "cases.json").read_text())
+    checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
+    assert not failures and checked == 3 * len(cases[0]["outputs"])
+
+
+def test_attention_over_a_symbolic_sequence_passes_on_the_cpu(tmp_path, monkeypatch):
+    """q[3, seq, 64] with the sequence the symbol, at lengths 1, 7, 129 and 1000, as the H200 runs it."""
+    chosen = [g for g in families.groups() if g["label"] == "chains attention_seq" and g["dtype"] == "float32"]
+    monkeypatch.setattr(families, "groups", lambda: chosen)
+    suite.build(tmp_path, 0, "families")
+    cases = json.loads((tmp_path / "cases.json").read_text())
+    checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
+    assert not failures and checked == len(families.SEQUENCES)

@@ -7,6 +7,7 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 |-----------------|--------------------------------------------|------|
 | `linear`        | x[..., K], w[K, N], epilogue inputs, out[..., N] | a tree: a0 = x @ w, a1... the epilogue inputs |
 | `linear_panels` | x[..., K], w[P, K, L], epilogue inputs, out[..., N] | as linear |
+| `matmul`        | a[..., M, K], b[..., K, N], epilogue inputs, out[..., M, N] (matmul.py) | as linear |
 | `pack_panels`   | w[K, N], out[P, K, L]                      | none |
 | `pointwise`     | n >= 1 inputs, out: their broadcast shape  | a tree over the n inputs |
 | `reduce`        | x[S], inputs broadcasting to S, out        | a program (rows: S without its axis, or it as 1) |
@@ -22,9 +23,10 @@ from typing import Any
 
 from . import scalars
 from .fields import _choice, _fail, _json, _tensor
+from .matmul import check_matmul
 from .types import Dim, TensorType
 
-FAMILIES = ("linear", "linear_panels", "pack_panels", "pointwise", "reduce")
+FAMILIES = ("linear", "linear_panels", "matmul", "pack_panels", "pointwise", "reduce")
 FLOATS = ("float32", "float64")
 
 
@@ -50,7 +52,7 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
             _fail(f"{path}.expr", "pack_panels has none (it only lays w out as linear_panels reads it)")
     elif "expr" not in kernel:
         _fail(f"{path}.expr", f"missing (a {op} kernel says what it computes in it)")
-    minimum = 3 if op.startswith("linear") else 2
+    minimum = 3 if op.startswith("linear") or op == "matmul" else 2
     if len(args) < minimum:
         _fail(f"{path}.args", f"{op} takes at least {minimum} args, got {len(args)}")
     program = scalars.check_program(kernel["expr"], f"{path}.expr", len(args) - 1, len(args[0].shape)) \
@@ -73,9 +75,12 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
             _fail(f"{path}.args", f"pack_panels expects w[K, N], out[P, K, L] (P = ceil(N / L)), all static; got "
                                   f"{', '.join(map(str, args))}")
         return None
-    if op in ("linear", "linear_panels"):
+    if op in ("linear", "linear_panels", "matmul"):
         _check_broadcasts(args, range(2, len(args) - 1), out, path)
-        _check_linear(op, args, path)
+        if op == "matmul":
+            check_matmul(args, path)
+        else:
+            _check_linear(op, args, path)
         return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 2)
     if op == "pointwise":
         _check_broadcasts(args, range(len(args) - 1), out, path)

@@ -110,7 +110,7 @@ class GpuCode:
 @dataclass(frozen=True)
 class Kernel:
     """A checked kernel. `expr` is what a generated kernel computes (scalars.py): a tree
-    (linear, linear_panels, pointwise), a Program (reduce), None (pack_panels, custom).
+    (linear, linear_panels, matmul, pointwise), a Program (reduce), None (pack_panels, custom).
     `integers` are the int64 values it takes after its pointers (its `sizes` as symbols, or a
     custom kernel's `scalars`), evaluated per call."""
 
