@@ -67,10 +67,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
     """`[name=]DIMSxDTYPE`: DIMS are ints joined by x, the first may be a symbol (a name, or ?
-    for batch); DTYPE is f32, f64, float32 or float64 (as TensorSpec spells them). Anything else
+    for batch); DTYPE is f32, f64, i32, i64 or the long names (as TensorSpec spells them). Anything else
     after `name=` is a static value, a Python literal (3.0, 'fast', (1, 2), None)."""
     name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)
-    match = re.fullmatch(r"(\?|[A-Za-z_][A-Za-z0-9_]*?|\d+)((?:x\d+)*)x(f32|f64|float32|float64)", spec)
+    match = re.fullmatch(r"(\?|[A-Za-z_][A-Za-z0-9_]*?|\d+)((?:x\d+)*)x(f32|f64|float32|float64|i32|i64|int32|int64)",
+                         spec)
     if not match:
         try:
             return name or None, ast.literal_eval(spec)
