@@ -35,16 +35,15 @@ def total(buffer: ir.Value, request: Request) -> exprs.Expr:
     return count
 
 
-def flat(buffer: ir.Value, count: exprs.Expr) -> ir.Value:
+def flat(buffer: ir.Value, count: exprs.Expr, symbols: dict[str, ir.Value]) -> ir.Value:
     """`buffer` viewed as one axis of `count` elements (buffers are contiguous, row-major)."""
     shaped = ir.MemRefType(buffer.type)
     if shaped.rank == 1:
         return buffer
-    flat_type = ir.MemRefType.get([count if isinstance(count, int) else ir.ShapedType.get_dynamic_size()],
-                                  shaped.element_type)
-    reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get(
-        [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in range(shaped.rank)])])
-    return memref.CollapseShapeOp(flat_type, buffer, reassociation).result
+    static = count if isinstance(count, int) else ir.ShapedType.get_dynamic_size()
+    sizes = [] if isinstance(count, int) else [ht.size_value(count, symbols)]
+    return memref.ReinterpretCastOp(ir.MemRefType.get([static], shaped.element_type), buffer, [], sizes, [],
+                                    static_offsets=[0], static_sizes=[static], static_strides=[1]).result
 
 
 def source(record: dict, inputs: Sequence[ir.Value], at: list[ir.Value], symbols: dict[str, ir.Value],
@@ -95,7 +94,7 @@ def layout(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     record = request.expr
     if record["kind"] == "reshape":
         count = total(out, request)
-        source_flat, out_flat = flat(inputs[0], count), flat(out, count)
+        source_flat, out_flat = flat(inputs[0], count, symbols), flat(out, count, symbols)
         with ht.loop(0, ht.size_value(count, symbols), "parallel") as i:
             ht.store(ht.load(source_flat, [i]), out_flat, [i])
         return ht.Work(count, CHUNK_ELEMENTS)

@@ -16,8 +16,8 @@ from mlir.dialects import arith, scf
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
-from hexir.schedules.cpu_layout import flat, source, total
-from hexir.schedules.cuda_families import _coordinates
+from hexir.schedules.cpu_layout import source, total
+from hexir.schedules.cuda_families import _coordinates, _flat
 
 LAYOUT_BLOCK = 256
 
@@ -29,8 +29,8 @@ def layout(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     count_expr = total(out, request)
     blocks = exprs.ceildiv(count_expr, LAYOUT_BLOCK)
     count = ht.size_value(count_expr, symbols)
-    out_flat = flat(out, count_expr)
-    source_flat = flat(inputs[0], count_expr) if record["kind"] == "reshape" else None
+    out_flat = _flat(out, count_expr)
+    source_flat = _flat(inputs[0], count_expr) if record["kind"] == "reshape" else None
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, LAYOUT_BLOCK, "parallel", "threadIdx.x") as thread:
         position = arith.AddIOp(arith.MulIOp(block, ht.index(LAYOUT_BLOCK)).result, thread).result

@@ -296,8 +296,9 @@ class Executor:
         sizes = bind(self.entry, shapes)
         for length, rows, take in self.ids.argmaxes:
             if sizes.get(length, length) > rows:
-                raise InputError(f"{self.entry.name}(): the ids of {take} are an argmax over {length} = "
-                                 f"{sizes.get(length, length)} values, but its table has {rows} rows")
+                count = f"{length} = {sizes[length]}" if isinstance(length, str) else length
+                raise InputError(f"{self.entry.name}(): the ids of {take} are an argmax over {count} values, but its "
+                                 f"table has {rows} rows")
         try:
             grew = self._size_buffers(sizes)
         except BaseException:
