@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from hexir_runtime import HxbFormatError, InputError, load
 from hexir_runtime import format as hxb
+from hexir_runtime.cli import main as hexir_run
+from hexir_runtime.dlpack import CPU, DLPackArray, unpack
 from hexir_runtime.executor import format_tensor
 from test_kernel_families import ARGMAX, generated, one_kernel, reference
 
@@ -130,3 +132,23 @@ def test_ids_from_a_constant_or_an_argmax_are_bounded_when_the_module_loads(modu
     with pytest.raises(InputError, match="the ids of k0_layout are an argmax over 4 values, but its table has "
                                          "3 rows"):
         load(hxb.encode(*_take_module(modules, "argmax", rows=3)), "reference")
+
+
+def test_int32_through_dlpack_hexir_run_and_info(modules, tmp_path, capsys):
+    memory = np.arange(6, dtype=np.int32).reshape(2, 3)
+    array = DLPackArray(memory.ctypes.data, (2, 3), np.int32, (CPU, 0))
+    taken = np.from_dlpack(array)  # our export says kDLInt, 32 bits
+    assert taken.dtype == np.int32 and taken.tolist() == memory.tolist()
+    assert unpack(memory.__dlpack__()).dtype == np.int32
+    module = reference(modules, "layout", {"kind": "transpose", "perm": [1, 0]}, [([2, 3], "int32")],
+                       ([3, 2], "int32"))
+    np.testing.assert_array_equal(module.main(array), memory.T)  # a host DLPack int32 tensor as an input
+    hxb.write(tmp_path / "t.hxb", *one_kernel(modules, "layout", {"kind": "transpose", "perm": [1, 0]},
+                                              [([2, 3], "int32")], ([3, 2], "int32")))
+    np.save(tmp_path / "ids.npy", memory)
+    assert hexir_run([str(tmp_path / "t.hxb"), "--device=reference", "--input", f"a0={tmp_path / 'ids.npy'}"]) == 0
+    assert "output0: int32[3, 2]\n[[0 3]\n [1 4]\n [2 5]]\n" in capsys.readouterr().out
+    assert hexir_run([str(tmp_path / "t.hxb"), "--info"]) == 0
+    info = capsys.readouterr().out
+    assert ("[0] k0_layout: cpu layout(read int32[2, 3], write int32[3, 2])\n"
+            "      computes transpose perm=[1, 0]\n") in info

@@ -137,6 +137,11 @@ def rows(record: dict, args: tuple[TensorType, ...]) -> int | None:
     return args[0].shape[0] if record["kind"] == "take" else None
 
 
+def text(record: dict[str, Any]) -> str:
+    """A checked record as `--info` prints it: `transpose perm=[1, 0]`."""
+    return " ".join([record["kind"], *(f"{key}={_json(record[key])}" for key in KINDS[record["kind"]])])
+
+
 # ---- the reference device's meaning -------------------------------------------------------------
 
 def numpy_function(record: dict[str, Any]) -> Callable[..., None]:
