@@ -5,6 +5,8 @@ anything else refused)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hexir_runtime import HxbFormatError, InputError, load
@@ -12,6 +14,7 @@ from hexir_runtime import format as hxb
 from hexir_runtime.cli import main as hexir_run
 from hexir_runtime.dlpack import CPU, DLPackArray, unpack
 from hexir_runtime.executor import format_tensor
+from hexir_runtime.serving import protocol
 from test_kernel_families import ARGMAX, generated, one_kernel, reference
 
 
@@ -152,3 +155,16 @@ def test_int32_through_dlpack_hexir_run_and_info(modules, tmp_path, capsys):
     info = capsys.readouterr().out
     assert ("[0] k0_layout: cpu layout(read int32[2, 3], write int32[3, 2])\n"
             "      computes transpose perm=[1, 0]\n") in info
+
+
+def test_serving_speaks_int32(modules):
+    module = reference(modules, "layout", {"kind": "transpose", "perm": [1, 0]}, [([2, 3], "int32")],
+                       ([3, 2], "int32"))
+    signature = module.signature("main")
+    described = protocol.metadata("t", signature)
+    assert described["inputs"] == [{"name": "a0", "datatype": "INT32", "shape": [2, 3]}]
+    assert described["outputs"][0]["datatype"] == "INT32"
+    body = json.dumps({"inputs": [{"name": "a0", "datatype": "INT32", "shape": [2, 3], "data": [0, 1, 2, 3, 4, 5]}]})
+    request = protocol.decode_request(body.encode(), signature)
+    assert request.arrays[0].dtype == np.int32
+    np.testing.assert_array_equal(module.main(*request.arrays), np.arange(6).reshape(2, 3).T)
