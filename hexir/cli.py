@@ -66,23 +66,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
-    """`[name=]DIMSxDTYPE`: DIMS are ints joined by x, the first may be a symbol (a name, or ?
-    for batch); DTYPE is f32, f64, i32, i64 or the long names (as TensorSpec spells them). Anything else
-    after `name=` is a static value, a Python literal (3.0, 'fast', (1, 2), None)."""
+    """`[name=]DIMSxDTYPE`: DIMS are ints or symbols (names without an x; ? first for batch)
+    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, i32, i64 or a numpy name (as TensorSpec
+    spells them). Anything else after `name=` is a static value, a Python literal (3.0, 'fast',
+    (1, 2), None)."""
     name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)
-    match = re.fullmatch(r"(\?|[A-Za-z_][A-Za-z0-9_]*?|\d+)((?:x\d+)*)x(f32|f64|float32|float64|i32|i64|int32|int64)",
-                         spec)
+    dim = r"(?:\?|\d+|[A-Za-wyzA-Z_][A-Za-wyzA-Z0-9_]*)"
+    match = re.fullmatch(rf"({dim}(?:x{dim})*)x(f32|f64|i32|i64|float32|float64|int32|int64)", spec)
     if not match:
         try:
             return name or None, ast.literal_eval(spec)
         except (ValueError, SyntaxError):
-            raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32 or x=batchx8xf32, "
-                                "or name=VALUE for a static argument (a Python literal: 3.0, 'fast')") from None
-    first = match.group(1)
-    shape = (None if first == "?" else int(first) if first.isdigit() else first,
-             *(int(d) for d in match.group(2).split("x")[1:]))
+            raise ArgumentError(f"-spec {text!r}: expected [name=]DIMSxDTYPE, e.g. x=2x8xf32 or "
+                                "x=batchxseqx64xf32 (symbols: names without an x), or name=VALUE for a static "
+                                "argument (a Python literal: 3.0, 'fast')") from None
+    dims = match.group(1).split("x")
+    shape = tuple(None if d == "?" and i == 0 else int(d) if d.isdigit() else d for i, d in enumerate(dims))
     try:
-        return name or None, TensorSpec(shape, match.group(3))
+        return name or None, TensorSpec(shape, match.group(2))
     except HexirError as error:
         raise ArgumentError(f"-spec {text!r}: {error.message}") from None
 

@@ -22,12 +22,14 @@ Memory owned by something other than a numpy array (a bytearray, an mmap, a torc
 behind `.numpy()`) cannot be frozen through numpy; writes through that owner are not caught.
 Pass an array as an argument to vary it.
 
-Batch sizes (`dynamic`): by default the first call's shapes are compiled as they are; when a
-later call differs from it only in the leading extent of some inputs, the function is
-compiled once more with those extents symbolic (`batch`), and that module serves every later
-size (as torch.compile's automatic dynamic shapes). `dynamic=True` makes the leading extent of
-every input symbolic from the first call; `dynamic=False` compiles once per shape. Inputs whose
-leading extents are equal in a call share one symbol, so the module checks they stay equal.
+Sizes (`dynamic`): by default the first call's shapes are compiled as they are; when a later
+call of the same dtypes and ranks differs from it in some extents, the function is compiled
+once more with every extent that changed symbolic (`batch` for a leading one, `seq` for
+another), and that module serves every later size (as torch.compile's automatic dynamic
+shapes); if the function cannot take one of them symbolic (a linear's K against its weight),
+that call's shapes are compiled as they are. `dynamic=True` makes the leading extent of every input
+symbolic from the first call; `dynamic=False` compiles once per shape. Changed extents that are
+equal in that call share one symbol, so the module checks they stay equal.
 A function that calls a custom kernel is compiled once per shape under `dynamic=None`: a
 custom kernel's launch (its CUDA grid, from `grid=`) is fixed at trace time, so it takes
 static shapes only (under `dynamic=True` its call is a TraceError that says so).
@@ -58,7 +60,7 @@ from hexir.dialects.hexir import result_form
 from hexir.driver import Options, parse_placement
 from hexir.errors import ArgumentError, TraceError
 from hexir.frontend import trace as tracing
-from hexir.frontend.tensor import BATCH, TensorSpec
+from hexir.frontend.tensor import TensorSpec
 from hexir.frontend.trace import current_device, trace, user_frame, user_where
 from hexir.target import DEFAULT_CPU_LEVELS, host_level, parse_target
 
@@ -184,32 +186,37 @@ class JitFunction:
         return cache.compile_cached(module, self.options, self.cache)
 
     def _family(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple:
-        """What must stay equal for one module to serve two calls: all but the leading extents."""
-        return (tuple((s.dtype, len(s.shape), s.shape[1:]) for s in specs), self.cache_key((), statics))
+        """What must stay equal for one module to serve two calls: the dtypes and ranks."""
+        return (tuple((s.dtype, len(s.shape)) for s in specs), self.cache_key((), statics))
 
-    def _generalize(self, specs: tuple[TensorSpec, ...], changed: list[bool]) -> tuple[TensorSpec, ...]:
-        """`specs` with the leading extent of each `changed` input symbolic; inputs with equal
-        leading extents share a symbol (`batch`, then `batch_1`, ...)."""
+    def _generalize(self, specs: tuple[TensorSpec, ...], changed: list[list[bool]]) -> tuple[TensorSpec, ...]:
+        """`specs` with each `changed` extent symbolic; changed extents of equal size share a symbol,
+        `batch` (then `batch_1`, ...) where the first of them is a leading extent, else `seq`, `seq_1`..."""
         symbols: dict[int, str] = {}
+        counts = {"batch": 0, "seq": 0}
         result = []
-        for spec, symbolic in zip(specs, changed, strict=True):
-            if not symbolic:
-                result.append(spec)
-                continue
-            size = spec.shape[0]
-            symbols.setdefault(size, BATCH if not symbols else f"{BATCH}_{len(symbols)}")
-            result.append(TensorSpec((symbols[size], *spec.shape[1:]), spec.dtype))
+        for spec, axes in zip(specs, changed, strict=True):
+            shape = list(spec.shape)
+            for axis, symbolic in enumerate(axes):
+                if symbolic and shape[axis] not in symbols:
+                    stem = "batch" if axis == 0 else "seq"
+                    symbols[shape[axis]] = stem if not counts[stem] else f"{stem}_{counts[stem]}"
+                    counts[stem] += 1
+                if symbolic:
+                    shape[axis] = symbols[shape[axis]]
+            result.append(TensorSpec(tuple(shape), spec.dtype))
         return tuple(result)
 
     def _choose(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any]) -> tuple[TensorSpec, ...]:
         """The specs to compile for a call with `specs` (see the module's docstring)."""
-        if self.dynamic is False or self._family(specs, statics) in self._per_shape:
+        family = self._family(specs, statics)
+        if self.dynamic is False or family in self._per_shape:
             return specs
         if self.dynamic:
-            return self._generalize(specs, [len(s.shape) > 0 for s in specs])
-        first = self._first.setdefault(self._family(specs, statics), specs)
-        changed = [len(s.shape) > 0 and s.shape[0] != f.shape[0] for s, f in zip(specs, first, strict=True)]
-        return self._generalize(specs, changed) if any(changed) else specs
+            return self._generalize(specs, [[axis == 0 for axis in range(len(s.shape))] for s in specs])
+        first = self._first.setdefault(family, specs)
+        changed = [[a != b for a, b in zip(s.shape, f.shape, strict=True)] for s, f in zip(specs, first, strict=True)]
+        return self._generalize(specs, changed) if any(map(any, changed)) else specs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function on numpy arrays or other DLPack tensors (and static values); compiled
@@ -241,7 +248,15 @@ class JitFunction:
                                  "needs arrays (TensorSpecs are for .compile() and hexir.export)", *user_where())
         specs, statics = self.split(values)
         with self._lock:
-            loaded, form = self._load(self._choose(specs, statics), statics)
+            chosen = self._choose(specs, statics)
+            try:
+                loaded, form = self._load(chosen, statics)
+            except TraceError:
+                if chosen == specs or self.dynamic:
+                    raise
+                # the function needs some changed extent static (a linear's K against its weight's):
+                # this shape is compiled as it is
+                loaded, form = self._load(specs, statics)
             tensors = [i for i in range(len(values)) if i not in statics] if statics else None
             native = all(v.dtype.isnative for v in values if isinstance(v, np.ndarray))
             call = (loaded.main, form, tensors, native)

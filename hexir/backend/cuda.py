@@ -31,7 +31,7 @@ from hexir.dialects.hextir import GPU_MODULE
 from hexir.errors import CompileError, TargetError
 from hexir.target import PTX_FEATURES
 
-_DEVICE_PASSES = ("gpu.module(expand-strided-metadata, convert-nvgpu-to-nvvm, convert-scf-to-cf, "
+_DEVICE_PASSES = ("gpu.module(expand-strided-metadata, lower-affine, convert-nvgpu-to-nvvm, convert-scf-to-cf, "
                   "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, canonicalize, cse, "
                   "reconcile-unrealized-casts)")
 

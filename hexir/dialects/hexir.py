@@ -15,10 +15,10 @@ The compute ops (linear, relu, ...) are not written here: each is defined by its
 in `hexir/ops.py` (`define_op` adds its IRDL definition), so adding one touches one place.
 `device` is "auto" until the partition pass decides "cpu" or "cuda".
 
-A symbolic extent (a batch size known only at run time) is `?` in the tensor type, and the
-type's encoding names it: `tensor<?x784xf32, "batch">`. Only the leading axis may be
-symbolic, so the encoding is that axis' symbol. Two tensors with the same symbol have the
-same extent there, and the types compare equal only when their symbols do.
+A symbolic extent (a size known only at run time) is `?` in the tensor type, and the type's
+encoding names each, in order: `tensor<?x?x64xf32, "batch,seq">`. Any axis may be symbolic.
+Two tensors with the same symbol have the same extent there, and the types compare equal only
+when their symbols do.
 
 Every attribute name of the graph level, and its accessor, is here.
 """
@@ -191,15 +191,15 @@ def check_dtype(op: str, argument: str, dtype: str) -> None:
 
 
 def check_extents(op: str, argument: str, shape: Sequence[int | str], dtype: str, static: bool = False) -> None:
-    """Only the first axis may be empty (a buffer whose inner axis is 0 has no stride the
-    bare-pointer calling convention can express) or symbolic; a weight (`static`) is neither."""
+    """Only the first axis may be statically empty (a buffer whose inner axis is 0 has no stride
+    the bare-pointer calling convention can express; a symbolic one is re-viewed per call); a
+    weight (`static`) has no symbolic extent."""
     if any(extent == 0 for extent in shape[1:]):
         raise TraceError(f"{op}: argument '{argument}' is {describe(shape, dtype)}; only the first axis "
                          "of a tensor may be empty")
-    if any(isinstance(d, str) for d in shape[1:]) or (static and any(isinstance(d, str) for d in shape)):
-        where = "a weight's" if static else "only the first axis' extent"
-        raise TraceError(f"{op}: argument '{argument}' is {describe(shape, dtype)}; {where} "
-                         f"{'extents must be static' if static else 'may be symbolic'}")
+    if static and any(isinstance(d, str) for d in shape):
+        raise TraceError(f"{op}: argument '{argument}' is {describe(shape, dtype)}; a weight's extents "
+                         "must be static")
 
 
 def elementwise_shape(op: str, x: tuple) -> Shape:

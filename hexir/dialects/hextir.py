@@ -87,6 +87,7 @@ SCHEDULE = "hextir.schedule"        # on a loop: #hextir.loop<kind, bind>
 KERNEL = "hextir.kernel"            # on a kernel: #hextir.kernel<device, op>
 EXPR = "hextir.expr"               # on a kernel: what it computes per element, as the manifest's `expr` (JSON)
 SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
+DIMS = "hextir.dims"                # on a kernel: each buffer's `?` extents, as size expressions (text)
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
 FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
@@ -274,6 +275,21 @@ def tag_kernel(kernel: ir.Operation, device: str, op: str, expr: object = None,
     if expr is not None:
         kernel.attributes[EXPR] = ir.StringAttr.get(json.dumps(expr, separators=(",", ":")))
     kernel.attributes[SIZES] = _strings(symbols)
+
+
+def set_dims(kernel: ir.Operation, shapes: Sequence[Sequence[exprs.Expr]]) -> None:
+    """Record each buffer argument's symbolic extents (`mul(batch, seq)` where a kernel views
+    [batch, seq, K] as rows): tir-to-loops re-views its bare pointers with them."""
+    kernel.attributes[DIMS] = ir.ArrayAttr.get(
+        [_strings([exprs.to_text(d) for d in shape if not isinstance(d, int)]) for shape in shapes])
+
+
+def dims_of(kernel: ir.Operation) -> list[list[exprs.Expr]]:
+    """Per buffer argument, its symbolic extents in order (`set_dims`)."""
+    if DIMS not in kernel.attributes:
+        return []
+    return [[exprs.parse(ir.StringAttr(d).value) for d in ir.ArrayAttr(shape)]
+            for shape in ir.ArrayAttr(kernel.attributes[DIMS])]
 
 
 def expr_of(kernel: ir.Operation) -> object:

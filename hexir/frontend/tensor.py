@@ -24,10 +24,11 @@ MAX_BYTES = 2**63 - 1
 class TensorSpec:
     """The abstract value of a tensor: what a trace may depend on, and nothing else.
 
-    `shape` holds non-negative ints; its leading extent may instead be symbolic: a name
-    (`("batch", 784)`) or None (short for "batch"), a size known only when the module runs. The
-    same name in two specs means the same size. `dtype` is float32 or float64 (or f32, f64), or
-int32 / int64 (i32, i64: ids, which only take and the layout ops use).
+    `shape` holds non-negative ints and names: a name (`("batch", "seq", 64)`) is a size known
+    only when the module runs, any axis may have one, and the same name in two places means the
+    same size (checked per call). None as the leading extent is short for "batch". `dtype` is
+    float32 or float64 (or f32, f64), or int32 / int64 (i32, i64: ids, which take and the layout
+    ops use; int64 is also an argmax's result).
     """
 
     shape: tuple[int | str, ...]
@@ -37,13 +38,11 @@ int32 / int64 (i32, i64: ids, which only take and the layout ops use).
         if not isinstance(self.shape, (tuple, list)):
             raise TraceError(f"TensorSpec: shape must be a tuple of integers, got {self.shape!r}")
         shape = tuple(BATCH if d is None and i == 0 else d for i, d in enumerate(self.shape))
-        for axis, d in enumerate(shape):
+        for d in shape:
             symbolic = isinstance(d, str) and d.isidentifier() and d.isascii()
-            if isinstance(d, str) and axis > 0:
-                raise TraceError(f"TensorSpec: only the leading extent may be symbolic, got {self.shape!r}")
             if not symbolic and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
-                raise TraceError(f"TensorSpec: shape must be non-negative integers (the first may be a name "
-                                 f"or None), got {self.shape!r}")
+                raise TraceError(f"TensorSpec: shape must be non-negative integers or names (identifiers; "
+                                 f"the first may be None), got {self.shape!r}")
         try:
             dtype = np.dtype(DTYPE_ALIASES.get(self.dtype, self.dtype)).name
         except TypeError as error:

@@ -104,6 +104,7 @@ class Contract:
     schedules: dict[str, Builder]
     variants: dict[str, Variants] = field(default_factory=dict)  # device -> the schedule's other kernels
     epilogue_inputs: int = 0  # tensors its epilogue may read besides its sums (a residual): groups e0?, e1?, ...
+    rows: bool = False  # its kernels see x[..., K] and its output as rows (lower-to-tir views them so)
     family = "contract"
 
     @property
@@ -209,9 +210,6 @@ def reduce_shape(op: str, specs: Sequence[tuple[hx.Shape, str]], program: sc.Pro
     """The result of a reduce program on operands `specs` (the first is reduced along the axis)."""
     (shape, dtype), axis = specs[0], program.axis
     pointwise_shape(op, [specs[0]])
-    if isinstance(shape[axis], str):
-        raise TraceError(f"{op}: axis {axis} of {hx.describe(shape, dtype)} is symbolic; reductions over a "
-                         "symbolic axis are not supported yet")
     if shape[axis] == 0:
         raise TraceError(f"{op}: axis {axis} of {hx.describe(shape, dtype)} is empty")
     if pointwise_shape(op, specs) != tuple(shape):

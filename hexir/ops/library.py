@@ -38,16 +38,16 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
     (x_shape, x_dtype), (w_shape, w_dtype) = x, w
     for name, (shape, dtype) in (("x", x), ("w", w)):
         hx.check_dtype("linear", name, dtype)
-        if len(shape) != 2:
-            raise TraceError(f"linear: argument '{name}' must have rank 2, got rank {len(shape)} "
-                             f"({hx.describe(shape, dtype)})")
+        if len(shape) != 2 and (name == "w" or not shape):
+            raise TraceError(f"linear: argument '{name}' must have rank {2 if name == 'w' else '>= 1'}, got rank "
+                             f"{len(shape)} ({hx.describe(shape, dtype)})")
         hx.check_extents("linear", name, shape, dtype, static=name == "w")
     if w_dtype != x_dtype:
         raise TraceError(f"linear: mixed dtypes: x is {x_dtype} but w is {w_dtype}")
-    if x_shape[1] != w_shape[0]:
+    if x_shape[-1] != w_shape[0]:
         raise TraceError(
             f"linear: inner dimensions differ: x is {hx.describe(x_shape, x_dtype)} and w is "
-            f"{hx.describe(w_shape, w_dtype)}; expected w to have {x_shape[1]} rows, got {w_shape[0]}")
+            f"{hx.describe(w_shape, w_dtype)}; expected w to have {x_shape[-1]} rows, got {w_shape[0]}")
     if bias is not None:
         b_shape, b_dtype = bias
         if b_dtype != x_dtype:
@@ -56,11 +56,11 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
         if tuple(b_shape) != (w_shape[1],):
             raise TraceError(f"linear: argument 'bias' must be {hx.describe((w_shape[1],), x_dtype)}, "
                              f"got {hx.describe(b_shape, b_dtype)}")
-    return (x_shape[0], w_shape[1])
+    return (*x_shape[:-1], w_shape[1])
 
 
 register(Contract("linear", ("x", "w", "bias?"), linear_shape, schedules={"cpu": cpu.linear, "cuda": cuda.linear},
-                  variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4))
+                  variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4, rows=True))
 
 # ---- pointwise ------------------------------------------------------------------------------
 for _name, _function in {

@@ -61,7 +61,8 @@ def _into_contract(op: ir.Operation) -> bool:
     inputs = [v for g in groups[3:] for v in g]
     others = [v for v in dict.fromkeys(operands) if v != found[0] and v not in inputs]
     definition = ops.lookup(linear.name)
-    if len(inputs) + len(others) > definition.epilogue_inputs:
+    if len(inputs) + len(others) > definition.epilogue_inputs or not all(
+            rows_alike(hx.shape_of(v.type), hx.shape_of(op.result.type)) for v in others):
         return False
     inputs += others
     before = hx.expr_of(linear) or ["arg", 0]
@@ -77,6 +78,14 @@ def _into_contract(op: ir.Operation) -> bool:
     op.erase()
     linear.erase()
     return True
+
+
+def rows_alike(shape: hx.Shape, out: hx.Shape) -> bool:
+    """Whether a linear's epilogue can read `shape` (broadcast to its `out`) as the kernel sees
+    its output, rows of the last axis (lower-to-tir views x[..., K] as [rows, K]): its leading
+    axes are all of out's, or all 1."""
+    lead, out_lead = shape[:-1], out[:-1]
+    return len(out) <= 2 or all(d == 1 for d in lead) or tuple(lead) == tuple(out_lead)
 
 
 def _renumber(tree: scalars.Tree, operands: list[ir.Value], merged: list[ir.Value]) -> scalars.Tree:

@@ -35,13 +35,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from hexir_runtime.format import scalars
+from hexir_runtime.format import exprs, scalars
 from mlir import ir
 from mlir.dialects import func
 
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
+from hexir.errors import CompileError
+from hexir.passes import fuse
 from hexir.schedules import Builder, Request, cpu
 from hexir.target import Target, check_launch
 
@@ -64,12 +66,17 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
             operands[1] = _pack_call(main, op, counter, target)
         values = [*operands, op.result]
         symbols = tuple(dict.fromkeys(d for v in values for d in hx.shape_of(v.type) if isinstance(d, str)))
-        arg_types = [_memref(v.type) for v in values] + [ir.IndexType.get()] * len(symbols)
+        shapes = [hx.shape_of(v.type) for v in values]
+        if definition is not None and definition.family == "contract" and getattr(definition, "rows", False):
+            shapes = _as_rows(shapes, hx.operand_groups(op))
+        arg_types = [_memref(v.type, shape) for v, shape in zip(values, shapes, strict=True)]
+        arg_types += [ir.IndexType.get()] * len(symbols)
         with ir.InsertionPoint(main), op.location:
             if definition is None:
                 _custom_kernels(op, name, arg_types, device)
             else:
                 request, record = _request(op, definition, target, symbols, packed)
+                request = replace(request, shapes=tuple(map(tuple, shapes)))
                 schedules = ops.schedules_of(definition)
                 if device == "cuda":
                     kernel = _kernel(ht.KernelId(name, device), arg_types, schedules[device], request, record)
@@ -97,10 +104,36 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
 def _packs_at_run_time(op: ir.Operation, device: str) -> bool:
     """Whether a cpu linear's w, known only at run time (pack-weights packed the constant ones),
     is packed in panels by a kernel launched before it (the cpu schedule's `packs_w`)."""
-    if ops.family_of(op) != "contract" or device != "cpu" or hx.has_w_panels(op):
+    if op.name != "hexir.linear" or device != "cpu" or hx.has_w_panels(op):
         return False
-    return cpu.packs_w(hx.shape_of(op.operands[0].type)[0], hx.shape_of(op.operands[1].type)[1],
+    return cpu.packs_w(rows(hx.shape_of(op.operands[0].type)), hx.shape_of(op.operands[1].type)[1],
                        hx.dtype_of(op.result.type))
+
+
+def rows(shape: hx.Shape) -> exprs.Expr:
+    """The rows of x[..., K] seen as a matrix: the product of its leading extents."""
+    product: exprs.Expr = 1
+    for dim in shape[:-1]:
+        product = exprs.mul(product, dim)
+    return product
+
+
+def _as_rows(shapes: list[hx.Shape], groups: list[list[ir.Value]]) -> list[tuple]:
+    """A linear's buffers as its kernel sees them: x[..., K] as [rows, K], its output and an
+    epilogue input of the output's leading axes as [rows, N], one whose leading axes are 1 as
+    [1, N] (fuse.rows_alike); w and the bias as they are."""
+    out = shapes[-1]
+    if len(out) == 2:
+        return shapes
+    first_extra = len(shapes) - 1 - sum(len(g) for g in groups[3:])
+    flat = [(rows(shapes[0]), shapes[0][-1]), *shapes[1:first_extra]]
+    for shape in shapes[first_extra:-1]:
+        if not fuse.rows_alike(shape, out):
+            raise CompileError(f"linear: an epilogue input of shape {list(shape)} cannot be read as rows of "
+                               f"the output {list(out)}")
+        lead = rows(shape) if tuple(shape[:-1]) == tuple(out[:-1]) else 1
+        flat.append(shape if len(shape) < 2 else (lead, shape[-1]))
+    return [*flat, (rows(out), out[-1])]
 
 
 def _pack_call(main: ir.Operation, op: ir.Operation, counter: int, target: Target) -> ir.Value:
@@ -113,7 +146,7 @@ def _pack_call(main: ir.Operation, op: ir.Operation, counter: int, target: Targe
     name = f"pack_panels_{counter}"
     with ir.InsertionPoint(main), op.location:
         _cpu_kernels(name, False, [_memref(w.type), _memref(panels)], cpu.pack_panels,
-                     Request("pack_panels", dtype, target))
+                     Request("pack_panels", dtype, target, shapes=((k, n), tuple(panels.shape))))
     with ir.InsertionPoint(op), op.location:
         return hx.call(name, [w], panels, "cpu")
 
@@ -155,6 +188,7 @@ def _kernel(identity: ht.KernelId, arg_types: list[ir.Type], build: Builder, req
     kernel = func.FuncOp(identity.function, ir.FunctionType.get(arg_types, []))
     op = request.op + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
     ht.tag_kernel(kernel.operation, identity.device, op, record, request.symbols)
+    ht.set_dims(kernel.operation, request.shapes)
     ht.set_identity(kernel.operation, identity)
     kernel.sym_visibility = ir.StringAttr.get("public")
     block = kernel.add_entry_block()
@@ -186,6 +220,9 @@ def _custom_kernels(op: ir.Operation, name: str, arg_types: list[ir.Type], devic
             ht.set_fallback_of(declaration.operation, name)
 
 
-def _memref(tensor: ir.Type) -> ir.MemRefType:
+def _memref(tensor: ir.Type, shape: tuple | None = None) -> ir.MemRefType:
+    """The kernel's view of a tensor: its `shape` (default: the tensor's), `?` for a symbolic extent."""
     shaped = ir.ShapedType(tensor)
-    return ir.MemRefType.get(shaped.shape, shaped.element_type)
+    dims = shaped.shape if shape is None else [d if isinstance(d, int) else ir.ShapedType.get_dynamic_size()
+                                               for d in shape]
+    return ir.MemRefType.get(dims, shaped.element_type)

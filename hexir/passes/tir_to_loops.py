@@ -4,9 +4,11 @@ Input: kernels from lower-to-tir (`hextir.load`/`store`/`alloc_local`, loops sch
 `#hextir.loop`). Output: the same loops over `memref.load` / `memref.store`, and two changes
 to the kernels' signatures that make the .hxb calling convention (bare pointers, then int64s):
 
-- a buffer with a symbolic extent (`memref<?x8xf32>`) is passed as its base pointer
-  (`memref<f32>`) and re-viewed inside the kernel with the extent from the size argument
-  (`memref.reinterpret_cast`), since a bare pointer carries no sizes;
+- a buffer with a symbolic extent (`memref<?x?x8xf32>`) is passed as its base pointer
+  (`memref<f32>`) and re-viewed inside the kernel with the extents its size arguments give
+  (`hextir.dims`: `seq`, or `mul(batch, seq)` for the rows of x[batch, seq, K]), row-major
+  (`memref.reinterpret_cast`, then `memref.cast` to the identity layout the kernel was built
+  on), since a bare pointer carries no sizes;
 - a cpu kernel's outermost `parallel` loop becomes the kernel's work range: two trailing
   `index` arguments `first`, `last` replace its bounds, so the runtime can hand `[first, last)`
   slices of it to host threads. A loop bound to `chunk` steps by `last - first` (its body runs
@@ -19,7 +21,8 @@ into GPU indices, workgroup memory and `gpu.barrier`.
       scf.for %i = %c0 to %batch step %c1 {...} {hextir.schedule = #hextir.loop<"parallel", "">}
   =>
     func.func @relu_0(%x: memref<f32>, %out: memref<f32>, %batch: index, %first: index, %last: index) {
-      %xs = memref.reinterpret_cast %x to offset: [0], sizes: [%batch, 4], strides: [4, 1]
+      %v = memref.reinterpret_cast %x to offset: [0], sizes: [%batch, 4], strides: [4, 1]
+      %xs = memref.cast %v : memref<?x4xf32, strided<[4, 1]>> to memref<?x4xf32>
       scf.for %i = %first to %last step %c1 { %v = memref.load %xs[%i, %j] ... }
 """
 
@@ -54,28 +57,38 @@ def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
     symbols = ht.sizes_of(kernel)
     arguments = list(block.arguments)
     buffers = arguments[:len(arguments) - len(symbols)]
-    dynamic = [a for a in buffers if not ir.MemRefType(a.type).has_static_shape]
+    dims = ht.dims_of(kernel)
+    dynamic = [i for i, a in enumerate(buffers) if not ir.MemRefType(a.type).has_static_shape]
     if not dynamic:
         return
-    if len(symbols) != 1:
-        raise CompileError(f"kernel {ht.name_of(kernel)}: symbolic buffers need exactly one size argument")
-    rows = arguments[len(buffers)]
+    if len(dims) != len(buffers):
+        raise CompileError(f"kernel {ht.name_of(kernel)}: symbolic buffers need their extents (hextir.dims)")
+    values = dict(zip(symbols, arguments[len(buffers):], strict=True))
     first_op = block.operations[0]
-    for argument in dynamic:
+    for position in dynamic:
+        argument = buffers[position]
         shaped = ir.MemRefType(argument.type)
-        dims = list(shaped.shape)
-        strides = [1] * len(dims)
-        for axis in range(len(dims) - 2, -1, -1):
-            strides[axis] = strides[axis + 1] * dims[axis + 1]
         with ir.InsertionPoint(first_op), kernel.location:
-            view = memref.ReinterpretCastOp(
-                shaped, argument, [], [rows] if shaped.is_dynamic_dim(0) else [], [],
-                static_offsets=[0],
-                static_sizes=[ir.ShapedType.get_dynamic_size() if shaped.is_dynamic_dim(i) else d
-                              for i, d in enumerate(dims)],
-                static_strides=strides).result
+            sizes = iter([ht.size_value(d, values) for d in dims[position]])
+            extents = [next(sizes) if shaped.is_dynamic_dim(i) else d for i, d in enumerate(shaped.shape)]
+            strides: list = [1]  # row-major, an int while every extent to the right is
+            for e in reversed(extents[1:]):
+                inner = strides[0]
+                strides.insert(0, inner * e if isinstance(inner, int) and isinstance(e, int) else
+                               arith.MulIOp(ht.index(inner), ht.index(e)).result)
+            dynamic_size = ir.ShapedType.get_dynamic_size()
+            static_strides = [s if isinstance(s, int) else ir.ShapedType.get_dynamic_stride_or_offset()
+                              for s in strides]
+            strided = ir.MemRefType.get(shaped.shape, shaped.element_type,
+                                        ir.StridedLayoutAttr.get(0, static_strides))
+            cast = memref.ReinterpretCastOp(
+                strided, argument, [], [e for e in extents if not isinstance(e, int)],
+                [s for s in strides if not isinstance(s, int)], static_offsets=[0],
+                static_sizes=[dynamic_size if not isinstance(e, int) else e for e in extents],
+                static_strides=static_strides).operation
+            view = memref.CastOp(shaped, cast.result).result  # the identity layout the kernel was built on
         argument.replace_all_uses_with(view)
-        view.owner.operands[0] = argument
+        cast.operands[0] = argument
         argument.set_type(ir.MemRefType.get([], shaped.element_type))
     _set_signature(kernel)
 

@@ -33,7 +33,7 @@ from hexir.schedules import mathlib
 # would send sqrt to libm, one element at a time, and rsqrt to a `rsqrtf` that libm lacks.
 UPSTREAM = ("builtin.module(canonicalize, cse, convert-math-to-llvm, convert-math-to-libm, "
             "convert-scf-to-cf, convert-vector-to-llvm, "
-            "expand-strided-metadata, finalize-memref-to-llvm, convert-arith-to-llvm, "
+            "expand-strided-metadata, lower-affine, finalize-memref-to-llvm, convert-arith-to-llvm, "
             "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
 
 

@@ -7,9 +7,9 @@ Input: a hexir module, traced or parsed from a `.mlir` file. Output: the same mo
     %y = "hexir.linear"(%x, %w) : (tensor<2x8xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
   error: prog.mlir:3:8: linear: inner dimensions differ: x is float32[2, 8] and w is ...
 
-Besides: @main takes and returns ranked tensors of f32 or f64 whose only symbolic extent
-(`tensor<?x8xf32, "batch">`) is the leading one, a constant's value has its result's type,
-and a call names a kernel of the module.
+Besides: @main takes and returns ranked tensors of f32 or f64 (or int64) whose symbolic
+extents are named (`tensor<?x?x8xf32, "batch,seq">`), a constant's value has its result's
+type, and a call names a kernel of the module.
 """
 
 from __future__ import annotations
@@ -52,10 +52,7 @@ def verify(module: ir.Module) -> None:
 def _check_tensor(type_: ir.Type) -> hx.Shape:
     if not isinstance(type_, ir.RankedTensorType):
         raise TraceError(f"{type_} is not a tensor; expected a tensor of f32 or f64")
-    shape = hx.shape_of(type_)
-    if any(isinstance(d, str) for d in shape[1:]):
-        raise TraceError(f"{type_} has a symbolic extent after the first axis; only the leading one may be")
-    return shape
+    return hx.shape_of(type_)
 
 
 def _check_signature(main: ir.Operation) -> None:

@@ -43,6 +43,7 @@ class Request:
     args: tuple = ()    # the kernel's buffers, once its builder has them (`with_args`): the epilogue reads them
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
+    shapes: tuple[tuple[exprs.Expr, ...], ...] = ()  # each buffer argument's extents (ints, size expressions)
 
     def with_args(self, args: Sequence[ir.Value]) -> Request:
         return replace(self, args=tuple(args))
@@ -63,15 +64,24 @@ Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht
 Variants = Callable[[list[ir.Type], Request], list[tuple[str, dict[str, int]]]]
 
 
-def extent(buffer: ir.Value | ir.Type, axis: int, request: Request) -> exprs.Expr:
-    """The extent of `buffer` (a value or its type) along `axis`: an int, or the kernel's size
-    symbol for a `?` (a generated kernel has at most one: its rows)."""
-    shaped = ir.MemRefType(buffer.type if isinstance(buffer, ir.Value) else buffer)
-    if not shaped.is_dynamic_dim(axis):
-        return shaped.shape[axis]
-    if len(request.symbols) != 1:
-        raise CompileError(f"a generated {request.op} kernel takes one symbolic extent, got {request.symbols}")
-    return request.symbols[0]
+def extent(buffer: ir.Value | int, axis: int, request: Request) -> exprs.Expr:
+    """The extent of `buffer` (one of the kernel's buffer arguments, or its position) along
+    `axis`: an int, or for a `?` a size expression over the kernel's symbols (`seq`,
+    `mul(batch, seq)`: the rows of a linear on x[batch, seq, K])."""
+    position = buffer if isinstance(buffer, int) else _position(buffer)
+    dim = request.shapes[position][axis]
+    if not isinstance(buffer, int) and ir.MemRefType(buffer.type).is_dynamic_dim(axis) == isinstance(dim, int):
+        raise CompileError(f"a {request.op} kernel's argument {position} has the type {buffer.type}, "
+                           f"but its extents are {request.shapes[position]}")
+    return dim
+
+
+def _position(buffer: ir.Value) -> int:
+    try:
+        return ir.BlockArgument(buffer).arg_number
+    except ValueError:
+        raise CompileError(f"extent: {buffer} is not an argument of the kernel (take extents before "
+                           "re-viewing a buffer)") from None
 
 
 def broadcast_indices(buffer: ir.Value, indices: Sequence[ir.Value]) -> list[ir.Value]:

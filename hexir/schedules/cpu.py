@@ -120,7 +120,7 @@ def tiling(level: str, dtype: str, m: exprs.Expr = 0, n: int = 0, panels: bool =
     mr, nr = MICRO[level, dtype]
     nc = NC_BYTES // np.dtype(dtype).itemsize
     column_tiles = max(1, -(-n // nc))
-    if isinstance(m, str):
+    if not isinstance(m, int):
         return mr, nr, MC_SYMBOLIC, nc
     choices = MC_PANELS if panels else MC_CHOICES
     mc = next((mc for mc in choices if -(-m // mc) * column_tiles >= WORK_ITEMS), choices[-1])
@@ -338,7 +338,7 @@ def _copy_x(x: ir.Value, xs: ir.Value, block, m: int) -> None:
 
 def _packs(m: exprs.Expr, mc: int) -> bool:
     """Whether the kernel packs w: unless every tile has too few rows for the copy to pay."""
-    return isinstance(m, str) or (m >= PACK_FROM_ROWS and mc >= PACK_FROM_ROWS)
+    return not isinstance(m, int) or (m >= PACK_FROM_ROWS and mc >= PACK_FROM_ROWS)
 
 
 def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:

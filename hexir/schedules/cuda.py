@@ -319,7 +319,7 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     width = min(per, 16 // _width_bytes(element))                  # elements per 128-bit shared load
     loads = tile * step // (threads * threads)               # elements each thread stages per slice
     tiles = (exprs.ceildiv(n, tile), exprs.ceildiv(m, tile))
-    splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
+    splits = 1 if not isinstance(m, int) else split_k(tiles[0] * tiles[1], k_extent, step,
                                                   tile * tile * _width_bytes(element))
     grid = (*tiles, splits)
     rows, columns = ht.size_value(m, symbols), ht.index(n)
@@ -481,7 +481,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))
-    splits = 1 if isinstance(m, str) else split_k(tiles[0] * tiles[1], k_extent, step,
+    splits = 1 if not isinstance(m, int) else split_k(tiles[0] * tiles[1], k_extent, step,
                                                   tile_m * tile_n * _width_bytes(element), *DMMA_SPLIT)
     grid = (*tiles, splits)
     rows, columns = ht.size_value(m, symbols), ht.index(n)

@@ -30,7 +30,7 @@ def linear_tiling(m: exprs.Expr, n: int, k: int = 0, element_bytes: int = 4) -> 
     """The tiling of an [m, n] output (of a product over k): the first of TILINGS that gives
     enough blocks, K's splits counted (a symbolic m: the largest; `linear_variants` adds the
     smaller ones, for the batches they fill the GPU at)."""
-    if isinstance(m, str):
+    if not isinstance(m, int):
         return LARGE_TILING
     for (tile, step, per), fewest in TILINGS:
         blocks = -(-m // tile) * -(-n // tile)
@@ -43,12 +43,13 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     """With a symbolic batch, a kernel per tile of TILINGS (SIMT) or DMMA_TILINGS (FP64 tensor
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
-    m, n = extent(types[0], 0, request), extent(types[-1], 1, request)
-    if not isinstance(m, str):
+    m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
+    if isinstance(m, int):
         return []
+    m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
-        table = dmma_table(extent(types[0], 1, request), n, request.target.cuda_archs)
+        table = dmma_table(extent(0, 1, request), n, request.target.cuda_archs)
         starts = [tiling[0] * -(-fewest // -(-n // tiling[1])) for tiling, fewest in table[:-1]]
         return [(dmma_name(table[i][0]), {m: starts[i - 1]}) for i in range(len(table) - 1, 0, -1)]
     starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
@@ -102,7 +103,7 @@ def dmma_tiling(m: exprs.Expr, n: int, k: int, archs: Sequence[str] = ("sm_90",)
     enough blocks (a symbolic m: the largest; `linear_variants` adds the smaller ones)."""
     table = dmma_table(k, n, archs)
     for tiling, fewest in table:
-        if isinstance(m, str) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
+        if not isinstance(m, int) or -(-m // tiling[0]) * -(-n // tiling[1]) >= fewest:
             return tiling
     return table[-1][0]
 

@@ -153,7 +153,7 @@ def test_bad_option_is_exit_2(extra, message, program, capsys):
 
 
 @pytest.mark.parametrize("specs, message", [
-    (["-spec=x=2x8xi8"], r"-spec 'x=2x8xi8': expected \[name=\]DIMSxDTYPE, e.g. x=2x8xf32"),
+    (["-spec=x=2x8xc64"], r"-spec 'x=2x8xc64': expected \[name=\]DIMSxDTYPE, e.g. x=2x8xf32"),
     (["-spec=x=2x8"], r"-spec 'x=2x8': expected \[name=\]DIMSxDTYPE"),
     (["-spec=y=2x8xf32"], r"-spec names 'y' where mlp has argument 'x'"),
     ([], r"mlp takes 1 argument\(s\) \(x\); give one -spec for each, e.g. -spec=x=2x8xf32"),

@@ -140,7 +140,6 @@ def test_the_ir_prints_the_symbol_at_every_stage():
 
 
 @pytest.mark.parametrize(("shape", "message"), [
-    (("batch", "n"), "only the leading extent may be symbolic"),
     ((8, None), "shape must be non-negative integers"),
     (("bad name", 8), "shape must be non-negative integers"),
     ((2**62, 4), "more than 2\\^63 bytes"),

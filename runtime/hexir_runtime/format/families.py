@@ -5,8 +5,8 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 
 | op              | args (destination last)                    | expr |
 |-----------------|--------------------------------------------|------|
-| `linear`        | x[M, K], w[K, N], epilogue inputs, out[M, N] | a tree: a0 = x @ w, a1... the epilogue inputs |
-| `linear_panels` | x[M, K], w[P, K, L], epilogue inputs, out[M, N] | as linear |
+| `linear`        | x[..., K], w[K, N], epilogue inputs, out[..., N] | a tree: a0 = x @ w, a1... the epilogue inputs |
+| `linear_panels` | x[..., K], w[P, K, L], epilogue inputs, out[..., N] | as linear |
 | `pack_panels`   | w[K, N], out[P, K, L]                      | none |
 | `pointwise`     | n >= 1 inputs, out: their broadcast shape  | a tree over the n inputs |
 | `reduce`        | x[S], inputs broadcasting to S, out        | a program (rows: S without its axis, or it as 1) |
@@ -79,8 +79,8 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
                                   f"{', '.join(map(str, args))}")
         return None
     if op in ("linear", "linear_panels"):
-        _check_linear(op, args, path)
         _check_broadcasts(args, range(2, len(args) - 1), out, path)
+        _check_linear(op, args, path)
         return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 2)
     if op == "pointwise":
         _check_broadcasts(args, range(len(args) - 1), out, path)
@@ -102,17 +102,21 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
 
 
 def _check_linear(op: str, args: tuple[TensorType, ...], path: str) -> None:
-    """x[M, K], w[K, N] (or its panels [P, K, L], static, covering N with fewer than L to spare), out[M, N]."""
+    """x[..., K], w[K, N] (or its panels [P, K, L], static, covering N with fewer than L to
+    spare), out[..., N] (x's leading axes); an epilogue input's leading axes are out's or all 1
+    (the kernel reads it as rows of out)."""
     x, w, out = args[0].shape, args[1].shape, args[-1].shape
-    n = out[1] if len(out) == 2 else None
-    if op == "linear":
-        consistent = len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1])
-    else:
-        consistent = len(x) == 2 and len(w) == 3 and x[1] == w[1] and out == (x[0], n) and all(
-            type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
+    n = out[-1] if out else None
+    k = w[0] if op == "linear" else (w[1] if len(w) == 3 else None)
+    consistent = len(x) >= 1 and len(w) == (2 if op == "linear" else 3) and x[-1] == k \
+        and out == (*x[:-1], w[1] if op == "linear" else n)
+    if op != "linear":
+        consistent = consistent and all(type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
+    consistent = consistent and all(len(a.shape) < 2 or all(d == 1 for d in a.shape[:-1]) or a.shape[:-1] == out[:-1]
+                                    for a in args[2:-1])
     if not consistent:
-        expected = ["x[M, K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
-                    *(["epilogue inputs"] if len(args) > 3 else []), "out[M, N]"]
+        expected = ["x[..., K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
+                    *(["epilogue inputs (leading axes out's, or 1)"] if len(args) > 3 else []), "out[..., N]"]
         _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
 
 
