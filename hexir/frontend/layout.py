@@ -12,7 +12,6 @@ rows, or layout ops of those; any other ids cannot be shown in range and are ref
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,9 +83,11 @@ def reshape(x: Tensor | np.ndarray, *shape: Any) -> Tensor:
             if want[1][group] == 0 or have[1][group] % want[1][group]:
                 raise TraceError(f"reshape: {shown}: the sizes cannot match")
             target[at] = have[1][group] // want[1][group]
-        if layouts.groups(tuple(target)) != have:
-            raise TraceError(f"reshape: {shown}: the sizes cannot match ({math.prod(have[1])} vs "
-                             f"{math.prod(layouts.groups(tuple(target))[1])} static elements)")
+        got = layouts.groups(tuple(target))[1]
+        if got != have[1]:
+            sizes = f"{have[1][0]} vs {got[0]} elements" if not have[0] else \
+                f"the static dimensions before, between and after the symbols multiply to {have[1]} vs {got}"
+            raise TraceError(f"reshape: {shown}: the sizes cannot match ({sizes})")
         if tuple(target) == tuple(tensor.shape):
             return tensor
         return _layout("reshape", [tensor], tuple(target), tensor.dtype, {"kind": "reshape"})

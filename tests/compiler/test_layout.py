@@ -264,3 +264,56 @@ def test_a_transpose_kernel_reads_the_input_at_the_permuted_index():
         CHECK:        hextir.schedule = #hextir.loop<"parallel", "">
         CHECK:      "hexir.call"(%{{.+}}) {callee = @transpose_0, device = "cpu"
     """)
+
+
+# ---- symbolic dims (h24-core: several symbols, anywhere) ----------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_symbolic_batch_and_seq_through_every_layout_op(device):
+    table = np.random.default_rng(7).standard_normal((13, 16)).astype(np.float32)
+
+    def heads(x, ids):  # one module for every size: heads split and merged, slices, concat, take
+        batch, seq, _ = x.shape
+        split = x.reshape(batch, seq, 4, 16).transpose(0, 2, 1, 3)              # [batch, 4, seq, 16]
+        merged = split.transpose(0, 2, 1, 3).reshape(batch, seq, 64)
+        return (split, merged, x.transpose(1, 0, 2), x[:, :, 8:24:2], x[..., -1], x[:, :, None, ::-1],
+                hexir.concat([x, merged.reshape(batch, seq, -1)], axis=2), hexir.take(table, ids),
+                ids.transpose(), x.reshape(batch, seq, 2, -1))
+    module = _module(heads, [hexir.TensorSpec(("batch", "seq", 64), "float32"),
+                             hexir.TensorSpec(("batch", "seq"), "int32")], device)
+    reference = _module(heads, [hexir.TensorSpec(("batch", "seq", 64), "float32"),
+                                hexir.TensorSpec(("batch", "seq"), "int32")], device, "reference")
+    rng = np.random.default_rng(8)
+    for batch, seq in [(2, 7), (1, 1), (3, 129), (0, 5), (2, 0)]:
+        x = rng.standard_normal((batch, seq, 64)).astype(np.float32)
+        ids = rng.integers(0, 13, (batch, seq)).astype(np.int32)
+        split = x.reshape(batch, seq, 4, 16).transpose(0, 2, 1, 3)
+        want = (split, x, x.transpose(1, 0, 2), x[:, :, 8:24:2], x[..., -1], x[:, :, None, ::-1],
+                np.concatenate([x, x], axis=2), table[ids], ids.T, x.reshape(batch, seq, 2, 32))
+        for got in (module.main(x, ids), reference.main(x, ids)):
+            for g, w in zip(got, want, strict=True):
+                assert g.shape == w.shape and g.dtype == w.dtype
+                np.testing.assert_array_equal(g, w)
+    bad = np.zeros((2, 3), np.int32)
+    bad[1, 2] = 13
+    with pytest.raises(InputError, match=r"input 'ids' holds the id 13 at \[1, 2\]"):
+        module.main(np.zeros((2, 3, 64), np.float32), bad)
+
+
+@pytest.mark.parametrize("function, message", [
+    (lambda x: x.reshape(-1, 64), r"reshape: cannot reshape float32\[batch, seq, 64\] to \[-1, 64\]: a symbolic "
+                                  r"dimension may only map to itself \(the same names in the same order; the static "
+                                  r"dimensions between them regroup, and one -1 resolves inside such a group\); "
+                                  r"merging or splitting symbols is not supported"),
+    (lambda x: x.reshape(x.shape[1], x.shape[0], 64), r"cannot reshape float32\[batch, seq, 64\] to \[seq, batch, 64\]"),
+    (lambda x: x.reshape(x.shape[0], x.shape[1], 3, -1), r"cannot reshape float32\[batch, seq, 64\] to "
+                                                         r"\[batch, seq, 3, -1\]: the sizes cannot match"),
+    (lambda x: hexir.concat([x, x], axis=1), r"concat: cannot concatenate float32\[batch, seq, 64\], "
+                                             r"float32\[batch, seq, 64\] along axis 1: one rank, the other dimensions "
+                                             r"equal, this one static"),
+    (lambda x: x[:, 0], r"axis 1 of float32\[batch, seq, 64\] is symbolic \(seq\): it can only be taken whole"),
+    (lambda x: hexir.take(x, x.argmax(axis=2)), r"take: table is float32\[batch, seq, 64\]; its first axis"),
+], ids=["merge symbols", "swap symbols", "sizes", "concat symbolic axis", "index symbolic axis", "symbolic table"])
+def test_symbolic_layout_errors(function, message):
+    with pytest.raises(TraceError, match=message):
+        hexir.jit(function).trace(hexir.TensorSpec(("batch", "seq", 64), "float32"))
