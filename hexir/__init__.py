@@ -33,10 +33,11 @@ from hexir.frontend.functions import (  # noqa: A004
     tanh,
 )
 from hexir.frontend.matmul import matmul
+from hexir.frontend.layout import concat, concatenate, reshape, take, transpose
 from hexir.frontend.tensor import Tensor, TensorSpec
 from hexir.frontend.trace import linear, on, print  # noqa: A004
 from hexir.jit import export, jit
-from hexir.ops import Contract, OpDef, Pointwise, Reduce
+from hexir.ops import Contract, Layout, OpDef, Pointwise, Reduce
 from hexir.ops import scalar as scalar
 from hexir.version import __version__
 
@@ -69,6 +70,8 @@ __all__ = [
     "jit", "export", "explain", "on", "linear", "matmul", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
     "relu", "exp", "log", "tanh", "sqrt", "rsqrt", "erf", "abs", "sigmoid", "silu", "gelu", "maximum", "minimum",
     "sum", "mean", "max", "argmax", "softmax", "log_softmax", "layer_norm",
-    "OpDef", "Pointwise", "Reduce", "Contract", "scalar", "register_op", "HexirError", "ArgumentError", "TraceError",
+    "reshape", "transpose", "concat", "concatenate", "take",
+    "OpDef", "Pointwise", "Reduce", "Contract", "Layout", "scalar", "register_op", "HexirError", "ArgumentError",
+    "TraceError",
     "PlacementError", "TargetError", "CompileError", "__version__",
 ]

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
     """`[name=]DIMSxDTYPE`: DIMS are ints or symbols (names without an x; ? first for batch)
-    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, i64 or a numpy name (as TensorSpec
+    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, i32, i64 or a numpy name (as TensorSpec
     spells them). Anything else after `name=` is a static value, a Python literal (3.0, 'fast',
     (1, 2), None)."""
     name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)

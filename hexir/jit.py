@@ -147,10 +147,10 @@ class JitFunction:
                 specs.append(value)
             elif isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
                 shape, dtype = _shape_and_dtype(value)
-                if dtype not in ("float32", "float64"):
+                if dtype not in ("float32", "float64", "int32", "int64"):
                     later = f" ({dtype} is not supported yet)" if dtype in ("bfloat16", "float16") else ""
                     raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; "
-                                     f"expected float32 or float64{later}", *user_where())
+                                     f"expected float32 or float64{later} (or int32, int64 ids)", *user_where())
                 specs.append(TensorSpec(shape, dtype))
             else:
                 try:

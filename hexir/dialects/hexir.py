@@ -39,8 +39,8 @@ DTYPES = ("float32", "float64")
 #: IRDL gives every operand of a variadic group one type, so calls (and pointwise and reduce
 #: ops) take up to eight operands of their own types, as one required and seven optional groups.
 MAX_CALL_ARGS = 8
-#: What an op may produce: floats; int64 only as an argmax's result.
-RESULT_DTYPES = (*DTYPES, "int64")
+#: What an op may produce: floats; int64 as an argmax's result; int32 and int64 moved by layout ops.
+RESULT_DTYPES = (*DTYPES, "int32", "int64")
 
 # Attribute names of the graph level.
 ARG_NAMES = "hexir.arg_names"      # on @main: the traced function's parameter names
@@ -134,9 +134,9 @@ Shape = tuple
 
 
 def element_type(dtype: str) -> ir.Type:
-    """The MLIR element type of a numpy dtype name (float32, float64 or int64)."""
-    if dtype == "int64":
-        return ir.IntegerType.get_signless(64)
+    """The MLIR element type of a numpy dtype name (float32, float64, int32 or int64)."""
+    if dtype in ("int32", "int64"):
+        return ir.IntegerType.get_signless(int(dtype[3:]))
     return ir.F32Type.get() if dtype == "float32" else ir.F64Type.get()
 
 
@@ -158,9 +158,9 @@ def dtype_of(type_: ir.Type) -> str:
         return "float32"
     if isinstance(element, ir.F64Type):
         return "float64"
-    if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 64:
-        return "int64"
-    raise TraceError(f"element type {element} is not supported; expected f32, f64 (or i64, an argmax's result)")
+    if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width in (32, 64):
+        return f"int{ir.IntegerType(element).width}"
+    raise TraceError(f"element type {element} is not supported; expected f32, f64, i32 or i64")
 
 
 def shape_of(type_: ir.Type) -> Shape:

@@ -11,9 +11,9 @@ from mlir import ir
 from hexir.errors import TraceError
 
 #: Short dtype names, as `-spec` and MLIR spell them.
-DTYPE_ALIASES = {"f32": "float32", "f64": "float64", "i64": "int64"}
-#: What a tensor may hold: floats, and int64 (an argmax's result).
-DTYPES = ("float32", "float64", "int64")
+DTYPE_ALIASES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64"}
+#: What a tensor may hold: floats, and int32/int64 (token ids, an argmax's result).
+DTYPES = ("float32", "float64", "int32", "int64")
 #: What `None` in a shape stands for: the batch symbol.
 BATCH = "batch"
 #: The most bytes a tensor may have: its byte count must fit an int64.
@@ -27,7 +27,8 @@ class TensorSpec:
     `shape` holds non-negative ints and names: a name (`("batch", "seq", 64)`) is a size known
     only when the module runs, any axis may have one, and the same name in two places means the
     same size (checked per call). None as the leading extent is short for "batch". `dtype` is
-    float32 or float64 (or f32, f64), or int64.
+    float32 or float64 (or f32, f64), or int32 / int64 (i32, i64: ids, which take and the layout
+    ops use; int64 is also an argmax's result).
     """
 
     shape: tuple[int | str, ...]
@@ -47,7 +48,7 @@ class TensorSpec:
         except TypeError as error:
             raise TraceError(f"TensorSpec: {self.dtype!r} is not a dtype") from error
         if dtype not in DTYPES:
-            raise TraceError(f"TensorSpec: dtype must be float32 or float64 (or int64), got {dtype}")
+            raise TraceError(f"TensorSpec: dtype must be float32 or float64 (or int32, int64), got {dtype}")
         static = [int(d) for d in shape if not isinstance(d, str)]
         count = np.dtype(dtype).itemsize
         for d in static:  # Python ints: no overflow while checking for it
@@ -112,8 +113,11 @@ class Tensor:
     def __index__(self) -> int:
         return self._concrete("indexing with a tensor")
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._concrete("indexing")
+    def __getitem__(self, key: Any) -> Tensor:
+        """numpy's basic indexing: ints, slices of static bounds, `...`, None (hexir/frontend/layout.py)."""
+        from hexir.frontend.layout import getitem
+
+        return getitem(self, key)
 
     def __iter__(self) -> Any:
         return self._concrete("iteration")
@@ -235,11 +239,20 @@ class Tensor:
         return self._unsupported(f"np.{name}", hint)
 
     @property
-    def T(self) -> Any:  # noqa: N802 - numpy's name
-        return self._unsupported(".T", "hexir has no transpose: pass the weight already transposed")
+    def T(self) -> Tensor:  # noqa: N802 - numpy's name
+        """The transpose of a 2-D tensor (x.transpose(...) for other ranks)."""
+        if self.ndim != 2:
+            return self._unsupported(f".T of rank {self.ndim}", "x.T is for 2-D tensors; use x.transpose(*axes)")
+        return self.transpose()
 
-    def reshape(self, *args: Any, **kwargs: Any) -> Any:
-        return self._unsupported(".reshape", "hexir has no reshape op")
+    def reshape(self, *shape: Any) -> Tensor:
+        """hexir.reshape(self, shape): ints, symbol names, one -1."""
+        from hexir.frontend.layout import reshape
 
-    def transpose(self, *args: Any, **kwargs: Any) -> Any:
-        return self._unsupported(".transpose", "hexir has no transpose op")
+        return reshape(self, *shape)
+
+    def transpose(self, *axes: Any) -> Tensor:
+        """hexir.transpose(self, axes) (no axes: reversed)."""
+        from hexir.frontend.layout import transpose
+
+        return transpose(self, *axes)

@@ -6,6 +6,8 @@ Families (what the compiler knows how to compute; the runtime checks kernels by 
 - `Reduce(name, function, operands)`: over one axis of its first operand; `function` also
   calls `row_sum` / `row_max` / `row_argmax` (`softmax`, `layer_norm`, `argmax` ...).
 - `Contract(name, ...)`: `linear`, `matmul` (ops/matmul.py), each with its own shape rule and schedules.
+- `Layout(name)`: moves elements, computes nothing (transpose, reshape, slice, concat, take);
+  its `expr` is a record whose rule and numpy meaning are the runtime's `format/layouts.py`.
 
 An instance of a pointwise or reduce op carries its tree (the runtime's scalar-expression
 language) in the IR as `expr`, Python numbers folded in as constants: that tree is the one
@@ -29,11 +31,12 @@ from hexir_runtime.format import scalars as sc
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError, user_where
 from hexir.ops import scalar
-from hexir.schedules import Builder, Variants, cpu_families, cuda_families
+from hexir.schedules import Builder, Variants, cpu_families, cpu_layout, cuda_families, cuda_layout
 
 FAMILY_SCHEDULES: dict[str, dict[str, Builder]] = {
     "pointwise": {"cpu": cpu_families.pointwise, "cuda": cuda_families.pointwise},
     "reduce": {"cpu": cpu_families.reduce, "cuda": cuda_families.reduce},
+    "layout": {"cpu": cpu_layout.layout, "cuda": cuda_layout.layout},
 }
 
 
@@ -111,13 +114,23 @@ class Contract:
         return (*self.operands, *(f"e{i}?" for i in range(self.epilogue_inputs)))
 
 
-OpDef = Pointwise | Reduce | Contract
+@dataclass(frozen=True)
+class Layout:
+    """An op that moves elements without computing any: each instance's `expr` is its record
+    (`{"kind": "transpose", "perm": [1, 0]}`, hexir_runtime/format/layouts.py), one copy kernel."""
+
+    name: str
+    operands: tuple[str, ...] = ("x",)
+    family = "layout"
+
+
+OpDef = Pointwise | Reduce | Contract | Layout
 REGISTRY: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
     """Make `op` known to the dialect, the tracer, the verifier and lower-to-tir."""
-    if not isinstance(op, (Pointwise, Reduce, Contract)):
+    if not isinstance(op, (Pointwise, Reduce, Contract, Layout)):
         raise TraceError(f"register: expected a Pointwise, Reduce or Contract, got {type(op).__name__}")
     if op.name in REGISTRY:
         raise TraceError(f"register: the op name {op.name!r} is taken (hexir.{op.name} exists)")
@@ -132,7 +145,7 @@ def register(op: OpDef) -> OpDef:
 def _check_now(op: OpDef) -> None:
     """Build a Pointwise's tree or a Reduce's program now, when its function needs no parameter
     (those come with each call, checked then), so that a bad definition fails at register_op."""
-    if isinstance(op, Contract):
+    if isinstance(op, (Contract, Layout)):
         return
     arguments = inspect.signature(op.function).parameters.values()
     if sum(p.default is p.empty and p.kind is not p.VAR_POSITIONAL for p in arguments) > len(op.operands):
@@ -152,7 +165,7 @@ def lookup(full_name: str) -> OpDef | None:
 
 
 def family_of(op: object) -> str | None:
-    """"pointwise", "reduce", "contract" for a compute op of the graph, else None."""
+    """"pointwise", "reduce", "contract", "layout" for a compute op of the graph, else None."""
     definition = lookup(op.name)
     return None if definition is None else definition.family
 

@@ -11,7 +11,7 @@ import math
 
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
-from hexir.ops import Contract, Pointwise, Reduce, register
+from hexir.ops import Contract, Layout, Pointwise, Reduce, register
 from hexir.ops.scalar import (
     Scalar,
     erf,
@@ -104,4 +104,8 @@ for _reduce in (Reduce("sum", row_sum), Reduce("mean", lambda x: row_sum(x) / ro
     register(_reduce)
 
 
+# ---- layout: moving elements (records and rules: hexir_runtime/format/layouts.py) ---------------
+for _layout in (Layout("transpose"), Layout("reshape"), Layout("slice"), Layout("concat", ("x0", "x1")),
+                Layout("take", ("table", "ids"))):
+    register(_layout)
 from hexir.ops import matmul  # noqa: E402,F401 - a @ b between tensors: its own file

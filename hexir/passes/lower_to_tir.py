@@ -156,8 +156,8 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
     """What the op's schedule builds, and the kernel's `expr` as the manifest records it."""
     dtype = hx.dtype_of(op.operands[0].type)
     expr = hx.expr_of(op)
-    if definition.family == "pointwise":
-        return Request("pointwise", dtype, target, symbols, expr), expr
+    if definition.family in ("pointwise", "layout"):  # (a layout's expr is its record)
+        return Request(definition.family, dtype, target, symbols, expr), expr
     if definition.family == "reduce":
         program = scalars.Program(expr["axis"], tuple((k, t) for k, t in expr["reductions"]), expr["out"])
         return Request("reduce", dtype, target, symbols, program), expr

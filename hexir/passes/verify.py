@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from hexir_runtime.format import HxbFormatError, scalars
+from hexir_runtime.format import HxbFormatError, TensorType, layouts, scalars
 from mlir import ir
 
 from hexir import ops
@@ -121,6 +121,10 @@ def _family_result(op: ir.Operation, definition: ops.OpDef, name: str, specs: li
         if definition.family == "pointwise":
             scalars.check(expr, f"{name}: expr", len(specs))
             return ops.pointwise_shape(name, specs), specs[0][1]
+        if definition.family == "layout":
+            result = (hx.shape_of(op.result.type), hx.dtype_of(op.result.type))
+            layouts.check(expr, tuple(TensorType(tuple(s), d) for s, d in [*specs, result]), f"{name}: expr")
+            return result
         if definition.family == "reduce":
             program = scalars.check_program(expr, f"{name}: expr", len(specs), len(specs[0][0]))
             shapes = {ops.reduce_shape(name, specs, program, keep) for keep in (False, True)}

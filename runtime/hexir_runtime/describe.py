@@ -13,7 +13,7 @@ from typing import Any
 
 from .cpu import pick_library
 from .errors import DeviceError
-from .format import Code, Hxb, Kernel, Work, to_text
+from .format import Code, Hxb, Kernel, Work, layouts, to_text
 from .format.scalars import Program, program_text, text
 from .signing import Key, signer
 
@@ -85,7 +85,8 @@ def _kernel(index: int, kernel: Kernel) -> list[str]:
     args = ", ".join(f"{'write' if j == len(kernel.args) - 1 else 'read'} {arg}" for j, arg in enumerate(kernel.args))
     lines = [f"  [{index}] {safe(kernel.name)}: {kernel.device} {kernel.op}({args})"]
     if kernel.expr is not None:  # (the tree's text holds no string from the file but its op names, checked)
-        meaning = program_text(kernel.expr) if isinstance(kernel.expr, Program) else text(kernel.expr)
+        meaning = layouts.text(kernel.expr) if kernel.op == "layout" else \
+            program_text(kernel.expr) if isinstance(kernel.expr, Program) else text(kernel.expr)
         lines.append(f"      computes {meaning}")
     integers = ", ".join(map(to_text, kernel.integers))
     if kernel.gpu_code is None:

@@ -131,7 +131,8 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
     return unpack(capsule)
 
 
-_TYPESTRS = {**{f"<f{size}": np.dtype(f"float{size * 8}") for size in (2, 4, 8)}, "<i8": np.dtype("int64")}
+_TYPESTRS = {**{f"<f{size}": np.dtype(f"float{size * 8}") for size in (2, 4, 8)}, "<i4": np.dtype("int32"),
+             "<i8": np.dtype("int64")}
 
 
 def _interfaced(obj: Any, interface: Any, device_id: int) -> DeviceTensor:
@@ -172,7 +173,7 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     dtypes = _TORCH_DTYPES.get(torch)
     if dtypes is None:
         dtypes = _TORCH_DTYPES[torch] = {getattr(torch, name): np.dtype(name)
-                                         for name in ("float16", "float32", "float64", "int64")}
+                                         for name in ("float16", "float32", "float64", "int32", "int64")}
     dtype = dtypes.get(obj.dtype)
     if dtype is None:
         return None
@@ -208,7 +209,8 @@ def _torch_current_stream(torch: Any, device_id: int) -> int:
 #: lanes), shape, strides, byte_offset: read in one struct.unpack (field by field through
 #: ctypes costs several microseconds a call)
 _DLTENSOR = struct.Struct("<QiiiBBHQQQ")
-_DTYPES = {**{(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}, (INT, 64): np.dtype("int64")}
+_DTYPES = {**{(FLOAT, bits): np.dtype(f"float{bits}") for bits in (16, 32, 64)}, (INT, 32): np.dtype("int32"),
+           (INT, 64): np.dtype("int64")}
 
 
 #: More dimensions than a producer's tensor can sensibly have: its DLTensor is refused as corrupt.

@@ -44,7 +44,8 @@ from .cpu import CpuProgram, address
 from .device import Device, Program
 from .dlpack import DeviceTensor
 from .errors import DeviceError, InputError
-from .format import Entry, Hxb, TensorType
+from .format import Entry, Hxb, HxbFormatError, TensorType
+from .format.layouts import id_sources, out_of_range
 
 Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its handles)
 # A host input smaller than this is copied into its buffer rather than read in place: numpy
@@ -149,6 +150,13 @@ class Executor:
         for command in entry.program:
             if command.op == "constant":
                 self.views[command.dst] = constants.get(command.constant, self.places[command.dst])
+        self.ids = id_sources(entry, constants.hxb.manifest.kernels, f"{entry.name}()")  # checked per call
+        for index, (rows, take) in self.ids.constants.items():
+            constant = constants.hxb.manifest.constants[index]
+            bad = out_of_range(np.frombuffer(constants.hxb.blob(constant.blob), constant.type.dtype), rows)
+            if bad is not None:
+                raise HxbFormatError(f"constants[{index}]", f"holds the id {bad[0]}, out of range for {take}'s "
+                                                            f"table of {rows} rows")
         self._analyse()
         for index in range(len(entry.buffers)):
             if index not in self.constants:
@@ -189,7 +197,7 @@ class Executor:
         self.host_inputs: dict[int, int] = {}  # input -> its buffer, read in place when it can be
         self.device_inputs: dict[int, int] = {}  # input -> its GPU buffer, a caller's CUDA tensor when given
         for command in program:
-            if command.op != "input":
+            if command.op != "input" or command.index in self.ids.inputs:  # (ids are checked on the host)
                 continue
             dst = command.dst
             if not gpu(dst) and uses[dst] and only_kernels(dst):
@@ -217,6 +225,11 @@ class Executor:
         ranks and static sizes already checked against the signature); return the outputs:
         fresh arrays, the arrays of `out`, or (`device`) GPU-resident DLPack arrays where the
         program computes them on the GPU."""
+        for index, (rows, take) in self.ids.inputs.items():
+            bad = out_of_range(arrays[index], rows)
+            if bad is not None:
+                raise InputError(f"{self.entry.name}(): input {self.entry.inputs[index][0]!r} holds the id {bad[0]} "
+                                 f"at {list(bad[1])}, out of range for {take}'s table of {rows} rows")
         key = (tuple([array.shape for array in arrays]), device)
         plan = self.plans.get(key) or self._plan(key)
         handles: list[Any] = [None] * (len(arrays) + len(self.returns))
@@ -281,6 +294,11 @@ class Executor:
         """Size the buffers for the call shape `key` and bind the program's steps to their views."""
         shapes, device = key
         sizes = bind(self.entry, shapes)
+        for length, rows, take in self.ids.argmaxes:
+            if sizes.get(length, length) > rows:
+                count = f"{length} = {sizes[length]}" if isinstance(length, str) else length
+                raise InputError(f"{self.entry.name}(): the ids of {take} are an argmax over {count} values, but its "
+                                 f"table has {rows} rows")
         try:
             grew = self._size_buffers(sizes)
         except BaseException:

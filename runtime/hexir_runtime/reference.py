@@ -5,8 +5,9 @@ with. It runs the kernels of every manifest device (cpu and cuda) and never load
 so it refuses a module with custom kernels (the user's code has no numpy twin) when it loads.
 A kernel is computed from what the manifest says it computes (format/scalars.py), never from
 its name: a `pointwise` kernel evaluates its tree over its inputs, broadcast to the output; a
-`linear` (or `matmul`, numpy's a @ b) evaluates its tree over x @ w and its epilogue inputs; a `reduce` runs its program
-over its axis; `pack_panels` lays w out as `linear_panels` reads it.
+`linear` (or `matmul`, numpy's a @ b) evaluates its tree over x @ w and its epilogue inputs; a
+`reduce` runs its program over its axis; `pack_panels` lays w out as `linear_panels` reads it; a
+`layout` kernel moves elements as its record says (format/layouts.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from .device import HostMemory
 from .errors import KernelError
-from .format import Hxb, Kernel
+from .format import Hxb, Kernel, layouts
 from .format.scalars import Program, evaluate, run_program
 
 
@@ -74,6 +75,8 @@ def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | Non
         return _pointwise(kernel.expr)
     if kernel.op == "reduce":
         return _reduce(kernel.expr, label or kernel.name)
+    if kernel.op == "layout":
+        return layouts.numpy_function(kernel.expr)
     return _pack_panels if kernel.op == "pack_panels" else None
 
 

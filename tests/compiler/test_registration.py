@@ -119,12 +119,12 @@ def test_a_registration_is_checked():
     with pytest.raises(hexir.TraceError, match="expected a Pointwise, Reduce or Contract, got function"):
         hexir.register_op(_my_gelu)
     with pytest.raises(hexir.TraceError, match="an op's element function got 'a'"):
-        hexir.register_op(hexir.Pointwise("concat", lambda x: x + "a"))
+        hexir.register_op(hexir.Pointwise("glue", lambda x: x + "a"))
     with pytest.raises(hexir.TraceError, match="op wide takes 1 to 8 operands, got 9"):
         hexir.register_op(hexir.Pointwise("wide", lambda *xs: xs[0], arity=9))
     with pytest.raises(hexir.TraceError, match="needs a schedule for each of cpu, cuda"):
         hexir.register_op(hexir.Contract("half", ("x",), lambda x: x[0], {"cpu": None}))
-    assert not {"concat", "wide", "half"} & set(hexir.ops.REGISTRY)  # a refused op is not registered
+    assert not {"glue", "wide", "half"} & set(hexir.ops.REGISTRY)  # a refused op is not registered
 
 
 @pytest.mark.parametrize(("name", "definition"), [

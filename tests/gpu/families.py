@@ -12,7 +12,8 @@ holds a group of outputs (every unary op of a dtype, say), each its own kernel o
 Tolerances (`|got - expected| <= atol + rtol * |expected|`, expected in float64): rtol is TOL
 by dtype (float32 math 1e-5 relative, float64 1e-12) times the op's factor in RTOL; atol is
 TOL times the op's scale in ATOL of the reduced length n (sums: sqrt(n), inputs are unit
-normals). int64 results (argmax) must be equal.
+normals). int64 results (argmax) must be equal. Layout ops (LAYOUTS) move values: exact. Ids
+inputs ({"ids": rows, "shape": ...}) are drawn in [0, rows).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class NUMPY:  # noqa: N801 - stands where the module `hexir` stands in a chain
     def linear(x, w, b=None):
         return x @ w + (0 if b is None else b)
 
+    concat = staticmethod(lambda xs, axis=0: np.concatenate(xs, axis))
+    take = staticmethod(lambda table, ids: np.take(table, ids, axis=0))
     sum = staticmethod(lambda x, axis=-1, keepdims=False: x.sum(axis, keepdims=keepdims))
     mean = staticmethod(lambda x, axis=-1, keepdims=False: x.mean(axis, keepdims=keepdims))
     max = staticmethod(lambda x, axis=-1, keepdims=False: x.max(axis, keepdims=keepdims))
@@ -126,6 +129,23 @@ CHAINS = {
 }
 #: Chains whose symbol is a sequence length (a module of their own, run at these lengths).
 SEQUENCE_CHAINS, SEQUENCES = ("attention_seq",), [1, 7, 129, 1000]
+#: Layout ops (#24), alone and around compute ops; an ids input is {"ids": rows, "shape": ...}
+#: (int32 in the float32 group, int64 in the float64 one), drawn in [0, rows).
+IDS = {"ids": 11, "shape": ("B", 3)}
+LAYOUTS = {
+    "transpose_rank3": (lambda F, x: x.transpose(0, 2, 1), [("B", 5, 33)], "pointwise", 1),
+    "reshape_heads": (lambda F, x: x.reshape(x.shape[0], 4, 33).transpose(0, 2, 1) * 2.0, [("B", 132)],
+                      "pointwise", 1),
+    "slices_qkv": (lambda F, x: F.concat([x[:, 66:99], x[:, 0:33:2], x[:, -1:, None][:, :, 0]], axis=1),
+                   [("B", 99)], "pointwise", 1),
+    "index_reverse": (lambda F, x: x[:, 3] + x[..., ::-1][:, 0], [("B", 33)], "pointwise", 1),
+    "concat_many": (lambda F, x, y: F.concat([x, y, x * 2.0, y, x, y, x, y, x, y], axis=1), [("B", 33), ("B", 7)],
+                    "pointwise", 1),
+    "take_rows": (lambda F, table, ids: F.take(table, ids), [(11, 257), IDS], "pointwise", 1),
+    "take_softmax": (lambda F, table, ids: F.softmax(F.take(table, ids).reshape(ids.shape[0], 3 * 257)),
+                     [(11, 257), IDS], "softmax", 771),
+}
+CHAINS.update(LAYOUTS)
 #: Chains also built alone with a placement that splits them between cuda and cpu (float64).
 MIXES = {"linear_gelu": {"hexir.linear": "cuda", "hexir.gelu": "cpu"},
          "linear_residual": {"hexir.linear": "cpu", "*": "cuda"},
@@ -205,10 +225,11 @@ def groups() -> list[dict]:
                       "outputs": [_output_op(d.name, "reduce", [0], axis=1, n=33, keepdims=True, prologue=False)
                                   for d in reductions if len(d.operands) == 1]})
         for kind in ("pointwise", "linear", "matmul", "reduce"):  # the fused chains, a module of each kind
-            names = [n for n, c in CHAINS.items() if n not in SEQUENCE_CHAINS
+            names = [n for n, c in CHAINS.items() if n not in SEQUENCE_CHAINS and n not in LAYOUTS
                      and (c[2] if c[2] in ("pointwise", "linear", "matmul") else "reduce") == kind]
             found.append(_chains(names, dtype, "*=cuda"))
         found.append({**_chains(list(SEQUENCE_CHAINS), dtype, "*=cuda"), "batches": SEQUENCES})
+        found.append({**_chains(list(LAYOUTS), dtype, "*=cuda"), "label": "layout ops"})
         for n, long_ops in LONG.items():
             found.append({"label": f"long rows of {n}", "dtype": dtype, "inputs": [("B", n), (n,), (n,)],
                           "batches": [1, 7, 129],
@@ -216,7 +237,17 @@ def groups() -> list[dict]:
                                        "uses": [0, 1, 2] if op == "layer_norm" else [0]} for op in long_ops]})
     for name, placement in MIXES.items():
         found.append(_chains([name], "float64", placement))
+    found.append({**_chains(["take_rows"], "float32", "*=cuda"), "label": "take, an id out of range", "bad_id": 1})
     return found
+
+
+def _dtype_of(shape, dtype):
+    """An input's dtype in a group of `dtype`: ids are int32 beside float32, int64 beside float64."""
+    return ("int32" if dtype == "float32" else "int64") if isinstance(shape, dict) else dtype
+
+
+def _dims(shape, batch="batch"):
+    return tuple(batch if d in ("B", "batch") else d for d in (shape["shape"] if isinstance(shape, dict) else shape))
 
 
 def _output_op(name, family, uses, **more):
@@ -254,8 +285,7 @@ def build(out, add_case) -> None:
 
     traced = _Traced()
     for group in groups():
-        specs = [hexir.TensorSpec(tuple("batch" if d == "B" else d for d in shape), group["dtype"])
-                 for shape in group["inputs"]]
+        specs = [hexir.TensorSpec(_dims(shape), _dtype_of(shape, group["dtype"])) for shape in group["inputs"]]
         model = _group(traced, group["outputs"])
         model.__signature__ = inspect.Signature([inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                                  for i in range(len(specs))])
@@ -266,7 +296,10 @@ def draw(case, rng, batch):
     """The case's inputs at this batch size."""
     arrays = []
     for shape in case["inputs"]:
-        value = rng.standard_normal(tuple(batch if d in ("B", "batch") else d for d in shape))
+        if isinstance(shape, dict):  # ids, in range
+            arrays.append(rng.integers(0, shape["ids"], _dims(shape, batch)).astype(_dtype_of(shape, case["dtype"])))
+            continue
+        value = rng.standard_normal(_dims(shape, batch))
         arrays.append((np.abs(value) + 0.5 if case.get("positive") else value).astype(case["dtype"]))
     return arrays
 
@@ -291,7 +324,7 @@ class _Numpy(NUMPY):
 
 def expected(output, arrays):
     """float64 numpy's value of one output, or None where NUMPY does not know its op."""
-    wide = [arrays[i].astype(np.float64) for i in output["uses"]]
+    wide = [arrays[i].astype(np.float64) if arrays[i].dtype.kind == "f" else arrays[i] for i in output["uses"]]
     return function_of(_Numpy, output)(*wide)
 
 

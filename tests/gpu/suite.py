@@ -19,7 +19,9 @@ registry: a new op is covered when it is registered), fused chains (broadcasting
 epilogues, residuals, reductions with a prologue, argmax, middle axes), placements that split a
 chain between cuda and cpu, and long rows (softmax, layer_norm, log_softmax up to 16384
 columns), each in float32 and float64 with a symbolic batch run at several sizes (0 among them);
-their tolerances are stated per op in families.py.
+their tolerances are stated per op in families.py. The layout ops (#24: transposes, reshapes,
+slices, concat lists, take with int32/int64 ids) must match numpy exactly, and a take given an id
+out of range must be refused on every device with an InputError naming the input.
 """
 
 from __future__ import annotations
@@ -230,6 +232,9 @@ def run_families(cases_dir: Path, cases: list[dict], devices: tuple[str, ...], r
                 modules[device] = hexir_runtime.load(cases_dir / f"{case['name']}.hxb", device=device)
             except hexir_runtime.HexirRuntimeError as error:
                 failures.append(f"{where} on {device}: {error}")
+        if "bad_id" in case:  # an id out of range: an InputError naming the input on every device
+            failures += _bad_id(case, modules, rng, where)
+            continue
         for batch in case.get("batches", families.BATCHES) if modules else ():  # (those that loaded)
             arrays = families.draw(case, rng, batch)
             results = {}
@@ -257,6 +262,24 @@ def run_families(cases_dir: Path, cases: list[dict], devices: tuple[str, ...], r
                         share = np.abs(np.asarray(got, np.float64) - want) / (atol + rtol * np.abs(want))
                         used[device] = max(used[device], float(share.max()))
     return checked, failures, used
+
+
+def _bad_id(case: dict, modules: dict, rng, where: str) -> list[str]:
+    """Run a take whose input `case["bad_id"]` holds one id equal to its table's rows."""
+    import hexir_runtime
+
+    arrays = families.draw(case, rng, 7)
+    position = case["bad_id"]
+    arrays[position].flat[5] = case["inputs"][position]["ids"]
+    failures = []
+    for device, module in modules.items():
+        try:
+            module.main(*arrays)
+            failures.append(f"{where} on {device}: an id out of range was not refused")
+        except hexir_runtime.InputError as error:
+            if f"input 'x{position}' holds the id {case['inputs'][position]['ids']}" not in str(error):
+                failures.append(f"{where} on {device}: the error does not name the input and the id: {error}")
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:

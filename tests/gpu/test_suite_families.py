@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import hexir_runtime
 import numpy as np
 
 from hexir import ops
@@ -62,3 +63,18 @@ def test_attention_over_a_symbolic_sequence_passes_on_the_cpu(tmp_path, monkeypa
     cases = json.loads((tmp_path / "cases.json").read_text())
     checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
     assert not failures and checked == len(families.SEQUENCES)
+
+
+def test_the_layout_groups_pass_on_the_cpu_and_an_id_out_of_range_is_refused(tmp_path, monkeypatch):
+    chosen = [g for g in families.groups() if g["label"] in ("layout ops", "take, an id out of range")]
+    assert len(chosen) == 3  # layout ops in float32 and float64, and the bad id
+    monkeypatch.setattr(families, "groups", lambda: chosen)
+    suite.build(tmp_path, 0, "families")
+    cases = json.loads((tmp_path / "cases.json").read_text())
+    checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
+    assert not failures and checked == 2 * len(families.BATCHES) * len(families.LAYOUTS)
+    bad = next(c for c in cases if "bad_id" in c)  # (the run above refused its id on the cpu and the reference)
+    bad["inputs"][1]["ids"] = 5  # an id of 5 is in range for the table's 11 rows: the check must say so
+    module = hexir_runtime.load(tmp_path / f"{bad['name']}.hxb", device="cpu")
+    assert suite._bad_id(bad, {"cpu": module}, np.random.default_rng(0), "case") == [
+        "case on cpu: an id out of range was not refused"]

@@ -25,7 +25,8 @@ def test_unpack_reads_numpys_capsules():
     assert view.strides == (12, 4, 2) and not view.contiguous
     assert unpack(array[0][:, None, :].__dlpack__()).contiguous  # the stride of an axis of 1 does not matter
     assert describe(unpack(np.float32([1]).__dlpack__())) == "float32[1] on DLPack device type 1:0"
-    assert describe(unpack(np.int32([1]).__dlpack__())) == "code 0 bits 32 lanes 1[1] on DLPack device type 1:0"
+    assert describe(unpack(np.int32([1]).__dlpack__())) == "int32[1] on DLPack device type 1:0"
+    assert describe(unpack(np.int16([1]).__dlpack__())) == "code 0 bits 16 lanes 1[1] on DLPack device type 1:0"
 
 
 def test_releasing_an_unpacked_capsule_runs_the_producers_deleter():
@@ -162,7 +163,7 @@ class FakeTorch:
     """What the runtime reads of torch: its Tensor type, dtypes and current stream."""
 
     float16, float32, float64, bfloat16 = "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16"
-    int64 = "torch.int64"
+    int32, int64 = "torch.int32", "torch.int64"
 
     def __init__(self, current: dict) -> None:
         class Stream:

@@ -4,7 +4,7 @@ A file is checked twice before anything uses it: first its structure (header, ma
 the blob table against the file's bytes: container.py), then its meaning (keys, types, indices,
 shapes, size expressions, the host programs: checks.py, kernels.py, entries.py). The first rule
 broken raises `HxbFormatError` naming the field, e.g. `kernels[2].args[1].dtype: expected one of
-float32, float64, int64, got 'int8'` (fields.py). The compiler writes through `encode`, which
+float32, float64, int32, int64, got 'int8'` (fields.py). The compiler writes through `encode`, which
 runs the same checks on its own output. A generated kernel is checked by its op's family
 contract (families.py); what it computes is its `expr`, a tree of the scalar-expression
 language (scalars.py), which the reference device evaluates.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .fields import _choice, _fail, _identifier, _index, _list, _object, _tensor
+from .layouts import id_sources
 from .types import _COMMAND_TYPES, DEVICES, HOST, Buffer, Command, Constant, Entry, Kernel, TensorType
 
 COMMANDS = {  # host program op -> its other fields
@@ -95,7 +96,9 @@ def _check_entry(entry: Any, path: str, constants: list[Constant], kernels: tupl
         if not buffers.written[i]:
             _fail(f"{path}.buffers[{i}]", "never written")
     places = tuple(Buffer(tensor, device) for tensor, device in zip(buffers.types, buffers.devices, strict=True))
-    return Entry(name, tuple(inputs), tuple(outputs), places, tuple(commands))
+    checked = Entry(name, tuple(inputs), tuple(outputs), places, tuple(commands))
+    id_sources(checked, kernels, f"{path}.program")  # a take's ids must come from where the runtime bounds them
+    return checked
 
 
 class _Buffers:

@@ -11,22 +11,23 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 | `pack_panels`   | w[K, N], out[P, K, L]                      | none |
 | `pointwise`     | n >= 1 inputs, out: their broadcast shape  | a tree over the n inputs |
 | `reduce`        | x[S], inputs broadcasting to S, out        | a program (rows: S without its axis, or it as 1) |
+| `layout`        | inputs, out (layouts.py)                   | a record: transpose, reshape, slice, concat, take |
 
 Every input broadcasts to the output as numpy does (aligned right; a 1 stretches; a symbol
 equals only the same symbol). One dtype, float32 or float64, except a reduce's argmax output,
-int64 (the only place int64 may appear in a kernel).
+int64; a layout kernel moves any dtype (float32, float64, int32, int64; layouts.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import scalars
+from . import layouts, scalars
 from .fields import _choice, _fail, _json, _tensor
 from .matmul import check_matmul
 from .types import Dim, TensorType
 
-FAMILIES = ("linear", "linear_panels", "matmul", "pack_panels", "pointwise", "reduce")
+FAMILIES = ("linear", "linear_panels", "matmul", "pack_panels", "pointwise", "reduce", "layout")
 FLOATS = ("float32", "float64")
 
 
@@ -53,6 +54,10 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
     elif "expr" not in kernel:
         _fail(f"{path}.expr", f"missing (a {op} kernel says what it computes in it)")
     minimum = 3 if op.startswith("linear") or op == "matmul" else 2
+    if op == "layout":
+        if len(args) < minimum:
+            _fail(f"{path}.args", f"layout takes at least {minimum} args, got {len(args)}")
+        return layouts.check(kernel["expr"], args, f"{path}.expr")
     if len(args) < minimum:
         _fail(f"{path}.args", f"{op} takes at least {minimum} args, got {len(args)}")
     program = scalars.check_program(kernel["expr"], f"{path}.expr", len(args) - 1, len(args[0].shape)) \

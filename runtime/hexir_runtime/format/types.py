@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .exprs import Expr
     from .scalars import Program, Tree
 
-DTYPES = {"float32": 4, "float64": 8, "int64": 8}  # int64: where a kernel's family allows it (an argmax)
+DTYPES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}  # ints: where a kernel's family allows them
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
 
