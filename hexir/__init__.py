@@ -32,8 +32,8 @@ from hexir.frontend.functions import (  # noqa: A004
     sum,
     tanh,
 )
-from hexir.frontend.matmul import matmul
 from hexir.frontend.layout import concat, concatenate, reshape, take, transpose
+from hexir.frontend.matmul import matmul
 from hexir.frontend.tensor import Tensor, TensorSpec
 from hexir.frontend.trace import linear, on, print  # noqa: A004
 from hexir.jit import export, jit
