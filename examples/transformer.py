@@ -169,6 +169,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--torch", action="store_true", help="also check against torch.nn.functional")
     args = parser.parse_args(argv)
     w = weights()
+    Path(args.folder).mkdir(parents=True, exist_ok=True)
     path = Path(args.folder) / "transformer.hxb"
     started = time.perf_counter()
     export(path, args.device)
@@ -177,7 +178,7 @@ def main(argv: list[str]) -> None:
     prompt = np.array([[5, 17, 42, 8, 63], [1, 2, 3, 4, 5]], np.int64)
     torch_device = ("cuda" if args.device == "cuda" else "cpu") if args.torch else None
     ids = generate(module, w, prompt, 20, torch_device)
-    print(f"compiled {path.name} in {compiled:.1f} s: {module.main.signature}")
+    print(f"compiled {path.name} in {compiled:.1f} s: {module.signature('main')}")
     for row in ids:
         print("generated:", " ".join(map(str, row[prompt.shape[1]:])))
     print("every step's logits matched numpy's" + (" and torch's" if args.torch else "") + " (rtol 2e-4)")
