@@ -89,6 +89,8 @@ def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict
     name = ht.name_of(kernel)
     args = [{**_spec(t), "access": "read"} for t in calls[ht.fallback_of(kernel) or ht.variant_of(kernel) or name]]
     args[-1]["access"] = "write"
+    for i, shape in ht.views_of(kernel).items():  # read in place as another shape (a free reshape)
+        args[i]["view"] = shape
     entry = {"name": name, "op": op, "device": device, "symbol": name, "args": args}
     custom = ht.custom_of(kernel)
     if custom is not None:
@@ -153,7 +155,7 @@ def _entry(module: ir.Module, kernel_index: dict[str, int], packer: _Packer) -> 
 def _table_entry(entry: dict) -> dict:
     """What a library's own table says of one of its kernels (the manifest must agree)."""
     row = {"symbol": entry["symbol"], "op": entry["op"],
-           "args": [{"shape": a["shape"], "dtype": a["dtype"]} for a in entry["args"]]}
+           "args": [{key: a[key] for key in ("shape", "dtype", "view") if key in a} for a in entry["args"]]}
     row.update({key: entry[key] for key in ("expr", "sizes", "scalars", "work", "launch") if key in entry})
     return row
 

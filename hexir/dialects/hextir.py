@@ -88,6 +88,7 @@ KERNEL = "hextir.kernel"            # on a kernel: #hextir.kernel<device, op>
 EXPR = "hextir.expr"               # on a kernel: what it computes per element, as the manifest's `expr` (JSON)
 SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
 DIMS = "hextir.dims"                # on a kernel: each buffer's `?` extents, as size expressions (text)
+VIEWS = "hextir.views"              # on a kernel: {arg: shape} for the inputs it reads reshaped in place
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
 FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
@@ -290,6 +291,20 @@ def dims_of(kernel: ir.Operation) -> list[list[exprs.Expr]]:
         return []
     return [[exprs.parse(ir.StringAttr(d).value) for d in ir.ArrayAttr(shape)]
             for shape in ir.ArrayAttr(kernel.attributes[DIMS])]
+
+
+def set_views(kernel: ir.Operation, views: dict[int, Sequence[int | str]]) -> None:
+    """The inputs a kernel reads as another shape of their buffer (a free reshape): arg -> shape."""
+    kernel.attributes[VIEWS] = ir.DictAttr.get({str(i): _strings([str(d) for d in shape])
+                                                for i, shape in views.items()})
+
+
+def views_of(kernel: ir.Operation) -> dict[int, list[int | str]]:
+    if VIEWS not in kernel.attributes:
+        return {}
+    return {int(named.name): [int(d) if d.isdigit() else d for d in (ir.StringAttr(a).value
+                                                                       for a in ir.ArrayAttr(named.attr))]
+            for named in ir.DictAttr(kernel.attributes[VIEWS])}
 
 
 def expr_of(kernel: ir.Operation) -> object:

@@ -53,9 +53,10 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
     hexir.custom_call with a call to a declaration of the user's kernel."""
     main = hx.main_function(module)
     counter = -1
+    free = _free_reshapes(main)
     for op in [o.operation for o in main.regions[0].blocks[0].operations]:
         definition = ops.lookup(op.name)
-        if definition is None and op.name != "hexir.custom_call":
+        if definition is None and op.name != "hexir.custom_call" or any(op == f for f in free):
             continue
         counter += 1  # kernels are numbered in program order: linear_0, relu_1, ...
         device = hx.device_of(op)
@@ -71,6 +72,12 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
             shapes = _as_rows(shapes, hx.operand_groups(op))
         arg_types = [_memref(v.type, shape) for v, shape in zip(values, shapes, strict=True)]
         arg_types += [ir.IndexType.get()] * len(symbols)
+        views = {}  # an operand a free reshape made: the kernel reads the reshape's source as its view
+        for i, value in enumerate(operands if definition is not None else ()):
+            while (owner := _owner(value)) is not None and any(owner == f for f in free):
+                value = owner.operands[0]
+            if value != operands[i]:
+                operands[i], views[i] = value, hx.shape_of(operands[i].type)
         with ir.InsertionPoint(main), op.location:
             if definition is None:
                 _custom_kernels(op, name, arg_types, device)
@@ -95,10 +102,35 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                                            record):  # (the cpu twin lets `hexir-run --device=cpu` run it)
                     if device == "cuda":
                         ht.set_fallback_of(kernel, name)
+        for kernel in ht.kernels(module) if views else ():
+            if ht.identity_of(kernel).name == name:
+                ht.set_views(kernel, views)
         with ir.InsertionPoint(op), op.location:
             result = hx.call(name, operands, op.result.type, device)
         op.result.replace_all_uses_with(result)
         op.erase()
+    for op in reversed(free):  # (a chain's last first: nothing reads them now)
+        op.erase()
+
+
+def _owner(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else (owner.operation if hasattr(owner, "operation") else owner)
+
+
+def _free_reshapes(main: ir.Operation) -> list[ir.Operation]:
+    """The reshapes no kernel needs: each of their users is a generated kernel's op (or another
+    free reshape) on their device, which reads the reshape's source in place as its view."""
+    reshapes = [o.operation for o in main.regions[0].blocks[0].operations if o.operation.name == "hexir.reshape"]
+    free: list[ir.Operation] = []
+    for op in reversed(reshapes):  # a chain's users before it
+        uses = [(_owner(use.owner.results[0]) if use.owner.results else use.owner, use.operand_number)
+                for use in op.result.uses]
+        if uses and all((any(u == f for f in free) or ops.lookup(u.name) is not None and u.name != "hexir.reshape")
+                        and hx.device_of(u) == hx.device_of(op) and (u.name, n) != ("hexir.linear", 1)
+                        for u, n in uses):  # (a linear's w may be packed by a kernel of its own)
+            free.append(op)
+    return free[::-1]
 
 
 def _packs_at_run_time(op: ir.Operation, device: str) -> bool:

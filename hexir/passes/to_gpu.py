@@ -86,7 +86,8 @@ def _outline(kernel: ir.Operation) -> None:
             op.result.replace_all_uses_with(memref.GetGlobalOp(shaped, f"{name}_global{index}").result)
         op.erase()
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
-    for attribute in (ht.KERNEL, ht.EXPR, ht.SIZES, ht.LAUNCH, ht.VARIANT, ht.VARIANTS, ht.VARIANT_OF, ht.IDENTITY):
+    for attribute in (ht.KERNEL, ht.EXPR, ht.SIZES, ht.LAUNCH, ht.VARIANT, ht.VARIANTS, ht.VARIANT_OF, ht.IDENTITY,
+                      ht.VIEWS):
         if attribute in kernel.attributes:
             function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the

@@ -36,7 +36,7 @@ def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
     def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
         out = rest[-1]
         if panels:
-            w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[1]]  # (K may be 0)
+            w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[-1]]  # (K may be 0)
         np.matmul(x, w, out=out)
         out[...] = evaluate(tree, (out, *rest[:-1]), out.dtype.name)
     return linear
@@ -68,7 +68,21 @@ def _pack_panels(w: np.ndarray, out: np.ndarray) -> None:
 
 def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
     """What computes `kernel` (`label` in errors: `kernels[3] (softmax_3)`) in numpy, or None for
-    a custom kernel (the user's code)."""
+    a custom kernel (the user's code); its inputs reshaped to their views first."""
+    function = _numpy_function(kernel, label)
+    if function is None or not any(kernel.views):
+        return function
+
+    def viewed(*arrays: np.ndarray) -> None:
+        reshaped = []
+        for array, arg, view in zip(arrays, kernel.args, kernel.views, strict=True):
+            sizes = {d: n for d, n in zip(arg.shape, array.shape, strict=True) if isinstance(d, str)}
+            reshaped.append(array if view is None else array.reshape(view.concrete(sizes)))
+        function(*reshaped)
+    return viewed
+
+
+def _numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
     if kernel.op in ("linear", "linear_panels", "matmul"):
         return _linear(kernel.expr, kernel.op == "linear_panels")
     if kernel.op == "pointwise":

@@ -10,8 +10,9 @@ from typing import Any
 
 from .exprs import Expr, _expr, parse, to_json
 from .families import FAMILIES, check_args, check_family
-from .fields import _choice, _describe, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
-from .types import DEVICES, Code, GpuCode, Kernel, Launch, Variant, Work
+from .fields import _choice, _describe, _dim, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
+from .layouts import groups
+from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorType, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
 _IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
@@ -41,8 +42,12 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         if key in required and key not in kernel:
             _fail(f"{path}.{key}", f"missing ({_kernels_with(key)} need it)")
     symbol = _identifier(kernel["symbol"], f"{path}.symbol")
-    args = check_args(op, _list(kernel["args"], f"{path}.args"), path)
-    meaning = None if custom else check_family(op, args, kernel, path)
+    specs = _list(kernel["args"], f"{path}.args")
+    args = check_args(op, [{k: v for k, v in s.items() if k != "view"} if isinstance(s, dict) else s for s in specs],
+                      path)
+    views = _views(specs, args, custom, path)
+    meaning = None if custom else check_family(op, tuple(v or a for v, a in zip(views, args, strict=True)), kernel,
+                                               path)
     symbols = list(dict.fromkeys(dim for arg in args for dim in arg.symbols))
     if custom:  # its code takes every dimension of every arg, in order, after the pointers
         dims = [dim for arg in args for dim in arg.shape]
@@ -59,7 +64,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
                                    f"got {_json(kernel['sizes'])}")
         own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
-        return Kernel(name, op, device, args, meaning, integers, own, None, own.source)
+        return Kernel(name, op, device, args, meaning, integers, own, None, own.source, views)
     variants = []
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
@@ -89,7 +94,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
                     else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
     gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants))
-    return Kernel(name, op, device, args, meaning, integers, fallback, gpu, kernel.get("source"))
+    return Kernel(name, op, device, args, meaning, integers, fallback, gpu, kernel.get("source"), views)
 
 
 def _launch(spec: Any, path: str, symbols: list[str]) -> Launch:
@@ -137,6 +142,27 @@ def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) 
         _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
     library = _index(code["library"], f"{path}.library", blob_count, "blob") if "library" in code else None
     return Code(symbol, None, library, code["source"])
+
+
+def _views(specs: list[Any], args: tuple[TensorType, ...], custom: bool, path: str) -> tuple[TensorType | None, ...]:
+    """Each arg's `view`, if it has one: the shape a generated kernel reads an input as (the
+    buffer reshaped in place: the same symbols in the same order, the static extents between them
+    regrouped with their product unchanged); its family's contract holds for the views."""
+    views: list[TensorType | None] = []
+    for j, (spec, arg) in enumerate(zip(specs, args, strict=True)):
+        if "view" not in spec:
+            views.append(None)
+            continue
+        where = f"{path}.args[{j}].view"
+        if custom or j == len(args) - 1:
+            _fail(where, "only a generated kernel's inputs have a view")
+        view = TensorType(tuple(_dim(d, f"{where}[{i}]", True) for i, d in enumerate(_list(spec["view"], where))),
+                          arg.dtype)
+        if not view.shape or groups(view.shape) != groups(arg.shape):
+            _fail(where, f"{view} is no reshape of {arg} (a symbol stays itself, in order; the static extents "
+                         "between symbols keep their product)")
+        views.append(view)
+    return tuple(views)
 
 
 def _below_key(text: str, path: str, symbols: list[str]) -> Expr:

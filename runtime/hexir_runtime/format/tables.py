@@ -49,14 +49,15 @@ def check_build(record: dict[str, Any], build: CpuLibrary, path: str, where: str
 
 def check_table(hxb: Hxb, table: dict[str, dict[str, Any]], kernels: list[int], gpu: bool, where: str) -> None:
     """Check that the code's `table` describes `kernels` (indices) exactly as the manifest does:
-    their args (shape, dtype), sizes or scalars, work (host code) or launch (`gpu`), and a
+    their args (shape, dtype, view), sizes or scalars, work (host code) or launch (`gpu`), and a
     generated kernel's op and expr (a file older than version 4: the table's op and epilogues,
     upgraded as the manifest's were). The host code of a CUDA kernel is its cpu_fallback.
     HxbFormatError names the kernel and field."""
     for index in kernels:
         spec, kernel = hxb.json["kernels"][index], hxb.manifest.kernels[index]
         code = kernel.gpu_code if gpu else kernel.cpu_code
-        expected = {"args": [{"shape": arg["shape"], "dtype": arg["dtype"]} for arg in spec["args"]]}
+        expected = {"args": [{key: arg[key] for key in ("shape", "dtype", "view") if key in arg}
+                             for arg in spec["args"]]}
         expected["scalars" if kernel.custom else "sizes"] = spec["scalars" if kernel.custom else "sizes"]
         if gpu:
             expected["launch"] = spec["launch"]

@@ -123,6 +123,7 @@ class Kernel:
     cpu_code: Code | None  # what runs it on the host: its own code, its cpu_fallback, or nothing
     gpu_code: GpuCode | None  # what runs it on a GPU (cuda kernels only)
     source: str | None = None  # a custom kernel's file name
+    views: tuple[TensorType | None, ...] = ()  # per arg, the shape it is read as (a reshape in place), or None
 
     @property
     def custom(self) -> bool:
