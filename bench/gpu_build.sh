@@ -5,6 +5,8 @@
 #   bash bench/gpu_build.sh             everything (parts 1, 2, 3 and h23)
 #   ONLY=h23 bash bench/gpu_build.sh    what part h23 needs: runtime, its tests, the suite's cases,
 #                                       the GEMMs before/after, the epilogue and ops modules
+#   ONLY=h29 bash bench/gpu_build.sh    what part h29 needs (issue #29, ~1 MB): the runtime, bench/linear.py,
+#                                       the cpu linears with w an argument and their schedule variants
 #   EXAMPLES=N                          the linear cases hypothesis draws beside the fixed ones (60)
 # Seen on 2026-12-01 on this machine's 2 cores under a load of ~12 (wall, CPU): the op-family
 # cases (26 modules) 21 min, 4.5 min; GEMMs before 2.6 min, 0.5; after + epilogues 12 min, 1.6;
@@ -15,6 +17,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HEXIR_CACHE_DIR= PYTHONPATH=runtime:.   # never a cached module: the build is the compiler as it is
 ONLY=${ONLY:-all} BEFORE=${BEFORE:-/work/wt/h23-before} BEFORE_REF=${BEFORE_REF:-main}
+if [ "$ONLY" = h29 ]; then  # issue #29 alone: the runtime, bench/linear.py and the cpu linears (~1 MB)
+  sizes=512x512x512,1024x1024x1024,2048x2048x2048,64x784x512
+  rm -rf .gpu && mkdir -p .gpu/bench && cp -r runtime .gpu/ && cp bench/linear.py bench/gpu_run.sh .gpu/bench/
+  find .gpu -name __pycache__ -prune -exec rm -rf {} +
+  python bench/linear.py build .gpu/h29/modules --device cpu --sizes $sizes
+  python bench/linear.py build .gpu/h29/variants --device cpu --sizes $sizes --symbolic \
+    --variants pertile,packed,pertile_x,packed_x,packed_kc128
+  rm -rf .gpu/h29/modules .gpu/h29/variants  # (they travel packed: linear.py run unpacks them there)
+  ls -l .gpu/h29; du -sh .gpu; exit 0
+fi
 rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/example
 cp -r runtime docs .gpu/ && cp -r tests/runtime tests/data .gpu/tests/ && cp -r tests/gpu .gpu/tests/
 cp bench/linear.py bench/mlp.py bench/crafted.py bench/gemm_compare.py bench/ops.py bench/gpu_run.sh .gpu/bench/
