@@ -23,7 +23,7 @@ if [ "$ONLY" = h29 ]; then  # issue #29 alone: the runtime, bench/linear.py and 
   find .gpu -name __pycache__ -prune -exec rm -rf {} +
   python bench/linear.py build .gpu/h29/modules --device cpu --sizes $sizes
   python bench/linear.py build .gpu/h29/variants --device cpu --sizes $sizes --symbolic \
-    --variants pertile,packed,pertile_x,packed_x,packed_kc128
+    --variants pertile,packed,pertile_x,packed_x,packed_kc128,stream64
   rm -rf .gpu/h29/modules .gpu/h29/variants  # (they travel packed: linear.py run unpacks them there)
   ls -l .gpu/h29; du -sh .gpu; exit 0
 fi

@@ -19,7 +19,7 @@
 #     the cpu linear with w an argument (512^3-2048^3, 64x784x512, f32 and f64) on the host's
 #     cores: the kernel vs np.matmul(out=) and the user's call vs x @ w, three passes side by side
 #     (then one pass with fresh output arrays, RECYCLE off); then the schedule's variants (w
-#     packed per tile / once per call, x copied per tile, KC 128, a symbolic batch) in turns with
+#     packed per tile / once per call, x copied per tile, KC 128, 64 rows streamed, a symbolic batch) in turns with
 #     twins, each also on page-aligned buffers ("@page"), three passes              -> h29.txt
 #   Exit status 0 only if each part ran and nothing printed FAIL or WRONG.
 set -uo pipefail

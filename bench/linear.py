@@ -90,7 +90,8 @@ def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cu
                     if variants and device == "cpu":  # the schedule's variants, in turns
                         rows[-1]["variant"] = "sym" if symbolic else "chosen"
                         # (a symbolic batch never packs w once per call: only x's variants differ for it)
-                        for variant in [v for v in variants if not symbolic or "_x" in v and "packed" not in v]:
+                        for variant in [v for v in variants if (not symbolic or "_x" in v and "packed" not in v)
+                                        and not (symbolic and v in VARIANT_ROWS) and m <= VARIANT_ROWS.get(v, m)]:
                             with _schedule(VARIANTS[variant]):
                                 hexir.export(linear, out / f"{name}_{variant}.hxb",
                                              hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
@@ -118,7 +119,10 @@ VARIANTS = {
     "pertile_x": {"packs_w": lambda *_: False, "PACK_X": {"float32": True, "float64": True}},  # + x per tile
     "packed_x": {"PACK_ROWS": {"float32": 17, "float64": 17}, "PACK_X": {"float32": True, "float64": True}},
     "packed_kc128": {"PACK_ROWS": {"float32": 17, "float64": 17}, "KC": 128},  # w's KC x NR slice: half the L1
+    "stream64": {"STREAM_ROWS": 64},  # up to 64 rows stream w's rows (its rows 4 KiB apart at 64x784x512 f64)
 }
+#: The variants that only differ from the rule for products of at most so many rows.
+VARIANT_ROWS = {"stream64": 64}
 
 
 @contextlib.contextmanager
