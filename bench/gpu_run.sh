@@ -20,7 +20,7 @@
 #     cores: the kernel vs np.matmul(out=) and the user's call vs x @ w, three passes side by side
 #     (then one pass with fresh output arrays, RECYCLE off); then the schedule's variants (w
 #     packed per tile / once per call, x copied per tile, KC 128, 64 rows streamed, a symbolic batch) in turns with
-#     twins, each also on page-aligned buffers ("@page"), three passes              -> h29.txt
+#     twins, each also on 64-byte aligned buffers ("@64B"), three passes            -> h29.txt
 #   Exit status 0 only if each part ran and nothing printed FAIL or WRONG.
 set -uo pipefail
 out=${1:-/tmp/hexir-gpu}; part=${2:-1}

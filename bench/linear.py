@@ -234,7 +234,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
     (a module's constant, its w as the compiler stored it, in place of arrays[1]); on the cpu,
     the launches of its program in turn (a w known at run time is packed by a kernel of its
     own, then read by the linear's), on buffers where np.empty puts them (16 bytes into a page,
-    for big ones) or, `aligned`, at the start of a page."""
+    for big ones) or, `aligned`, at multiples of 64 bytes (`_aligned_cpu`)."""
     from hexir_runtime.format import read
 
     hxb = read(path)
@@ -281,15 +281,20 @@ def _cpu(threads: int | None):
 
 
 def _aligned_cpu(threads: int | None):
-    """A CpuDevice whose buffers start at a page (np.empty's big arrays start 16 bytes into one:
-    every 64-byte vector of theirs spans two cache lines)."""
+    """A CpuDevice whose buffers start at a multiple of 64 bytes (np.empty's big arrays start 16
+    bytes into a page: every 64-byte vector of theirs spans two cache lines), each at another
+    offset into its page (64 * (1 + 7i mod 63) for the i-th: not all alike, which would alias
+    their elements in the 4 KiB that loads and stores are first compared on)."""
     from hexir_runtime.cpu import CpuDevice
 
     class Aligned(CpuDevice):
+        made = 0
+
         def alloc(self, shape, dtype):
             size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            raw = np.empty(size + 4096, np.uint8)
-            start = -raw.ctypes.data % 4096
+            raw = np.empty(size + 8192, np.uint8)
+            start = -raw.ctypes.data % 4096 + 64 * (1 + 7 * self.made % 63)
+            self.made += 1
             return raw[start:start + size].view(dtype).reshape(shape)
     return Aligned(threads=threads)
 
@@ -468,13 +473,13 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
     column is the slower twin's median over the faster's, what placement alone moves a row by
     (run 90 of bench/results/2026-12-01-h200.md: up to 1.2 on the H200's host), which a
     difference between variants must exceed to mean anything. `aligned`: each variant also on
-    page-aligned buffers (rows "@page", no call timed), in the same turns."""
+    64-byte aligned buffers (rows "@64B", no call timed: `_aligned_cpu`), in the same turns."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["m"], row["k"], row["n"], row["dtype"]), []).append(row)
         if aligned:
             groups[row["m"], row["k"], row["n"], row["dtype"]].append(
-                {**row, "variant": f"{row.get('variant', '')} @page", "aligned": True})
+                {**row, "variant": f"{row.get('variant', '')} @64B", "aligned": True})
     for (m, k, n, dtype), group in groups.items():
         rng = np.random.default_rng(0)
         x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
@@ -527,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="cpu: time a product's variants (bench/cpu_tilings.py) in turns")
     run_parser.add_argument("--passes", type=int, default=1, help="run the table this many times")
     run_parser.add_argument("--aligned", action="store_true",
-                            help="--interleave: each variant also on page-aligned buffers (rows '@page')")
+                            help="--interleave: each variant also on 64-byte aligned buffers (rows '@64B')")
     run_parser.add_argument("--fresh-outputs", action="store_true",
                             help="cpu: the user's call makes each output anew (the runtime's RECYCLE off)")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
