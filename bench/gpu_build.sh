@@ -7,6 +7,8 @@
 #                                       the GEMMs before/after, the epilogue and ops modules
 #   ONLY=h24 bash bench/gpu_build.sh    what part h24 needs: runtime, its tests, the suite's cases (20 drawn),
 #                                       the transformer (tests/gpu/sequence.py), the ops and block benches
+#   ONLY=h29 bash bench/gpu_build.sh    what part h29 needs (issue #29, ~1 MB): the runtime, bench/linear.py,
+#                                       the cpu linears with w an argument and their schedule variants
 #   EXAMPLES=N                          the linear cases hypothesis draws beside the fixed ones (60)
 # Seen on 2026-12-01 on this machine's 2 cores under a load of ~12 (wall, CPU): the op-family
 # cases (26 modules) 21 min, 4.5 min; GEMMs before 2.6 min, 0.5; after + epilogues 12 min, 1.6;
@@ -27,6 +29,16 @@ if [ "$ONLY" = h24 ]; then  # issue #24 (and #25's memory-bound ops and block): 
   python bench/ops.py build .gpu/ops
   python bench/block.py build .gpu/block
   ls .gpu; du -sh .gpu; exit 0
+fi
+if [ "$ONLY" = h29 ]; then  # issue #29 alone: the runtime, bench/linear.py and the cpu linears (~1 MB)
+  sizes=512x512x512,1024x1024x1024,2048x2048x2048,64x784x512
+  rm -rf .gpu && mkdir -p .gpu/bench && cp -r runtime .gpu/ && cp bench/linear.py bench/gpu_run.sh .gpu/bench/
+  find .gpu -name __pycache__ -prune -exec rm -rf {} +
+  python bench/linear.py build .gpu/h29/modules --device cpu --sizes $sizes
+  python bench/linear.py build .gpu/h29/variants --device cpu --sizes $sizes --symbolic \
+    --variants pertile,packed,pertile_x,packed_x,packed_kc128,stream64
+  rm -rf .gpu/h29/modules .gpu/h29/variants  # (they travel packed: linear.py run unpacks them there)
+  ls -l .gpu/h29; du -sh .gpu; exit 0
 fi
 rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/example
 cp -r runtime docs .gpu/ && cp -r tests/runtime tests/data .gpu/tests/ && cp -r tests/gpu .gpu/tests/

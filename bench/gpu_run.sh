@@ -19,6 +19,12 @@
 #     transformer on cuda and cpu vs numpy and torch)             -> machine.txt, suite.txt, sequence.txt
 #   part h24b (#25, ~6 min): ops (memory-bound kernels vs copy, torch, torch.compile), block (a
 #     transformer block vs torch eager and torch.compile)        -> ops.txt, block.txt
+#   part h29 (issue #29, one call, ~6-8 min; `ONLY=h29 bash bench/gpu_build.sh` builds what it needs):
+#     the cpu linear with w an argument (512^3-2048^3, 64x784x512, f32 and f64) on the host's
+#     cores: the kernel vs np.matmul(out=) and the user's call vs x @ w, three passes side by side
+#     (then one pass with fresh output arrays, RECYCLE off); then the schedule's variants (w
+#     packed per tile / once per call, x copied per tile, KC 128, 64 rows streamed, a symbolic batch) in turns with
+#     twins, each also on 64-byte aligned buffers ("@64B"), three passes            -> h29.txt
 #   Exit status 0 only if each part ran and nothing printed FAIL or WRONG.
 set -uo pipefail
 out=${1:-/tmp/hexir-gpu}; part=${2:-1}
@@ -54,7 +60,19 @@ run_block() {
   echo "== #25: a transformer block (8 x 512 x 768) vs torch eager and torch.compile"
   python3 bench/block.py run block 2>&1 | tee "$out/block.txt" || status=1
 }
+run_h29() {
+  { echo "== #29: cpu linear, w an argument, $(nproc) cores: kernel vs np.matmul(out=), call vs x @ w, 3 passes"
+    python3 -c "import sys, numpy; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
+    cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null | sed 's/^/transparent hugepages: /'
+    python3 bench/linear.py run h29/modules.tar.xz --device cpu --passes 3 --repeats 12
+    echo "== #29: the same, one pass, each call's output a fresh np.empty (RECYCLE off)"
+    python3 bench/linear.py run h29/modules.tar.xz --device cpu --repeats 12 --fresh-outputs
+    echo "== #29: the schedule's variants in turns (twins), 3 passes"
+    python3 bench/linear.py run h29/variants.tar.xz --device cpu --interleave --aligned --passes 3 --repeats 7
+  } 2>&1 | tee "$out/h29.txt" || status=1
+}
 case "$part" in
+  h29) run_h29; grep -l "FAIL\|WRONG" "$out"/h29.txt && status=1; exit $status ;;
   h24a) run_machine; run_suite; run_sequence
         grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
   h24b) run_ops; run_block

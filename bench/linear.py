@@ -32,6 +32,7 @@ to the static kernel is the cost of not knowing the batch when compiling. A cuda
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -61,9 +62,8 @@ def const_weight(k: int, n: int, dtype: str) -> np.ndarray:
 
 
 def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cuda"),
-          sizes: list[str] | None = None, per_tile: bool = False) -> None:
+          sizes: list[str] | None = None, variants: list[str] | None = None, symbolic_too: bool = False) -> None:
     import hexir
-    from hexir.schedules import cpu as cpu_schedule
 
     out.mkdir(parents=True, exist_ok=True)
     if const:
@@ -81,22 +81,23 @@ def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cu
             continue
         for device in devices:
             for dtype in ("float32", "float64"):
-                for symbolic in ((False, True) if (m, k, n) in SYMBOLIC else (False,)):
+                for symbolic in ((False, True) if (m, k, n) in SYMBOLIC or symbolic_too else (False,)):
                     name = f"linear_{m}x{k}x{n}_{dtype}_{device}{'_sym' if symbolic else ''}"
                     hexir.export(linear, out / f"{name}.hxb", hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
                                  hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
                     rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": device,
                                  "symbolic": symbolic})
-                    if per_tile and device == "cpu" and not symbolic:  # w packed by each tile, as before #29
-                        os.environ["HEXIR_CACHE_DIR"] = ""  # (the cache's key cannot see the schedule's change)
-                        packs_w, cpu_schedule.packs_w = cpu_schedule.packs_w, lambda *_: False
-                        try:
-                            hexir.export(linear, out / f"{name}_pertile.hxb", hexir.TensorSpec((m, k), dtype),
-                                         hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
-                        finally:
-                            cpu_schedule.packs_w = packs_w
-                        rows[-1]["variant"] = "packed"
-                        rows.append({**rows[-1], "name": f"{name}_pertile", "variant": "per-tile"})
+                    if variants and device == "cpu":  # the schedule's variants, in turns
+                        rows[-1]["variant"] = "sym" if symbolic else "chosen"
+                        # (a symbolic batch never packs w once per call: only x's variants differ for it)
+                        for variant in [v for v in variants if (not symbolic or "_x" in v and "packed" not in v)
+                                        and not (symbolic and v in VARIANT_ROWS) and m <= VARIANT_ROWS.get(v, m)]:
+                            with _schedule(VARIANTS[variant]):
+                                hexir.export(linear, out / f"{name}_{variant}.hxb",
+                                             hexir.TensorSpec(("batch" if symbolic else m, k), dtype),
+                                             hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": device})
+                            rows.append({**rows[-1], "name": f"{name}_{variant}",
+                                         "variant": f"sym {variant}" if symbolic else variant})
                 if (m, k, n) in FUSED and device == "cuda":
                     name = f"linear_{m}x{k}x{n}_{dtype}_{device}_fused"
                     hexir.export(fused, out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
@@ -106,8 +107,43 @@ def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cu
                                  "symbolic": False, "variant": "+bias+relu", "fused": True})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
-    if sizes or devices != ("cpu", "cuda"):  # a selection: packed to travel
+    if sizes or variants or devices != ("cpu", "cuda"):  # a selection: packed to travel
         _pack(out)
+
+
+#: `build --variants`: the cpu schedule's choices for a w known at run time, each as the constants
+#: of hexir/schedules/cpu.py it sets for its build ("chosen", the committed rule, is always built).
+VARIANTS = {
+    "pertile": {"packs_w": lambda *_: False},  # each tile packs its own block of w (before #29)
+    "packed": {"PACK_ROWS": {"float32": 17, "float64": 17}},  # w packed once per call (static, > 16 rows)
+    "pertile_x": {"packs_w": lambda *_: False, "PACK_X": {"float32": True, "float64": True}},  # + x per tile
+    "packed_x": {"PACK_ROWS": {"float32": 17, "float64": 17}, "PACK_X": {"float32": True, "float64": True}},
+    "packed_kc128": {"PACK_ROWS": {"float32": 17, "float64": 17}, "KC": 128},  # w's KC x NR slice: half the L1
+    "stream64": {"STREAM_ROWS": 64},  # up to 64 rows stream w's rows (its rows 4 KiB apart at 64x784x512 f64)
+}
+#: The variants that only differ from the rule for products of at most so many rows.
+VARIANT_ROWS = {"stream64": 64}
+
+
+@contextlib.contextmanager
+def _schedule(changes: dict):
+    """hexir/schedules/cpu.py's constants set to `changes` while a variant builds (the compile
+    cache is off then: its key cannot see them)."""
+    from hexir.schedules import cpu as cpu_schedule
+
+    saved = {name: getattr(cpu_schedule, name) for name in changes}
+    cache, os.environ["HEXIR_CACHE_DIR"] = os.environ.get("HEXIR_CACHE_DIR"), ""
+    try:
+        for name, value in changes.items():
+            setattr(cpu_schedule, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cpu_schedule, name, value)
+        if cache is None:
+            del os.environ["HEXIR_CACHE_DIR"]
+        else:
+            os.environ["HEXIR_CACHE_DIR"] = cache
 
 
 def build_const(out: Path) -> None:
@@ -192,11 +228,13 @@ def _host_timed(fn):
     return timed
 
 
-def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, threads: int | None = None):
+def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, threads: int | None = None,
+                   aligned: bool = False):
     """A function timing one launch of the module's one kernel on buffers already on `device`
     (a module's constant, its w as the compiler stored it, in place of arrays[1]); on the cpu,
     the launches of its program in turn (a w known at run time is packed by a kernel of its
-    own, then read by the linear's)."""
+    own, then read by the linear's), on buffers where np.empty puts them (16 bytes into a page,
+    for big ones) or, `aligned`, at multiples of 64 bytes (`_aligned_cpu`)."""
     from hexir_runtime.format import read
 
     hxb = read(path)
@@ -209,8 +247,7 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         from hexir_runtime.cuda import CudaDevice, check
         place = CudaDevice()
     else:
-        from hexir_runtime.cpu import CpuDevice
-        place = CpuDevice(threads=threads)
+        place = _aligned_cpu(threads) if aligned else _cpu(threads)
     program = place.load(hxb)
     sizes = {symbol: m for symbol in kernel.integers if isinstance(symbol, str)}
     if device == "cpu":
@@ -236,6 +273,30 @@ def _kernel_runner(path: Path, device: str, arrays: list[np.ndarray], m: int, th
         return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") / 1e3
     timed.result = lambda: place.copy_out(buffers[-1])  # what the launches computed
     return timed
+
+
+def _cpu(threads: int | None):
+    from hexir_runtime.cpu import CpuDevice
+    return CpuDevice(threads=threads)
+
+
+def _aligned_cpu(threads: int | None):
+    """A CpuDevice whose buffers start at a multiple of 64 bytes (np.empty's big arrays start 16
+    bytes into a page: every 64-byte vector of theirs spans two cache lines), each at another
+    offset into its page (64 * (1 + 7i mod 63) for the i-th: not all alike, which would alias
+    their elements in the 4 KiB that loads and stores are first compared on)."""
+    from hexir_runtime.cpu import CpuDevice
+
+    class Aligned(CpuDevice):
+        made = 0
+
+        def alloc(self, shape, dtype):
+            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            raw = np.empty(size + 8192, np.uint8)
+            start = -raw.ctypes.data % 4096 + 64 * (1 + 7 * self.made % 63)
+            self.made += 1
+            return raw[start:start + size].view(dtype).reshape(shape)
+    return Aligned(threads=threads)
 
 
 def _program_runner(hxb, place, program, arrays: list[np.ndarray], sizes: dict[str, int]):
@@ -278,7 +339,7 @@ def _call_runner(path: Path, arrays: list[np.ndarray], threads: int | None = Non
 
 
 def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None,
-        sizes: list[str] | None = None, interleave: bool = False) -> None:
+        sizes: list[str] | None = None, interleave: bool = False, aligned: bool = False) -> None:
     rows = [r for r in json.loads((modules / "modules.json").read_text())
             if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
             and (not sizes or f"{r['m']}x{r['k']}x{r['n']}" in sizes)]
@@ -313,7 +374,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}{queued}")
     if interleave:
-        return _interleaved(rows, modules, repeats, threads)
+        return _interleaved(rows, modules, repeats, threads, aligned)
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
         x = rng.standard_normal((m, k)).astype(dtype)
@@ -353,6 +414,7 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
         label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}"
                                                                               if "variant" in row else "")
         queued = _calls(modules / f"{row['name']}.hxb", inputs, repeats, threads) if device == "cpu" else ""
+        _record(label, dtype, hexir_time, base_time)
         if device == "cuda" and flops <= QUEUED_FLOPS:  # the kernels' own times (beyond: as the first)
             ours, theirs = runner(queued=True), _queued(lambda tx=tx, tw=tw, tout=tout: torch.matmul(tx, tw, out=tout),
                                                         torch.cuda.current_stream())
@@ -369,27 +431,62 @@ def _calls(path: Path, inputs: list[np.ndarray], repeats: int, threads: int | No
     numpy = _median_seconds(_host_timed(lambda: inputs[0] @ inputs[1]), repeats)
     time.sleep(0.3)
     ours = _median_seconds(_call_runner(path, inputs, threads), repeats)
+    CALLS.append((ours, numpy))
     return f" {ours * 1e3:9.3f} {numpy * 1e3:9.3f} {numpy / ours:10.3f}"
 
 
-def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None) -> None:
+#: Every row timed (label, dtype, kernel s, np.matmul(out=) s, call s, x @ w s), for `summary`;
+#: CALLS: the last rows' call timings (call s, x @ w s), which _record takes.
+RESULTS: list[tuple[str, str, float, float, float | None, float | None]] = []
+CALLS: list[tuple[float, float]] = []
+
+
+def _record(label: str, dtype: str, kernel: float, base: float) -> None:
+    call, numpy = CALLS.pop() if CALLS else (None, None)
+    RESULTS.append((label, dtype, kernel, base, call, numpy))
+
+
+def summary(passes: int) -> None:
+    """The passes side by side, as issue #29's table: per product, numpy's time over hexir's
+    (the kernel against np.matmul(out=); the user's call against x @ w) and the call's time over
+    the kernel's, a figure a pass, f32 and f64."""
+    rows: dict[tuple[str, str], list[tuple]] = {}
+    for label, dtype, kernel, base, call, numpy in RESULTS:
+        rows.setdefault((label.strip(), dtype), []).append((kernel, base, call, numpy))
+    print(f"\nsummary, {passes} passes (a figure a pass; ratio = numpy's time / hexir's, above 1: hexir faster)")
+    print(f"{'product':>28} {'dtype':>8}  {'kernel / np.matmul(out=)':>26}  {'call / x @ w':>26}  "
+          f"{'call ms / kernel ms':>26}")
+
+    def figures(values: list[float | None]) -> str:
+        return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
+    for (label, dtype), timed in rows.items():
+        print(f"{label:>28} {dtype:>8}  {figures([b / k for k, b, _, _ in timed]):>26}  "
+              f"{figures([n / c if c else None for _, _, c, n in timed]):>26}  "
+              f"{figures([c / k if c else None for k, _, c, _ in timed]):>26}")
+
+
+def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None, aligned: bool = False) -> None:
     """cpu: the variants of one product timed in turns (A, B, C, A, B, C, ...), so that the
     host's drift, which moves single rows by up to 1.5x on a shared 16-core host, falls on all
     alike; numpy timed once per product, before them (its threads spin after each call). Each
     variant runs in two runners (twins: the same module, buffers of their own): the `twins`
     column is the slower twin's median over the faster's, what placement alone moves a row by
     (run 90 of bench/results/2026-12-01-h200.md: up to 1.2 on the H200's host), which a
-    difference between variants must exceed to mean anything."""
+    difference between variants must exceed to mean anything. `aligned`: each variant also on
+    64-byte aligned buffers (rows "@64B", no call timed: `_aligned_cpu`), in the same turns."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["m"], row["k"], row["n"], row["dtype"]), []).append(row)
+        if aligned:
+            groups[row["m"], row["k"], row["n"], row["dtype"]].append(
+                {**row, "variant": f"{row.get('variant', '')} @64B", "aligned": True})
     for (m, k, n, dtype), group in groups.items():
         rng = np.random.default_rng(0)
         x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
         out = np.empty((m, n), dtype)
         base = _median_seconds(_host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out)), repeats)
         time.sleep(0.3)
-        runners = [_kernel_runner(modules / f"{row['name']}.hxb", "cpu", [x, w], m, threads)
+        runners = [_kernel_runner(modules / f"{row['name']}.hxb", "cpu", [x, w], m, threads, row.get("aligned", False))
                    for row in group for _ in range(2)]
         for runner in runners:  # warm-up
             runner()
@@ -405,7 +502,8 @@ def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | N
             twins = [statistics.median(times) for times in seen[2 * index: 2 * index + 2]]
             ours = statistics.median(seen[2 * index] + seen[2 * index + 1])
             label = f"{m} x {k} x {n} {row.get('variant', '')}"
-            calls = _calls(modules / (row["name"] + ".hxb"), [x, w], repeats, threads)
+            calls = "" if row.get("aligned") else _calls(modules / (row["name"] + ".hxb"), [x, w], repeats, threads)
+            _record(label, dtype, ours, base)
             print(f"{label:>22} {dtype:>8} {ours * 1e3:10.3f} {base * 1e3:10.3f} {flops / ours / 1e9:11.1f} "
                   f"{flops / base / 1e9:10.1f} {base / ours:7.3f} {max(twins) / min(twins):7.3f}{calls}", flush=True)
 
@@ -420,9 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     build_parser.add_argument("--device", choices=("cpu", "cuda"),
                               help="only this device's modules (packed in OUT.tar.xz)")
     build_parser.add_argument("--sizes", help="only these products, e.g. 512x512x512,64x784x512 (packed in OUT.tar.xz)")
-    build_parser.add_argument("--per-tile", action="store_true",
-                              help="cpu rows: also each with w packed by each tile (the kernel before #29), "
-                                   "a variant for --interleave")
+    build_parser.add_argument("--symbolic", action="store_true",
+                              help="also each product (and its variants) with a symbolic row count")
+    build_parser.add_argument("--variants", help=f"cpu rows: also each under these variants of the schedule "
+                                                 f"({', '.join(VARIANTS)}), for --interleave")
     run_parser = commands.add_parser("run")
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -432,12 +531,17 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--interleave", action="store_true",
                             help="cpu: time a product's variants (bench/cpu_tilings.py) in turns")
     run_parser.add_argument("--passes", type=int, default=1, help="run the table this many times")
+    run_parser.add_argument("--aligned", action="store_true",
+                            help="--interleave: each variant also on 64-byte aligned buffers (rows '@64B')")
+    run_parser.add_argument("--fresh-outputs", action="store_true",
+                            help="cpu: the user's call makes each output anew (the runtime's RECYCLE off)")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.const, (args.device,) if args.device else ("cpu", "cuda"),
-              args.sizes.split(",") if args.sizes else None, args.per_tile)
+              args.sizes.split(",") if args.sizes else None, args.variants.split(",") if args.variants else None,
+              args.symbolic)
     else:
         if not args.modules.exists():
             parser.error(f"{args.modules}: no such directory or archive (bench/linear.py build makes them)")
@@ -450,11 +554,16 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 parser.error(f"--sizes: {', '.join(unknown)} not among the modules' products "
                              f"({', '.join(sorted(listed))})")
+        if args.fresh_outputs:
+            from hexir_runtime import executor
+            executor.RECYCLE = False
         for number in range(args.passes):
             if args.passes > 1:
                 print(f"pass {number + 1} of {args.passes}", flush=True)
             run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
-                args.sizes.split(",") if args.sizes else None, args.interleave)
+                args.sizes.split(",") if args.sizes else None, args.interleave, args.aligned)
+        if args.passes > 1:
+            summary(args.passes)
     return 0
 
 

@@ -97,6 +97,12 @@ STREAM_ROWS, STREAM_COLUMNS, STREAM_KS, STREAM_SUMS, STREAM_AHEAD = 16, 256, 32,
 STREAM_FEW, STREAM_FEW_KS, STREAM_FEW_BYTES, STREAM_FEW_AHEAD = 8, 8, 65536, {"float32": 32, "float64": 8}
 #: A tile of at least this many rows packs w's block first (fewer: the copy costs more than it saves).
 PACK_FROM_ROWS = 24
+#: Whether a tile copies its block of x (its rows x KC) into a buffer of rows KC + X_PAD elements
+#: apart, by dtype, before its micro-kernels read it: x's own rows, K apart, fall on one set of
+#: the L1 cache when K * size is a multiple of 4 KiB (docs/tuning.md, "CPU linear with w known
+#: at run time").
+PACK_X: dict[str, bool] = {"float32": False, "float64": False}
+X_PAD = 16
 #: The parallel tiles: MC rows (a multiple of every MR) x NC_BYTES of columns (a multiple of
 #: every NR). The same on every level, so the work record is too: a module's libraries for
 #: several levels share one manifest. MC is the most rows that still leave WORK_ITEMS tiles
@@ -212,6 +218,7 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     # rows, contiguous): each call of the kernel (a thread's share) has its own, on its stack
     packed = ht.alloc_local([nc // nr + (nc % nr > 0), KC, nr], element) \
         if _packs(m, mc) and not request.panels else None
+    xs = ht.alloc_local([mc, min(KC, k_extent) + X_PAD], element) if PACK_X.get(request.dtype) else None
     operands = (x, w, out, bias, request)
     row_tiles = ht.size_value(exprs.ceildiv(m, mc), symbols)
     with ht.loop(0, ht.size_value(tiles, symbols), "parallel") as tile:
@@ -223,14 +230,14 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
         row_span = (r0, arith.DivUIOp(arith.SubIOp(r1, r0).result, _i(mr)).result, r1)
         last_width = n - (column_tiles - 1) * nc
         if last_width == nc:
-            _tile(operands, packed, c0, nc, row_span, k_extent, mr, nr)
+            _tile(operands, packed, xs, c0, nc, row_span, k_extent, mr, nr)
         else:  # the last column tile is narrower: its own copy, so that every width is static
             last = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, c0, _i(n - last_width)).result, has_else=True)
             with ir.InsertionPoint(last.then_block):
-                _tile(operands, packed, c0, last_width, row_span, k_extent, mr, nr)
+                _tile(operands, packed, xs, c0, last_width, row_span, k_extent, mr, nr)
                 scf.YieldOp([])
             with ir.InsertionPoint(last.else_block):
-                _tile(operands, packed, c0, nc, row_span, k_extent, mr, nr)
+                _tile(operands, packed, xs, c0, nc, row_span, k_extent, mr, nr)
                 scf.YieldOp([])
     return ht.Work(tiles)
 
@@ -341,13 +348,15 @@ def _packs(m: exprs.Expr, mc: int) -> bool:
     return not isinstance(m, int) or (m >= PACK_FROM_ROWS and mc >= PACK_FROM_ROWS)
 
 
-def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:
+def _tile(operands, packed, xs, c0, width, row_span, k_extent, mr, nr) -> None:
     """One work item: rows [r0, r1) x `width` columns from c0. Groups of MR rows take one NR
     panel at a time; the rows left over take all the tile's columns at once (a 1-row product
     streams w's rows). A tile of enough rows first packs w's block (`packed`) and reads it from
     there: contiguous panels, which the caches and the TLB hold where w's own rows, N apart,
-    are each on another page."""
+    are each on another page. With `xs`, the tile's x block is copied there first (`_copy_rows`)
+    and read from there."""
     r0, full_groups, r1 = row_span
+    rows_of_x = (xs, r0) if xs is not None else None
     rest = arith.AddIOp(r0, arith.MulIOp(full_groups, _i(mr)).result).result
     pieces = [(p * nr, nr) for p in range(width // nr)] + ([(width - width % nr, width % nr)] if width % nr else [])
     # the full panels in a loop; the narrower one with the last full panel where their sums fit in
@@ -365,12 +374,14 @@ def _tile(operands, packed, c0, width, row_span, k_extent, mr, nr) -> None:
                                                   for start, size in together]
                     with ht.loop(0, full_groups, "serial") as group:
                         i0 = arith.AddIOp(r0, arith.MulIOp(group, _i(mr)).result).result
-                        _micro(operands, source, block, i0, spans, mr, UNROLL)
+                        _micro(operands, source, block, i0, spans, mr, UNROLL, x_block=rows_of_x)
             with ht.loop(rest, r1, "serial") as i:
                 _micro(operands, source, block, i,
                        [(arith.AddIOp(c0, _i(start)).result, _i(start // nr), size) for start, size in pieces], 1,
-                       UNROLL)
+                       UNROLL, x_block=rows_of_x)
 
+        if xs is not None:
+            _copy_rows(operands[0], xs, block, r0, r1, k_extent)
         if packed is None:
             body(None)
         else:
@@ -405,6 +416,26 @@ def _merges_edge(request: Request, mr: int, nr: int, width: int) -> bool:
     return mr * vectors <= REGISTERS.get(request.target.cpu, 16) - EDGE_SPARE
 
 
+def _copy_rows(x: ir.Value, xs: ir.Value, block, r0: ir.Value, r1: ir.Value, k_extent: int) -> None:
+    """xs[i - r0, 0:k1-k0] = x[i, k0:k1] for the tile's rows i: a vector a row (a whole block, or
+    K's last, narrower one)."""
+    element, rest = ir.MemRefType(x.type).element_type, k_extent % KC
+
+    def copy(width: int) -> None:
+        with ht.loop(r0, r1, "serial") as i:
+            row = vector.LoadOp(ir.VectorType.get([width], element), x, [i, block.k0]).result
+            vector.StoreOp(row, xs, [arith.SubIOp(i, r0).result, _i(0)])
+
+    if k_extent <= KC or not rest:
+        return copy(min(KC, k_extent))
+    choice = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(KC)).result,
+                      has_else=True)
+    for region, width in ((choice.then_block, KC), (choice.else_block, rest)):
+        with ir.InsertionPoint(region):
+            copy(width)
+            scf.YieldOp([])
+
+
 def _pack(w: ir.Value, packed: ir.Value, block, c0: ir.Value, pieces: list[tuple[int, int]]) -> None:
     """packed[p, k - k0, :width] = w[k, c0 + p * NR : + width] for the k block, each panel p."""
     element = ir.MemRefType(w.type).element_type
@@ -427,12 +458,13 @@ class _KBlock:
 
 
 def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir.Value, ir.Value, int]],
-           rows: int, unroll: int = 1, stream: tuple | None = None) -> None:
+           rows: int, unroll: int = 1, stream: tuple | None = None, x_block: tuple | None = None) -> None:
     """out[i0:i0+rows, piece] (+)= x[i0:i0+rows, k block] @ w[k block, piece] for each column
     piece (j0, panel, width), w read from `packed` (its panel) when given: rows x pieces
     vectors of sums, loop-carried through k (registers), `unroll` k's a trip then one by one.
     A streamed product's `stream` is (xs, held, fetch): x's block is xs, the sums between blocks
-    wait in held[panel, row] (`panel` is the piece's slot), and fetch(k) prefetches w."""
+    wait in held[panel, row] (`panel` is the piece's slot), and fetch(k) prefetches w. A tile's
+    `x_block` is (xs, r0): x[i, k] read at xs[i - r0, k - k0]."""
     x, w, out, bias, request = operands
     element = ir.MemRefType(out.type).element_type
     types = [ir.VectorType.get([width], element) for *_, width in pieces]
@@ -451,6 +483,7 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
         return [vector.LoadOp(t, buffer, at).result for (buffer, at), (*_, t) in zip(between, slots, strict=True)]
 
     rows_of_w = [_w_at(w, j0, request) for j0, *_ in pieces] if packed is None else []
+    x_rows = [arith.SubIOp(i, x_block[1]).result for i in row_index] if x_block is not None else []
 
     def step(k: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:  # one k: rows x pieces FMAs
         if packed is None:
@@ -463,6 +496,9 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
             fetch(k)
             kk = arith.SubIOp(k, block.k0).result
             a = {i: ht.load(xs, [i, kk]) for i in row_index}
+        elif x_block is not None:
+            kk = arith.SubIOp(k, block.k0).result
+            a = {i: ht.load(x_block[0], [at, kk]) for i, at in zip(row_index, x_rows, strict=True)}
         else:
             a = {i: ht.load(x, [i, k]) for i in row_index}
         return [vector.FMAOp(vector.BroadcastOp(t, a[i]).result, b[p % len(pieces)], acc).result

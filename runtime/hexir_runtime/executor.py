@@ -29,12 +29,16 @@ kernel writes (`host_outputs`) is written by it into a fresh array made for the 
 caller's `out=` array, when that is C-contiguous and overlaps no input), never into a buffer of
 the module: the caller owns what it is given, and no later call writes it. A copy of a big
 output cost as much as a fast kernel (docs/tuning.md, "CPU linear with w known at run time").
+The array made for the call is the one returned last for that output when the caller has let it
+go (`_fresh`: nothing but the executor refers to it), so a loop that drops each result writes
+memory that is faulted in already rather than a new mapping of a big array.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,7 +61,19 @@ IN_PLACE_BYTES = 16 << 10
 # whole into our page-locked buffer by one host thread and only then sent; an output as big
 # comes back straight into the array returned (page-locked: CudaProgram.copy_out).
 DIRECT_BYTES = 1 << 20
+#: Whether a direct output is the array returned last for it, when nothing holds that any more.
+RECYCLE = True
 MAX_PLANS = 64  # call shapes kept; past that the cache starts again (a module called with ever new sizes)
+
+
+def _references() -> int:
+    """sys.getrefcount of an array that only a local name holds (2 in CPython 3.11-3.13; an
+    interpreter that borrows references may count fewer)."""
+    array = np.empty(0)
+    return sys.getrefcount(array)
+
+
+_UNHELD = _references()
 
 
 class Constants:
@@ -141,6 +157,7 @@ class Executor:
         self.constants = {command.dst for command in entry.program if command.op == "constant"}
         self.returns: tuple[int, ...] = next((c.srcs for c in entry.program if c.op == "return"), ())
         self.plans: dict[tuple, Plan] = {}
+        self.spares: dict[int, list[np.ndarray]] = {}  # per direct output, the array returned last (_fresh)
         # What each input must be, for the call's checks: its name, type, numpy dtype, and its
         # shape when it has no symbol (then one tuple comparison checks it).
         self.expected = [(name, tensor, np.dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
@@ -238,7 +255,7 @@ class Executor:
             given = out[position] if out is not None else None
             in_place = given is not None and given.shape == view.shape and _writable_in_place(given, arrays, out)
             try:
-                handles[len(arrays) + position] = given if in_place else np.empty(view.shape, view.dtype) \
+                handles[len(arrays) + position] = given if in_place else self._fresh(position, view) \
                     if out is None else None
             except MemoryError:
                 raise self._no_memory_for(plan) from None
@@ -262,6 +279,24 @@ class Executor:
         for step in plan.steps:
             step(arrays, handles)
         return [self._result(position, plan, handles, arrays, out) for position in range(len(plan.outputs))]
+
+    def _fresh(self, position: int, view: np.ndarray) -> np.ndarray:
+        """A new array for direct output `position`, of `view`'s shape and dtype: the array this
+        entry returned last for it when nothing holds that any more (the caller dropped it and
+        every view of it, it has no weak reference, its shape, dtype and flags are as we made
+        them), else np.empty's. Reused memory is mapped and faulted in already; a fresh big array
+        is faulted page by page by the kernel that writes it (docs/tuning.md, "The user's call")."""
+        spares = self.spares.setdefault(position, [])
+        try:
+            array = spares.pop()  # (one pop: another thread's call cannot take it too)
+        except IndexError:
+            array = None
+        if array is None or not RECYCLE or sys.getrefcount(array) > _UNHELD or weakref.getweakrefcount(array) \
+                or array.shape != view.shape or array.dtype != view.dtype \
+                or not (array.flags.writeable and array.flags.c_contiguous):
+            array = np.empty(view.shape, view.dtype)
+        spares.append(array)
+        return array
 
     def _result(self, position: int, plan: Plan, handles: list[Any], arrays: Sequence[Any],
                 out: Sequence[np.ndarray] | None) -> Any:
@@ -410,6 +445,7 @@ class Executor:
     def close(self) -> None:
         """Free the buffers this entry allocated (idempotent); the constants are `Constants.close`'s."""
         self.plans.clear()
+        self.spares.clear()
         for slot in self.allocations.values():
             if slot[0] is not None:
                 slot[0], buffer = None, slot[0]

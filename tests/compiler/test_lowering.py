@@ -523,3 +523,22 @@ def test_a_tiles_k_loop_takes_unroll_ks_a_trip_then_the_rest_one_by_one():
         CHECK:       scf.yield
         CHECK:       %{{{{[0-9]+}}}}:16 = scf.for %{{{{arg[0-9]+}}}} = %{{{{[0-9]+}}}} to %{{{{[0-9]+}}}} step %c1 iter_args(%{{{{arg[0-9]+}}}} = %[[U]]#0,
     """)
+
+
+def test_a_tile_copies_its_block_of_x_when_pack_x_says_so(monkeypatch):
+    """`PACK_X`: a tile (12 rows here) copies its rows of x, a k block at a time (256 k's, then
+    K's last 44), into a buffer of rows 256 + X_PAD apart, and its micro-kernels read x there."""
+    monkeypatch.setitem(cpu_schedule.PACK_X, "float32", True)
+    text = lower(TALL_W_ARGUMENT, "mlir-tir")
+    filecheck(text, """
+        CHECK-LABEL: func.func public @linear_0(%arg0: memref<40x300xf32>
+        CHECK:       %[[XS:.+]] = "hextir.alloc_local"() {space = "private"} : () -> memref<12x272xf32>
+        CHECK:       %[[ROW:.+]] = vector.load %arg0[%{{.+}}, %{{.+}}] : memref<40x300xf32>, vector<256xf32>
+        CHECK:       vector.store %[[ROW]], %[[XS]][%{{.+}}, %c0] : memref<12x272xf32>, vector<256xf32>
+        CHECK:       %[[LAST:.+]] = vector.load %arg0[%{{.+}}, %{{.+}}] : memref<40x300xf32>, vector<44xf32>
+        CHECK:       vector.store %[[LAST]], %[[XS]][%{{.+}}, %c0] : memref<12x272xf32>, vector<44xf32>
+        CHECK:       "hextir.load"(%[[XS]], %{{.+}}, %{{.+}}) : (memref<12x272xf32>, index, index) -> f32
+    """)
+    assert '"hextir.load"(%arg0' not in text  # x is read from the copy alone
+    monkeypatch.setitem(cpu_schedule.PACK_X, "float32", False)
+    assert "hextir.alloc_local" not in lower(TALL_W_ARGUMENT, "mlir-tir")  # in place (12 rows never pack w)

@@ -10,6 +10,7 @@ from unittest import mock
 
 import hexir_runtime
 import numpy as np
+import pytest
 from hexir_runtime import DeviceError
 from hexir_runtime.cpu import CpuDevice
 from hypothesis import assume, example, given, settings
@@ -132,6 +133,26 @@ def test_cpu_linear_at_every_tile_edge_matches_numpy(m, k, n, dtype, bias, threa
     kernel of its own, per tile (a symbolic batch) or read as it is) on shapes at and around
     every tile size, each launch split in chunks over `threads` threads, built for this host's
     level or a lower one (whose NR is narrower than a panel), against numpy."""
+    _check_cpu_linear(m, k, n, dtype, bias, threads, constant, level, symbolic)
+
+
+@pytest.mark.parametrize(("m", "k", "n", "dtype", "constant", "symbolic", "level"), [
+    (100, 300, 70, "float64", False, False, "host"),  # w packed by its kernel; K's last block 44 wide
+    (53, 513, 389, "float32", False, False, "x86-64"),  # a narrow last panel, SSE's NR
+    (29, 257, 389, "float64", False, True, "host"),  # a symbolic batch: w per tile, the last tile short
+    (97, 131, 47, "float32", True, False, "x86-64-v3"),  # w a constant in panels; K within one block
+    (769, 257, 33, "float32", False, False, "host"),  # tiles of 192 rows (w per tile) and a narrow panel
+    (17, 37, 61, "float64", False, False, "host"),  # the fewest tiled rows, K less than a block
+    (300, 1030, 130, "float64", False, True, "host"),  # a symbolic batch over several tiles and k blocks
+])
+def test_cpu_linear_with_x_copied_per_tile_matches_numpy(m, k, n, dtype, constant, symbolic, level):
+    """`PACK_X`: each tile copies its rows of x, a k block at a time, into a buffer of its own and
+    its micro-kernels read them there (the rows left over after the MR groups too)."""
+    with mock.patch.dict(cpu_schedule.PACK_X, {dtype: True}):
+        _check_cpu_linear(m, k, n, dtype, True, 3, constant, level, symbolic)
+
+
+def _check_cpu_linear(m, k, n, dtype, bias, threads, constant, level, symbolic):
     rng = np.random.default_rng(m * 1_000_000 + k * 1000 + n)
     w = rng.standard_normal((k, n)).astype(dtype)
     b = rng.standard_normal(n).astype(dtype) if bias else None

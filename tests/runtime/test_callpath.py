@@ -3,6 +3,7 @@ host arguments, outputs="device" on a cpu module, and 8 threads calling one modu
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,61 @@ def test_a_big_output_is_written_by_its_kernel_into_the_array_returned(batched, 
     small = batched.main(x1[:3])  # a small output: copied from the buffer, which costs less
     assert len(copied_out) == 2 and small.base is None
     np.testing.assert_allclose(small, expected(modules, x1[:3]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def empties(monkeypatch) -> list[tuple]:
+    """The shapes np.empty is asked for while the test runs (the arrays a call makes anew)."""
+    made: list[tuple] = []
+    original = np.empty
+
+    def empty(shape, *args, **keys):
+        made.append(tuple(shape) if isinstance(shape, tuple) else (shape,))
+        return original(shape, *args, **keys)
+    monkeypatch.setattr(np, "empty", empty)
+    return made
+
+
+def test_a_big_output_dropped_by_the_caller_is_the_next_calls_array(batched, modules, empties):
+    """Its memory is faulted in already. An array the caller still holds, or anything made from
+    it, is never written again; nor one whose shape or flags the caller changed."""
+    rows = IN_PLACE_BYTES // 16 + 1  # 16 bytes a row of out
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((rows, 8)).astype(np.float32) for _ in range(8)]
+    wanted = [expected(modules, x) for x in xs]
+    y = batched.main(xs[0])
+    address = y.ctypes.data
+    del y
+    empties.clear()
+    y = batched.main(xs[1])
+    assert empties == [] and y.ctypes.data == address and y.flags.owndata and y.base is None
+    np.testing.assert_allclose(y, wanted[1], rtol=1e-5, atol=1e-5)
+    holds = {"a view": lambda y: y[1:], "a memoryview": memoryview, "a weak reference": weakref.ref,
+             "the array": lambda y: y}
+    for index, how in enumerate(holds, start=2):  # the last result held as `how`: the next is new
+        held = holds[how](y)
+        del y
+        empties.clear()
+        y = batched.main(xs[index])
+        assert empties == [(rows, 4)], how
+        np.testing.assert_allclose(y, wanted[index], rtol=1e-5, atol=1e-5)
+        if how == "a weak reference":  # let go, never rewritten
+            assert held() is None
+            continue
+        before = np.asarray(held)
+        np.testing.assert_allclose(before, wanted[index - 1][1:] if how == "a view" else wanted[index - 1],
+                                   rtol=1e-5, atol=1e-5, err_msg=how)  # the caller's array left as it was
+        del held, before
+    for index, change in enumerate(("shape", "writeable"), start=6):  # changed, then dropped: made anew
+        if change == "shape":
+            y.shape = (-1,)
+        else:
+            y.flags.writeable = False
+        del y
+        empties.clear()
+        y = batched.main(xs[index])
+        assert empties == [(rows, 4)], change
+        np.testing.assert_allclose(y, wanted[index], rtol=1e-5, atol=1e-5)
 
 
 def test_an_out_array_overlapping_an_input_gets_the_result_after_the_program(modules, c_library):
