@@ -20,9 +20,9 @@ def _trace_error(fn, *specs) -> hexir.TraceError:
 
 @pytest.mark.parametrize(("body", "message"), [
     (lambda x: x @ W, r"x @ w on a traced float32\[2, 8\] tensor is not a hexir op; use hexir.linear\(x, w\)"),
-    (lambda x: hexir.linear(x.T, W), r"\.T on a traced .* hexir has no transpose"),
-    (lambda x: x.reshape(16), r"\.reshape on a traced .* hexir has no reshape op"),
-    (lambda x: x[0], "indexing needs the values"),
+    (lambda x: hexir.linear(x.reshape(2, 2, 4).T, W), r"\.T of rank 3 on a traced .* use x\.transpose"),
+    (lambda x: x.reshape(5), r"reshape: cannot reshape float32\[2, 8\] to \[5\]: the sizes cannot match"),
+    (lambda x: x[x], "indexing with a tensor is not supported: .* hexir.take"),
 ])
 def test_using_a_tensor_as_something_it_is_not_names_the_op_to_use(body, message):
     error = _trace_error(body)
