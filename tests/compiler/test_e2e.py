@@ -307,7 +307,8 @@ def _launch(text: str, kernel: str) -> tuple[list[int], list[int]]:
 def test_cuda_launches_cover_any_output_at_compile_level(m, n, k, rank):
     """The launch records of a cuda linear and relu, from the shapes alone (the linear's rule is
     `cuda_linear_launch`: the kernel and tiling its shape gets, e.g. 128x128 tiles only where they
-    still make 256 blocks); a relu's elements in blocks of 256 threads (over all its axes)."""
+    still make 256 blocks); a relu's elements in blocks of 256 threads (over all its axes), a
+    thread per element, or per 4 (16 bytes) where its rows are a multiple of 4 float32s."""
     relu_shape = (m, n) if rank == 2 else (m * n,) if rank == 1 else (m, 1, n)
     linear = hexir.jit(lambda x, w: hexir.linear(x, w), placement="hexir.linear=cuda")
     relu = hexir.jit(lambda x: hexir.relu(x), placement="hexir.relu=cuda")
@@ -317,4 +318,5 @@ def test_cuda_launches_cover_any_output_at_compile_level(m, n, k, rank):
     assert (grid, block) == (expected["grid"], expected["block"])
     grid, block = _launch(str(run_stage(relu.trace(hexir.TensorSpec(relu_shape, "float32")), "mlir-tir",
                                         relu.options)), "relu")
-    assert (grid, block) == ([math.ceil(m * n / 256), 1, 1], [256, 1, 1])
+    lanes = 4 if relu_shape[-1] % 4 == 0 else 1
+    assert (grid, block) == ([math.ceil(m * n / lanes / 256), 1, 1], [256, 1, 1])
