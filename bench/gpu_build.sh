@@ -5,6 +5,8 @@
 #   bash bench/gpu_build.sh             everything (parts 1, 2, 3 and h23)
 #   ONLY=h23 bash bench/gpu_build.sh    what part h23 needs: runtime, its tests, the suite's cases,
 #                                       the GEMMs before/after, the epilogue and ops modules
+#   ONLY=h24 bash bench/gpu_build.sh    what part h24 needs: runtime, its tests, the suite's cases (20 drawn),
+#                                       the transformer (tests/gpu/sequence.py), the ops and block benches
 #   EXAMPLES=N                          the linear cases hypothesis draws beside the fixed ones (60)
 # Seen on 2026-12-01 on this machine's 2 cores under a load of ~12 (wall, CPU): the op-family
 # cases (26 modules) 21 min, 4.5 min; GEMMs before 2.6 min, 0.5; after + epilogues 12 min, 1.6;
@@ -15,6 +17,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HEXIR_CACHE_DIR= PYTHONPATH=runtime:.   # never a cached module: the build is the compiler as it is
 ONLY=${ONLY:-all} BEFORE=${BEFORE:-/work/wt/h23-before} BEFORE_REF=${BEFORE_REF:-main}
+if [ "$ONLY" = h24 ]; then  # issue #24 (and #25's memory-bound ops and block): no GEMMs before/after
+  rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/examples
+  cp -r runtime .gpu/ && cp -r tests/runtime tests/data tests/gpu .gpu/tests/ && cp examples/transformer.py .gpu/examples/
+  cp bench/ops.py bench/block.py bench/gpu_run.sh .gpu/bench/
+  find .gpu -name __pycache__ -prune -exec rm -rf {} +
+  python tests/gpu/suite.py build .gpu/cases --examples "${EXAMPLES:-20}"
+  python tests/gpu/sequence.py build .gpu/sequence
+  python bench/ops.py build .gpu/ops
+  python bench/block.py build .gpu/block
+  ls .gpu; du -sh .gpu; exit 0
+fi
 rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/example
 cp -r runtime docs .gpu/ && cp -r tests/runtime tests/data .gpu/tests/ && cp -r tests/gpu .gpu/tests/
 cp bench/linear.py bench/mlp.py bench/crafted.py bench/gemm_compare.py bench/ops.py bench/gpu_run.sh .gpu/bench/

@@ -15,6 +15,10 @@
 #     ops      softmax, layer_norm, gelu(x*a+b) vs a copy of the bytes, torch eager,
 #              torch.compile (at most ~2 min of compiling) on cuda, vs numpy on the
 #              cpu (~3-4 min)                                                          -> ops.txt
+#   part h24a (#24, ~4 min): machine, suite (every family incl. matmul and layout), sequence (the
+#     transformer on cuda and cpu vs numpy and torch)             -> machine.txt, suite.txt, sequence.txt
+#   part h24b (#25, ~6 min): ops (memory-bound kernels vs copy, torch, torch.compile), block (a
+#     transformer block vs torch eager and torch.compile)        -> ops.txt, block.txt
 #   Exit status 0 only if each part ran and nothing printed FAIL or WRONG.
 set -uo pipefail
 out=${1:-/tmp/hexir-gpu}; part=${2:-1}
@@ -42,7 +46,20 @@ run_ops() {
   { python3 bench/ops.py run ops --device cuda --compile --compile-budget 120
     python3 bench/ops.py run ops --device cpu --repeats 8; } 2>&1 | tee "$out/ops.txt" || status=1
 }
+run_sequence() {
+  echo "== #24: the transformer at seq 1, 7, 129, 1000 on cuda and the cpu vs numpy and torch; 20 tokens on cuda"
+  python3 tests/gpu/sequence.py run sequence --torch 2>&1 | tee "$out/sequence.txt" || status=1
+}
+run_block() {
+  echo "== #25: a transformer block (8 x 512 x 768) vs torch eager and torch.compile"
+  python3 bench/block.py run block 2>&1 | tee "$out/block.txt" || status=1
+}
 case "$part" in
+  h24a) run_machine; run_suite; run_sequence
+        grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
+  h24b) run_ops; run_block
+        grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
+  sequence|block) "run_$part"; exit $status ;;
   h23) run_machine; run_suite; run_gemm; run_ops
        grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
   machine|suite|gemm|ops) "run_$part"; exit $status ;;

@@ -252,7 +252,7 @@ class JitFunction:
             try:
                 loaded, form = self._load(chosen, statics)
             except TraceError:
-                if chosen == specs:
+                if chosen == specs or self.dynamic:
                     raise
                 # the function needs some changed extent static (a linear's K against its weight's):
                 # this shape is compiled as it is

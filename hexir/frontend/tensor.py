@@ -37,7 +37,7 @@ class TensorSpec:
         if not isinstance(self.shape, (tuple, list)):
             raise TraceError(f"TensorSpec: shape must be a tuple of integers, got {self.shape!r}")
         shape = tuple(BATCH if d is None and i == 0 else d for i, d in enumerate(self.shape))
-        for axis, d in enumerate(shape):
+        for d in shape:
             symbolic = isinstance(d, str) and d.isidentifier() and d.isascii()
             if not symbolic and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
                 raise TraceError(f"TensorSpec: shape must be non-negative integers or names (identifiers; "

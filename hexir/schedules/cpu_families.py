@@ -1,12 +1,12 @@
 """cpu kernels of the pointwise and reduce families (the same shape as `cuda_families.py`).
 
 pointwise: out[i...] = tree(in0[i...], in1[i...], ...), each input read at the output's index
-with numpy's broadcasting (an axis of extent 1, or one it lacks, read at 0). The outermost
-axis is `parallel` (split across host threads, a chunk at least `CHUNK_ELEMENTS` elements),
-the others serial.
+with numpy's broadcasting (an axis of extent 1, or one it lacks, read at 0). Every axis but
+the last is one flat `parallel` loop (split across host threads, a chunk at least
+`CHUNK_ELEMENTS` elements: a [1, seq, D] tensor uses every core), the last serial inside.
 
-reduce: for each row (every index of the input but the reduced axis; the first other axis
-`parallel`), each reduction of the program is one pass along the row, its tree computed per
+reduce: for each row (every index of the input but the reduced axis, one flat `parallel`
+loop), each reduction of the program is one pass along the row, its tree computed per
 element and accumulated (sum, max, argmax); then the output: one element per row (sum, argmax:
 keepdims or not alike, the same memory) or one per element (softmax, layer_norm), the tree
 given the row's reductions. float32 sums accumulate in float64 (one pass, no pairwise tree).
@@ -18,9 +18,9 @@ given the row's reductions. float32 sums accumulate in float64 (one pass, no pai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from hexir_runtime.format import scalars
+from hexir_runtime.format import exprs, scalars
 from mlir import ir
 from mlir.dialects import arith, scf
 
@@ -43,21 +43,42 @@ def _static_product(buffer: ir.Value, axes: Sequence[int]) -> int:
     return product
 
 
+def _rows(extents: Sequence[exprs.Expr], symbols: dict[str, ir.Value]) -> tuple[exprs.Expr, Callable]:
+    """One parallel loop over every index of `extents` (row-major): its trip count, and a function
+    from its induction variable to the index."""
+    total: exprs.Expr = 1
+    for e in extents:
+        total = exprs.mul(total, e)
+
+    def unflatten(position: ir.Value) -> list[ir.Value]:
+        coordinates = []
+        for e in reversed(extents[1:]):
+            size = ht.size_value(e, symbols)
+            coordinates.append(arith.RemUIOp(position, size).result)
+            position = arith.DivUIOp(position, size).result
+        return [position, *reversed(coordinates)] if extents else []
+    return total, unflatten
+
+
 def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     *inputs, out = args
     rank = ir.MemRefType(out.type).rank
-
-    def nest(axis: int, indices: list[ir.Value]) -> None:
-        if axis == rank:
+    outer, unflatten = _rows([extent(out, a, request) for a in range(rank - 1)], symbols)
+    with ht.loop(0, ht.size_value(outer, symbols) if rank > 1 else ht.size_value(extent(out, 0, request), symbols),
+                 "parallel") as row:
+        def store(indices: list[ir.Value]) -> None:
             values = [ht.load(x, broadcast_indices(x, indices)) for x in inputs]
             ht.store(emit(request.expr, values), out, indices)
-            return
-        bound = ht.size_value(extent(out, axis, request), symbols)
-        with ht.loop(0, bound, "parallel" if axis == 0 else "serial") as index:
-            nest(axis + 1, [*indices, index])
 
-    nest(0, [])
-    return ht.Work(extent(out, 0, request), _grain(_static_product(out, range(1, rank))))
+        if rank == 1:
+            store([row])
+        else:
+            lead = unflatten(row)
+            with ht.loop(0, ht.size_value(extent(out, rank - 1, request), symbols), "serial") as j:
+                store([*lead, j])
+    if rank == 1:
+        return ht.Work(extent(out, 0, request), _grain(1))
+    return ht.Work(outer, _grain(_static_product(out, [rank - 1])))
 
 
 def _initial(kind: str, type_: ir.Type) -> list[ir.Value]:
@@ -130,19 +151,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             full = [indices[a] if a != axis else j for a in range(rank)]
             ht.store(emit(program.out, at(j), reds, length_value, element), out, full)
 
-    def nest(position: int, indices: dict[int, ir.Value]) -> None:
-        if position == len(others):
-            row(indices)
-            return
-        axis_here = others[position]
-        bound = ht.size_value(extent(x, axis_here, request), symbols)
-        with ht.loop(0, bound, "parallel" if position == 0 else "serial") as index:
-            nest(position + 1, {**indices, axis_here: index})
-
     if not others:  # one row: a parallel loop of one iteration
         with ht.loop(0, 1, "parallel"):
             row({})
         return ht.Work(1)
-    nest(0, {})
-    inner = _static_product(x, [a for a in range(rank) if a != others[0]])
-    return ht.Work(extent(x, others[0], request), _grain(inner * len(program.reductions)))
+    rows, unflatten = _rows([extent(x, a, request) for a in others], symbols)
+    with ht.loop(0, ht.size_value(rows, symbols), "parallel") as position:
+        row(dict(zip(others, unflatten(position), strict=True)))
+    return ht.Work(rows, _grain(_static_product(x, [axis]) * len(program.reductions)))

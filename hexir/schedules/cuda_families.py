@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, memref, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
@@ -25,6 +25,8 @@ from hexir.schedules.emit import emit
 
 POINTWISE_BLOCK = 256
 REDUCE_BLOCK = 256
+REGISTER_THREADS = 1024  # the most threads of a block holding a row in registers
+REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -47,6 +49,35 @@ def _flat(buffer: ir.Value, total: exprs.Expr) -> ir.Value:
     return memref.CollapseShapeOp(flat_type, buffer, reassociation).result
 
 
+def _lanes(buffer: ir.Value) -> int:
+    """Elements in 16 bytes (a 128-bit load) of `buffer`'s type."""
+    element = ir.MemRefType(buffer.type).element_type
+    return 16 // (8 if isinstance(element, (ir.F64Type, ir.IntegerType)) else 4)
+
+
+def _vector_reads(inputs: Sequence[ir.Value], last: exprs.Expr, lanes: int) -> bool:
+    """Whether each input's elements along the last axis are 16-byte vectors where the output's
+    are: rows a multiple of `lanes` long (so each row starts 16-byte aligned), each input's
+    last axis that long or 1 (broadcast)."""
+    return isinstance(last, int) and last > 0 and last % lanes == 0 and all(
+        ir.MemRefType(x.type).shape[-1] in (last, 1) and _lanes(x) == lanes for x in inputs)
+
+
+def _read(x: ir.Value, indices: list[ir.Value], lanes: int) -> list[ir.Value]:
+    """`lanes` elements of `x` from `indices` along its last axis (one 16-byte load), or its one
+    element there repeated (a last axis of 1)."""
+    if ir.MemRefType(x.type).shape[-1] == 1:
+        return [ht.load(x, indices)] * lanes
+    vector_type = ir.VectorType.get([lanes], ir.MemRefType(x.type).element_type)
+    loaded = vector.LoadOp(vector_type, x, indices, alignment=16).result
+    return [vector.ExtractOp(loaded, [], [i]).result for i in range(lanes)]
+
+
+def _write(values: list[ir.Value], buffer: ir.Value, indices: list[ir.Value]) -> None:
+    vector_type = ir.VectorType.get([len(values)], values[0].type)
+    vector.StoreOp(vector.FromElementsOp(vector_type, values).result, buffer, indices, alignment=16)
+
+
 def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     *inputs, out = args
     rank = ir.MemRefType(out.type).rank
@@ -54,20 +85,30 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     total: exprs.Expr = 1
     for e in extents:
         total = exprs.mul(total, e)
-    blocks = exprs.ceildiv(total, POINTWISE_BLOCK)
-    count = ht.size_value(total, symbols)
+    lanes = _lanes(out) if _vector_reads(inputs, extents[-1], _lanes(out)) else 1
+    items = exprs.ceildiv(total, lanes)  # exact: rows are a multiple of lanes long
+    blocks = exprs.ceildiv(items, POINTWISE_BLOCK)
+    count = ht.size_value(items, symbols)
     flat_out = _flat(out, total)
     same = [ir.MemRefType(x.type).shape == ir.MemRefType(out.type).shape for x in inputs]
     flat_inputs = [_flat(x, total) if s else None for x, s in zip(inputs, same, strict=True)]
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, POINTWISE_BLOCK, "parallel", "threadIdx.x") as thread:
-        position = arith.AddIOp(arith.MulIOp(block, ht.index(POINTWISE_BLOCK)).result, thread).result
-        guard = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, position, count).result)
+        item = arith.AddIOp(arith.MulIOp(block, ht.index(POINTWISE_BLOCK)).result, thread).result
+        guard = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result)
         with ir.InsertionPoint(guard.then_block):
+            position = arith.MulIOp(item, ht.index(lanes)).result if lanes > 1 else item
             coordinates = None if all(same) else _coordinates(position, [ht.size_value(e, symbols) for e in extents])
-            values = [ht.load(flat, [position]) if flat is not None else ht.load(x, broadcast_indices(x, coordinates))
-                      for x, flat in zip(inputs, flat_inputs, strict=True)]
-            ht.store(emit(request.expr, values), flat_out, [position])
+            if lanes == 1:
+                values = [ht.load(flat, [position]) if flat is not None else
+                          ht.load(x, broadcast_indices(x, coordinates)) for x, flat in zip(inputs, flat_inputs,
+                                                                                          strict=True)]
+                ht.store(emit(request.expr, values), flat_out, [position])
+            else:  # 16-byte loads and stores, the tree per element
+                columns = [_read(flat, [position], lanes) if flat is not None else
+                           _read(x, broadcast_indices(x, coordinates), lanes)
+                           for x, flat in zip(inputs, flat_inputs, strict=True)]
+                _write([emit(request.expr, [c[i] for c in columns]) for i in range(lanes)], flat_out, [position])
             scf.YieldOp([])
     return ht.Launch((blocks, 1, 1), (POINTWISE_BLOCK, 1, 1))
 
@@ -121,12 +162,69 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
     return [ht.load(b, [ht.index(0)]) for b in shared]
 
 
+def _row_threads(length: exprs.Expr, lanes: int) -> int:
+    """The threads of a block that holds a row in registers, 16 bytes a load (0: it cannot): a
+    power of two from 32 to REGISTER_THREADS dividing the row's vectors."""
+    if not isinstance(length, int) or length % lanes or length > REGISTER_ROW:
+        return 0
+    vectors, threads = length // lanes, REGISTER_THREADS
+    while threads >= 32 and vectors % threads:
+        threads //= 2
+    return threads if threads >= 32 else 0
+
+
+def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dict[str, ir.Value],
+                         request: Request, rows: exprs.Expr, threads: int) -> ht.Launch:
+    """A row over the last axis read once, 16 bytes a load, into registers (thread t holds vectors
+    t, t + T, ...): each reduction from registers then across the block, then the output from
+    registers, 16 bytes a store. Memory sees the row once each way (the strided kernel reads it
+    once per reduction and once more for a per-element output)."""
+    program: scalars.Program = request.expr
+    x = inputs[0]
+    rank, element = ir.MemRefType(x.type).rank, ir.MemRefType(x.type).element_type
+    length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
+    chunks = length // lanes // threads
+    with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
+            ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
+        length_value = arith.ConstantOp(element, float(length)).result
+        kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
+            if rank > 1 else []
+        starts = [arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result, ht.index(lanes)).result
+                  for c in range(chunks)]
+        columns = [[_read(v, broadcast_indices(v, [*kept, start]), lanes) for v in inputs] for start in starts]
+        elements = [([c[i] for c in column], arith.AddIOp(start, ht.index(i)).result if i else start)
+                    for column, start in zip(columns, starts, strict=True) for i in range(lanes)]
+        reds: list[ir.Value] = []
+        for kind, tree in program.reductions:
+            acc = _initial(kind, accumulator(kind, element))
+            for values, position in elements:
+                acc = combine(kind, acc, emit(tree, values, reds, length_value, element), position)
+            reds.append(result(kind, _block_reduce(kind, acc, thread, threads), element))
+        if program.rows:
+            first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
+            with ir.InsertionPoint(first.then_block):
+                index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
+                ht.store(emit(program.out, [], reds, length_value, element), out, index)
+                scf.YieldOp([])
+        else:
+            for c, start in enumerate(starts):
+                _write([emit(program.out, values, reds, length_value, element)
+                        for values, _ in elements[c * lanes:(c + 1) * lanes]], out, [*kept, start])
+    return ht.Launch((rows, 1, 1), (threads, 1, 1))
+
+
 def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     *inputs, out = args
     program: scalars.Program = request.expr
     x, axis = inputs[0], program.axis
     rank = ir.MemRefType(x.type).rank
     element = ir.MemRefType(x.type).element_type
+    if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
+            threads := _row_threads(extent(x, axis, request), _lanes(x))):
+        rows: exprs.Expr = 1
+        for a in range(rank - 1):
+            rows = exprs.mul(rows, extent(x, a, request))
+        return _reduce_in_registers(inputs, out, symbols, request, rows, threads)
     others = [a for a in range(rank) if a != axis]
     rows: exprs.Expr = 1
     for a in others:

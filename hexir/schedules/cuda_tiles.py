@@ -44,8 +44,9 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
-    if not isinstance(m, str):
+    if isinstance(m, int):
         return []
+    m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
         table = dmma_table(extent(0, 1, request), n, request.target.cuda_archs)

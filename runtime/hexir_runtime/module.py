@@ -263,7 +263,7 @@ def _fits(expected: TensorType, shape: tuple[int, ...]) -> bool:
 def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.dtype, shape: tuple[int, ...] | None,
                          tensor: dlpack.DeviceTensor, index: int, executor: Executor) -> None:
     """InputError unless a CUDA tensor is one the entry can read in place: on the module's GPU,
-    of the expected dtype and shape (`shape` where it has no symbol), C-contiguous."""
+    of the expected dtype and shape (`shape` where it has no symbol), C-contiguous, 16-byte aligned."""
     gpu = executor.gpus[0].device if executor.gpus else None
     problem = None  # (before, after the tensor's description); each check a comparison or two
     if index not in executor.device_inputs or gpu is None:
@@ -275,6 +275,9 @@ def _check_device_tensor(entry: str, name: str, expected: TensorType, dtype: np.
     elif not tensor.contiguous:
         problem = "expects a C-contiguous tensor, got", f" with strides {tensor.strides} (in elements; " \
                                                         ".contiguous() makes one)"
+    elif tensor.pointer % 16 and tensor.nbytes and tensor.shape[-1] * tensor.dtype.itemsize % 16 == 0:
+        # kernels read rows of a multiple of 16 bytes 16 bytes at a time: such rows start aligned
+        problem = "expects a tensor at a 16-byte aligned address, got", f" at {tensor.pointer:#x} (.clone() makes one)"
     if problem is not None:
         raise InputError(f"{entry}(): argument {name!r} {problem[0]} {dlpack.describe(tensor)}{problem[1]}")
 

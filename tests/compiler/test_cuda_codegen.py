@@ -211,7 +211,7 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
     filecheck(lower(PROGRAM, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.expr = "[\\22arg\\22,0]"
+        CHECK-SAME: hextir.expr = "[\\22arg\\22,0]"
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">, {launch}, hextir.sizes = []}}
         {linear_kernel_checks("arg2", "", "SUM")}
 
@@ -247,7 +247,7 @@ def test_tir_fused_epilogues_read_the_bias_by_column_then_apply_the_relu():
     filecheck(lower(FUSED_BIAS_RELU, "mlir-tir", placement=ON_CUDA), f"""
         CHECK:      func.func public @[[LINEAR:linear_[0-9]+]](
         CHECK-SAME: %{{{{.+}}}}: memref<17x5xf32>, %{{{{.+}}}}: memref<5x7xf32>, %{{{{.+}}}}: memref<7xf32>, %{{{{.+}}}}: memref<17x7xf32>)
-        CHECK-SAME: attributes {{hextir.expr = "[\\22max\\22,[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]],[\\22const\\22,0.0]]"
+        CHECK-SAME: hextir.expr = "[\\22max\\22,[\\22add\\22,[\\22arg\\22,0],[\\22arg\\22,1]],[\\22const\\22,0.0]]"
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "linear">
         {linear_kernel_checks("arg3", epilogue, "RELU")}
         CHECK-NOT:  hexir.relu

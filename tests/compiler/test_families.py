@@ -95,7 +95,7 @@ def test_the_cpu_pointwise_kernel_loops_over_the_output_reading_a_row_by_its_col
     text = lower(POINTWISE_CHAIN, "mlir-tir", **CPU)
     filecheck(text, f"""
         CHECK:       func.func public @[[K:sub_[0-9]+]](%arg0: memref<4x6xf32>, %arg1: memref<6xf32>, %arg2: memref<4x6xf32>)
-        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}
+        CHECK-SAME:      hextir.expr = {pattern(CHAIN)}
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "pointwise">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "4", grain = {-(-16384 // 6)} : i64}}}}
         CHECK:         scf.for %[[I:arg[0-9]+]] = %c0 to %c4 step %c1 {{
         CHECK:           scf.for %[[J:arg[0-9]+]] = %c0 to %c6 step %c1 {{
@@ -119,7 +119,7 @@ def test_the_cuda_pointwise_kernel_is_one_flat_guarded_axis_of_blocks_and_thread
     text = lower(POINTWISE_CHAIN, "mlir-tir", **CUDA)
     filecheck(text, f"""
         CHECK:       func.func public @[[K:sub_[0-9]+]](%arg0: memref<4x6xf32>, %arg1: memref<6xf32>, %arg2: memref<4x6xf32>)
-        CHECK-SAME:      attributes {{hextir.expr = {pattern(CHAIN)}
+        CHECK-SAME:      hextir.expr = {pattern(CHAIN)}
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cuda", "pointwise">, hextir.launch = {{block = array<i64: 256, 1, 1>, grid = ["1", "1", "1"], shared_bytes = 0 : i64}}
         CHECK-DAG:     %[[OUT:.+]] = memref.collapse_shape %arg2 {{{{\\[\\[}}}}0, 1{{{{\\]\\]}}}} : memref<4x6xf32> into memref<24xf32>
         CHECK-DAG:     %[[IN:.+]] = memref.collapse_shape %arg0 {{{{\\[\\[}}}}0, 1{{{{\\]\\]}}}} : memref<4x6xf32> into memref<24xf32>

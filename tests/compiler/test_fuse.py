@@ -143,7 +143,7 @@ def test_the_cpu_kernel_applies_the_relu_to_the_sums_before_it_stores_them(bias)
         "arith.constant dense<0.000000e+00> : vector<7xf32>"
     filecheck(lower(program(bias=bias), "mlir-tir"), f"""
         CHECK:       func.func public @[[LINEAR:linear_[0-9]+]]({buffers})
-        CHECK-SAME:      attributes {{hextir.expr = {printed(tree)}
+        CHECK-SAME:      hextir.expr = {printed(tree)}
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(3, 7, "float32")}", grain = 1 : i64, spans = true}}}}
         CHECK:       scf.if %{{{{[0-9]+}}}} {{
         CHECK:         %[[J0:[0-9]+]] = arith.addi %{{{{[0-9]+}}}}, %{{{{[0-9]+}}}} : index

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import math
 
-import hexir
 import hexir_runtime
 import numpy as np
 import pytest
-from hexir import TensorSpec
-from hexir.errors import TraceError
 from hexir_runtime.errors import InputError
 
+import hexir
+from hexir import TensorSpec
 from hexir.cli import main
+from hexir.errors import TraceError
 
 RNG = np.random.default_rng(24)
 W = RNG.standard_normal((16, 8)).astype(np.float32)
@@ -157,3 +157,31 @@ def test_spec_on_the_command_line_takes_several_symbols(tmp_path, capsys):
     assert 'tensor<?x?x64xf32, "batch,seq">' in capsys.readouterr().out
     assert main([f"{source}:f", "-spec=x=batchxseqx64", "-emit=mlir"]) == 2
     assert "names without an x" in capsys.readouterr().err
+
+
+def test_a_cuda_linear_over_two_symbols_picks_its_tile_by_the_product_of_its_rows():
+    from hexir_runtime.format import decode
+    data = hexir.jit(lambda x: hexir.linear(x, W), placement="*=cuda").compile(
+        TensorSpec(("batch", "seq", 16), "float32"))
+    (code,) = [k.gpu_code for k in decode(data).manifest.kernels if k.gpu_code]
+    assert code.variants and all(list(v.below) == [("mul", "batch", "seq")] for v in code.variants)
+    bound = code.variants[0].below[("mul", "batch", "seq")]
+    assert code.pick({"batch": 1, "seq": bound - 1})[0] == code.variants[0].symbol
+    assert code.pick({"batch": bound, "seq": bound})[0] == code.symbol
+
+
+def test_a_variant_bound_on_a_malformed_size_is_refused():
+    import json
+
+    from hexir_runtime import HxbFormatError
+    from hexir_runtime.format import decode, encode
+    read = decode(hexir.jit(lambda x: hexir.linear(x, W), placement="*=cuda").compile(
+        TensorSpec(("batch", "seq", 16), "float32")))
+    blobs = [(b["name"], bytes(read.blob(i))) for i, b in enumerate(read.json["blobs"])]
+    for key, reason in [("mul(batch,", "expected a symbol or a size expression"),
+                        ("mul(batch, time)", "symbol 'time' is no dimension")]:
+        crafted = {k: v for k, v in json.loads(json.dumps(read.json)).items() if k != "blobs"}
+        kernel = next(k for k in crafted["kernels"] if "variants" in k)
+        kernel["variants"][0]["below"] = {key: 4}
+        with pytest.raises(HxbFormatError, match=reason):
+            encode(crafted, blobs)

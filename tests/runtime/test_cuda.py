@@ -1493,6 +1493,30 @@ def test_a_wrong_cuda_tensor_is_an_input_error_naming_it(module_file, fake, make
     assert fake.launches == []
 
 
+def test_a_cuda_tensor_at_a_misaligned_address_is_an_input_error(modules, fake):
+    """Kernels read rows of a multiple of 16 bytes 16 bytes at a time: a view of such rows
+    starting 4 bytes into its storage is refused (naming its address), never read misaligned (a
+    sticky CUDA error on a real GPU); rows of other lengths are read as they are (the test above)."""
+    builder = modules.Builder()
+    relu = builder.kernel("relu", [["batch", 4], ["batch", 4]], device="cuda", fallback=False)
+    kernel = builder.kernels[relu]
+    ptx = kernel["images"]["compute_90"]
+    builder.blobs[ptx] = ("ptx", f".version 8.0\n.target sm_90\n.entry {kernel['symbol']}(\n".encode())
+    kernel["images"] = {"compute_90": ptx}
+    fake.kernels[kernel["symbol"]] = kernel
+    entry = builder.entry()
+    entry.ret(entry.transfer(entry.call(relu, entry.transfer(entry.input("x", ["batch", 4]), "cuda")), "cpu"))
+    module = load(hxb.encode(*builder.build()), "cuda")
+    storage = CudaTensor(fake, x_of((17,)))
+    view = hexir_runtime.dlpack.DLPackArray(storage.pointer + 4, (4, 4), np.dtype("float32"), (2, 0))  # 4 B in
+    with pytest.raises(hexir_runtime.InputError, match=r"^main\(\): argument 'x' expects a tensor at a 16-byte "
+                                                      r"aligned address, got float32\[4, 4\] on cuda:0 at 0x[0-9a-f]+ "
+                                                      r"\(\.clone\(\) makes one\)$"):
+        module.main(view)
+    assert fake.launches == []
+    module.close()
+
+
 def test_concurrent_calls_from_8_threads_on_the_fake_gpu(symbolic_relu, fake, request, concurrently):
     module = load(symbolic_relu, "cuda")
     request.addfinalizer(module.close)

@@ -346,6 +346,7 @@ def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(module
     for panels in ([1, 8, 32], [3, 8, 32], [2, 8, 0], [2, 7, 32]):
         bad = copy.deepcopy(manifest)
         bad["kernels"][kernel]["args"][1]["shape"] = panels
-        with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: linear_panels expects x\[M, K\], "
-                                                 r"w\[P, K, L\] \(P = ceil\(N / L\)\), epilogue inputs, out\[M, N\]"):
+        with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: linear_panels expects x\[\.\.\., K\], "
+                                                 r"w\[P, K, L\] \(P = ceil\(N / L\)\), epilogue inputs "
+                                                 r"\(leading axes out.s, or 1\), out\[\.\.\., N\]"):
             hxb.encode(bad, blobs)

@@ -258,7 +258,7 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
     "symbol not an identifier": (lambda m: m["entries"][0]["inputs"][0].update(shape=["2x", 8]),
                                  "entries[0].inputs[0].shape[0]", "expected an identifier"),
     "linear shapes": (lambda m: m["kernels"][2]["args"][1].update(shape=[15, 4]), "kernels[2].args",
-                      "linear expects x[M, K], w[K, N], out[M, N], got float32[2, 16], float32[15, 4]"),
+                      "linear expects x[..., K], w[K, N], out[..., N], got float32[2, 16], float32[15, 4]"),
     "bias shape": (lambda m: m["kernels"][0]["args"][2].update(shape=[15]), "kernels[0].args[2].shape",
                    "[15] does not broadcast to out's shape [2, 16]"),
     "relu shapes": (lambda m: m["kernels"][1]["args"][1].update(shape=[2, 15]), "kernels[1].args[0].shape",

@@ -161,7 +161,7 @@ CONTRACTS = {  # base -> mutation of its kernel -> (field, part of the message)
     "epilogue not broadcasting": ("linear", lambda k: _shape(k, 2, [2]), "kernels[0].args[2].shape",
                                   "[2] does not broadcast to out's shape [2, 4]"),
     "epilogue too big": ("linear", lambda k: _shape(k, 2, [1, 2, 4]), "kernels[0].args[2].shape", "does not broadcast"),
-    "linear shapes": ("linear", lambda k: _shape(k, 1, [2, 4]), "kernels[0].args", "linear expects x[M, K], w[K, N]"),
+    "linear shapes": ("linear", lambda k: _shape(k, 1, [2, 4]), "kernels[0].args", "linear expects x[..., K], w[K, N]"),
     "linear mixed dtypes": ("linear", lambda k: k["args"][2].update(dtype="float64"), "kernels[0].args[2].dtype",
                             "expected float32 like args[0]"),
     "int64 in a pointwise": ("pointwise", lambda k: [a.update(dtype="int64") for a in k["args"]],

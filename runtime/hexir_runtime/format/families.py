@@ -76,11 +76,11 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
                                   f"{', '.join(map(str, args))}")
         return None
     if op in ("linear", "linear_panels", "matmul"):
+        _check_broadcasts(args, range(2, len(args) - 1), out, path)
         if op == "matmul":
             check_matmul(args, path)
         else:
             _check_linear(op, args, path)
-        _check_broadcasts(args, range(2, len(args) - 1), out, path)
         return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 2)
     if op == "pointwise":
         _check_broadcasts(args, range(len(args) - 1), out, path)
@@ -107,8 +107,7 @@ def _check_linear(op: str, args: tuple[TensorType, ...], path: str) -> None:
     (the kernel reads it as rows of out)."""
     x, w, out = args[0].shape, args[1].shape, args[-1].shape
     n = out[-1] if out else None
-    k = w[0] if op == "linear" else (w[1] if len(w) == 3 else None)
-    consistent = len(x) >= 1 and len(w) == (2 if op == "linear" else 3) and x[-1] == k \
+    consistent = len(x) >= 1 and len(w) == (2 if op == "linear" else 3) and x[-1] == w[op != "linear"] \
         and out == (*x[:-1], w[1] if op == "linear" else n)
     if op != "linear":
         consistent = consistent and all(type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])

@@ -8,9 +8,9 @@ import math
 import re
 from typing import Any
 
-from .exprs import _expr
+from .exprs import Expr, _expr, parse, to_json
 from .families import FAMILIES, check_args, check_family
-from .fields import _choice, _describe, _fail, _identifier, _index, _int, _json, _list, _object, _str
+from .fields import _choice, _describe, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
 from .types import DEVICES, Code, GpuCode, Kernel, Launch, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
@@ -64,12 +64,13 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
         _object(variant, where, ("symbol", "launch", "below"))
-        below = _object(variant["below"], f"{where}.below", tuple(symbols))
+        below = _is_object(variant["below"], f"{where}.below")
         if not below:
             _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
         variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
                                 _launch(variant["launch"], f"{where}.launch", symbols),
-                                {name: _int(bound, f"{where}.below.{name}", 1) for name, bound in below.items()}))
+                                {_below_key(key, f"{where}.below.{key}", symbols):
+                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}))
     images = kernel["images"]
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
@@ -136,3 +137,12 @@ def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) 
         _fail(f"{path}.source", f"expected a file name (a non-empty string), got {_describe(code['source'])}")
     library = _index(code["library"], f"{path}.library", blob_count, "blob") if "library" in code else None
     return Code(symbol, None, library, code["source"])
+
+
+def _below_key(text: str, path: str, symbols: list[str]) -> Expr:
+    """A variant's bound is on a size: a symbol, or a size expression's text (`mul(batch, seq)`)."""
+    try:
+        parsed = parse(text)
+    except ValueError:
+        _fail(path, f"expected a symbol or a size expression, got {_describe(text)}")
+    return _expr(to_json(parsed), path, symbols)

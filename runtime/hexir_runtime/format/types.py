@@ -81,11 +81,11 @@ class Code:
 @dataclass(frozen=True)
 class Variant:
     """Another kernel in the same images computing the same thing, run instead when every size
-    of the call is below its bound (`below`: symbol -> bound)."""
+    of the call is below its bound (`below`: a symbol or size expression -> bound)."""
 
     symbol: str
     launch: Launch
-    below: Mapping[str, int]
+    below: Mapping[Expr, int]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,9 @@ class GpuCode:
 
     def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
         """The symbol and launch that run a call with `sizes`."""
+        from .exprs import evaluate  # (exprs reads fields, which reads this module)
         for variant in self.variants:
-            if all(sizes[name] < bound for name, bound in variant.below.items()):
+            if all(evaluate(size, sizes) < bound for size, bound in variant.below.items()):
                 return variant.symbol, variant.launch
         return self.symbol, self.launch
 

@@ -1,0 +1,166 @@
+"""Benchmark (#25 target 3): one pre-LN transformer block (batch 8 x seq 512 x d 768, 12 heads of
+64, causal mask, gelu MLP of 3072, residuals) on the GPU: hexir against torch eager and
+torch.compile (default mode) computing the same block with the same weights (float32, TF32 off).
+
+    python bench/block.py build DIR     # here (hexir): DIR/block.hxb, its weights, the compile time
+    python bench/block.py run DIR       # there (hexir_runtime, torch on cuda)
+
+Two columns: numpy in / numpy out (a user's call from host arrays, the time to a host result;
+wall clock, median) and device-resident (torch CUDA tensors in, outputs on the GPU: hexir via
+DLPack and outputs="device"; CUDA events around the call, median). The result of each is
+checked against torch eager (WRONG if off by more than 1e-3 relative to the largest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BATCH, SEQ, DIM, HEADS, HIDDEN = 8, 512, 768, 12, 3072
+HEAD = DIM // HEADS
+
+
+def weights(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    return {"ln1_g": 1 + normal(DIM, std=0.1), "ln1_b": normal(DIM, std=0.02),
+            "qkv": normal(DIM, 3 * DIM, std=0.03), "qkv_b": normal(3 * DIM, std=0.02),
+            "proj": normal(DIM, DIM, std=0.03), "proj_b": normal(DIM, std=0.02),
+            "ln2_g": 1 + normal(DIM, std=0.1), "ln2_b": normal(DIM, std=0.02),
+            "fc": normal(DIM, HIDDEN, std=0.03), "fc_b": normal(HIDDEN, std=0.02),
+            "fc2": normal(HIDDEN, DIM, std=0.02), "fc2_b": normal(DIM, std=0.02)}
+
+
+def block(hexir, w):
+    def forward(x, mask):
+        batch, seq, _ = x.shape
+        h = hexir.layer_norm(x, w["ln1_g"], w["ln1_b"])
+        qkv = hexir.linear(h, w["qkv"], w["qkv_b"])
+        q, k, v = (qkv[..., j * DIM:(j + 1) * DIM].reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3)
+                   for j in range(3))
+        attended = hexir.softmax(q @ k.transpose(0, 1, 3, 2) * (1 / math.sqrt(HEAD)) + mask, axis=-1) @ v
+        x = x + hexir.linear(attended.transpose(0, 2, 1, 3).reshape(batch, seq, DIM), w["proj"], w["proj_b"])
+        h = hexir.layer_norm(x, w["ln2_g"], w["ln2_b"])
+        return x + hexir.linear(hexir.gelu(hexir.linear(h, w["fc"], w["fc_b"])), w["fc2"], w["fc2_b"])
+    return forward
+
+
+def torch_block(torch, w):
+    F = torch.nn.functional  # noqa: N806
+    t = {k: torch.from_numpy(v).cuda() for k, v in w.items()}
+
+    def forward(x, mask):
+        batch, seq, _ = x.shape
+        h = F.layer_norm(x, (DIM,), t["ln1_g"], t["ln1_b"])
+        qkv = h @ t["qkv"] + t["qkv_b"]
+        q, k, v = (qkv[..., j * DIM:(j + 1) * DIM].reshape(batch, seq, HEADS, HEAD).transpose(1, 2) for j in range(3))
+        attended = torch.softmax(q @ k.transpose(-1, -2) * (1 / math.sqrt(HEAD)) + mask, dim=-1) @ v
+        x = x + attended.transpose(1, 2).reshape(batch, seq, DIM) @ t["proj"] + t["proj_b"]
+        h = F.layer_norm(x, (DIM,), t["ln2_g"], t["ln2_b"])
+        return x + F.gelu(h @ t["fc"] + t["fc_b"]) @ t["fc2"] + t["fc2_b"]
+    return forward
+
+
+def build(out: Path) -> None:
+    import hexir
+    out.mkdir(parents=True, exist_ok=True)
+    specs = (hexir.TensorSpec((BATCH, SEQ, DIM), "float32"), hexir.TensorSpec((SEQ, SEQ), "float32"))
+    started = time.perf_counter()
+    hexir.export(block(hexir, weights()), out / "block.hxb", *specs, placement="*=cuda")
+    seconds = time.perf_counter() - started
+    (out / "block.json").write_text(json.dumps({"compile_seconds": seconds}))
+    print(f"built {out / 'block.hxb'} in {seconds:.1f} s (this machine)")
+
+
+def _wall(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _events(torch, fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def run(out: Path, repeats: int) -> int:
+    import hexir_runtime
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    w = weights()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH, SEQ, DIM)).astype(np.float32)
+    mask = np.triu(np.full((SEQ, SEQ), -np.inf, np.float32), k=1)
+    module = hexir_runtime.load(out / "block.hxb", "cuda")
+    eager = torch_block(torch, w)
+    compiled = torch.compile(eager)
+    xt, mt = torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()
+    with torch.no_grad():
+        want = eager(xt, mt).cpu().numpy()
+        started = time.perf_counter()
+        compiled(xt, mt)
+        torch.cuda.synchronize()
+        torch_compile_s = time.perf_counter() - started
+        status = 0
+        got = module.main(x, mask)
+        error = float(np.abs(got - want).max() / np.abs(want).max())
+        print(f"hexir vs torch eager: max error {error:.1e} relative to the largest"
+              + ("  WRONG" if error > 1e-3 else ""))
+        status |= error > 1e-3
+        rows = {
+            "numpy in/out": (lambda: module.main(x, mask),
+                             lambda: eager(torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()).cpu().numpy(),
+                             lambda: compiled(torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()).cpu().numpy(),
+                             _wall),
+            "device-resident": (lambda: module.main(xt, mt, outputs="device"), lambda: eager(xt, mt),
+                                lambda: compiled(xt, mt), lambda fn, r: _events(torch, fn, r)),
+        }
+        compile_s = json.loads((out / "block.json").read_text())["compile_seconds"]
+        print(f"block: batch {BATCH} x seq {SEQ} x d {DIM}, {HEADS} heads, float32 (TF32 off); median of {repeats}; "
+              f"hexir compiled in {compile_s:.1f} s (build machine), torch.compile's first {torch_compile_s:.1f} s")
+        print(f"{'':>16} {'hexir ms':>9} {'eager ms':>9} {'eager/hexir':>11} {'compile ms':>10} {'compiled/hexir':>14}")
+        for name, (ours, theirs, theirs_compiled, timer) in rows.items():
+            a, b, c = (timer(fn, repeats) for fn in (ours, theirs, theirs_compiled))
+            print(f"{name:>16} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:11.2f} {c * 1e3:10.2f} {c / a:14.2f}")
+    module.close()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("build", "run"))
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        build(args.dir)
+        return 0
+    return run(args.dir, args.repeats)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
