@@ -183,30 +183,50 @@ def test_the_cuda_kernel_is_tiled_through_shared_memory_grid_x_the_batch_and_row
 
 @st.composite
 def matmul_shapes(draw):
-    """Shapes numpy's matmul takes: ranks 1 to 4, K, M, N of 1 to 20, batch dims broadcasting."""
-    m, k, n = (draw(st.integers(1, 20)) for _ in range(3))
+    """Shapes numpy's matmul takes, their extents named: ranks 1 to 4, K, M, N of 1 to 20, batch
+    dims (b0, b1) of 1 to 3, each operand's either its own or 1 (broadcast); and the sizes."""
+    sizes = {name: draw(st.integers(1, 20)) for name in ("m", "k", "n")}
+    sizes.update({name: draw(st.integers(1, 3)) for name in ("b0", "b1")})
     ranks = draw(st.tuples(st.integers(1, 4), st.integers(1, 4)))
-    batch = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
     shapes = []
-    for rank, core in zip(ranks, ((m, k), (k, n)), strict=True):
+    for rank, core in zip(ranks, (("m", "k"), ("k", "n")), strict=True):
         if rank == 1:
-            shapes.append((k,))
+            shapes.append(("k",))
             continue
-        own = [d if draw(st.booleans()) else 1 for d in batch[len(batch) - (rank - 2):]] if rank > 2 else []
+        own = [d if draw(st.booleans()) else 1 for d in ("b0", "b1")[4 - rank:]] if rank > 2 else []
         shapes.append((*own, *core))
     if len(shapes[0]) == len(shapes[1]) == 1:  # (a scalar: not a hexir tensor)
-        shapes[1] = (k, n)
-    return shapes[0], shapes[1], draw(st.sampled_from(["float32", "float64"]))
+        shapes[1] = ("k", "n")
+    return shapes[0], shapes[1], sizes, draw(st.sampled_from(["float32", "float64"]))
+
+
+def _sized(shape, sizes, symbols=()):
+    """`shape` with each name not among `symbols` replaced by its size."""
+    return tuple(d if d in symbols or isinstance(d, int) else sizes[d] for d in shape)
 
 
 @settings(max_examples=10, deadline=None)
 @given(shapes=matmul_shapes())
 def test_matmul_of_any_ranks_and_shapes_is_numpys(shapes):
-    a_shape, b_shape, dtype = shapes
+    a_shape, b_shape, sizes, dtype = shapes
+    a_shape, b_shape = _sized(a_shape, sizes), _sized(b_shape, sizes)
     module, _ = _compile(lambda a, b: hexir.matmul(a, b), [TensorSpec(a_shape, dtype), TensorSpec(b_shape, dtype)],
                          "cpu")
     a, b = _inputs(a_shape, b_shape, dtype=dtype)
     _close(module.main(a, b), np.matmul(a.astype(np.float64), b), dtype)
+
+
+@settings(max_examples=8, deadline=None)
+@given(shapes=matmul_shapes(), symbols=st.sets(st.sampled_from(["m", "k", "n", "b0", "b1"]), min_size=1),
+       device=st.sampled_from(["cpu", "cuda"]))
+def test_matmul_with_symbolic_extents_is_numpys_at_any_sizes(shapes, symbols, device):
+    """Some extents named (one module), run at the drawn sizes and at others."""
+    a_shape, b_shape, sizes, dtype = shapes
+    specs = [TensorSpec(_sized(s, sizes, symbols), dtype) for s in (a_shape, b_shape)]
+    module, _ = _compile(lambda a, b: a @ b, specs, device)
+    for call in (sizes, {**sizes, **{name: sizes[name] + 3 for name in symbols}}, {**sizes, **dict.fromkeys(symbols, 1)}):
+        a, b = _inputs(_sized(a_shape, call), _sized(b_shape, call), dtype=dtype)
+        _close(module.main(a, b), np.matmul(a.astype(np.float64), b), dtype)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -40,7 +40,7 @@ BASE = ([([2, 3, 4, 5], F32), ([3, 5, 6], F32), ([4, 6], F32)], ([2, 3, 4, 6], F
 REFUSED = {  # the kernel's args (a, b, mask, out) edited -> (field, part of the message)
     "inner dimensions": ({1: [3, 4, 6]}, "kernels[0].args", "numpy's matmul shapes"),
     "batch not broadcasting": ({1: [2, 5, 6]}, "kernels[0].args", "matmul expects a[..., M, K], b[..., K, N]"),
-    "out of another shape": ({3: [2, 3, 4, 7]}, "kernels[0].args", "(here [2, 3, 4, 6])"),
+    "out of another shape": ({2: [1, 7], 3: [2, 3, 4, 7]}, "kernels[0].args", "(here [2, 3, 4, 6])"),
     "out missing the batch": ({3: [4, 6]}, "kernels[0].args", "numpy's matmul shapes"),
     "a symbol for a number": ({3: ["n", 3, 4, 6]}, "kernels[0].args", "numpy's matmul shapes"),
     "two vectors": ({0: [5], 1: [5], 2: [1], 3: [1]}, "kernels[0].args", "numpy's matmul shapes"),
