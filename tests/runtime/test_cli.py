@@ -33,7 +33,7 @@ def test_header_then_program_output(capsys, mlp_file, matmul_inputs):
     code, out, err = run(capsys, mlp_file, *matmul_inputs)
     assert (code, err) == (0, "")
     assert out == (
-        f"module        : {mlp_file}\nversion       : 4\nentry         : matmul\ndevice        : cpu\n--\n{MATMUL}"
+        f"module        : {mlp_file}\nversion       : 5\nentry         : matmul\ndevice        : cpu\n--\n{MATMUL}"
         "output0: float32[2, 2]\n[[ 8. 17.]\n [12. 14.]]\n"
     )
 
@@ -65,7 +65,7 @@ def test_info_checks_the_format_and_loads_no_code(capsys, modules, tmp_path):
     hxb.write(path, *modules.mlp(b"not a shared object"))  # cannot be loaded, can be described
     code, out, err = run(capsys, path, "--info")
     assert (code, err) == (0, "")
-    for line in [f"module        : {path}", "version       : 4", "producer      : hexir-tests",
+    for line in [f"module        : {path}", "version       : 5", "producer      : hexir-tests",
                  "entry main(x: float32[2, 8]) -> float32[2, 4]", "%0 = input x",
                  "%3 = call k0_linear_bias(%0, %1, %2)", "# float32[2, 16] on cpu", "print %6", "return %6",
                  "[1] k1_relu: cpu pointwise(read float32[2, 16], write", "computes max(a0, 0)",

@@ -40,7 +40,7 @@ def assert_format_error(data: bytes, field: str, text: str = "") -> HxbFormatErr
 def test_round_trip(parts, data):
     manifest, blobs = parts
     module = hxb.decode(data)
-    assert module.version == 4
+    assert module.version == 5
     assert {key: module.json[key] for key in manifest} == manifest
     assert module.manifest.kernels[0].expr == ["add", ["arg", 0], ["arg", 1]]
     assert module.manifest.constants[0].name == "W1"
@@ -54,7 +54,7 @@ def test_round_trip(parts, data):
 
 def test_header_layout(data):
     magic, version, header_size, offset, size, crc, reserved = struct.unpack_from("<8sIIQQII", data)
-    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 4, 40, 40, 0)
+    assert (magic, version, header_size, offset, reserved) == (b"\x89HXB\r\n\x1a\n", 5, 40, 40, 0)
     assert zlib.crc32(data[40 : 40 + size]) == crc
     json.loads(data[40 : 40 + size])  # the manifest is plain JSON
 
@@ -111,9 +111,9 @@ def test_foreign_files_have_bad_magic(foreign):
 
 
 def test_unknown_version(data):
-    for version in (0, 5):
+    for version in (0, 6):
         error = assert_format_error(patch(data, 8, struct.pack("<I", version)), "header.version")
-        assert error.reason == f"version {version} is not supported; this runtime reads versions 1, 2, 3 and 4"
+        assert error.reason == f"version {version} is not supported; this runtime reads versions 1, 2, 3, 4 and 5"
     # a version-3 manifest has epilogues where version 4 has expr: this one's expr is an unknown key
     assert_format_error(patch(data, 8, struct.pack("<I", 3)), "kernels[0].expr", "unknown key in a version-3 file")
 

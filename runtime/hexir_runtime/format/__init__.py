@@ -13,7 +13,8 @@ The meaning pass does not only check the JSON: it builds the frozen `Manifest` (
 the rest of the runtime reads. That is also where each kernel's code is decided once:
 `Kernel.cpu_code` is what runs it on the host (its own code, its `cpu_fallback`, or None) and
 `Kernel.gpu_code` what runs it on a GPU, so no device re-derives it from dicts. A manifest of
-versions 1 to 3 is upgraded to the version-4 JSON before the checks (upgrade.py), so nothing
+versions 1 to 3 is upgraded to the version-4 JSON before the checks (upgrade.py; version 4 reads as
+version 5, which only adds to it), so nothing
 downstream knows older versions existed: a file of any version is held to every check (its code's kernel tables
 included: tables.py), and one too old to be checked is refused.
 

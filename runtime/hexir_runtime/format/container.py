@@ -19,10 +19,10 @@ from .types import Manifest
 from .upgrade import _upgrade_cpu, _upgrade_epilogues, _upgrade_v1
 
 MAGIC = b"\x89HXB\r\n\x1a\n"
-VERSION = 4  # what encode writes
+VERSION = 5  # what encode writes
 # What decode reads: version 1 is upgraded to 2; 3 is 2 with work records' `spans`; 4 says what a
 # kernel computes in `expr` where 1 to 3 had `epilogues` (upgraded to it).
-READABLE = (1, 2, 3, 4)
+READABLE = (1, 2, 3, 4, 5)
 # magic, version, header_size, manifest_offset, manifest_size, manifest_crc32, flags
 HEADER = struct.Struct("<8sIIQQII")
 SIGNED = 1  # the one header flag: the file ends with a signature record (signing.py)
@@ -67,7 +67,7 @@ def read(path: str | os.PathLike[str]) -> Hxb:
 
 
 def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
-    """Lay out a version-4 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
+    """Lay out a version-5 .hxb file: `manifest` without its `blobs` key, plus (name, bytes) blobs.
 
     The manifest refers to blobs by their index in `blobs`; this function computes their
     offsets, sizes and checksums and the header, then decodes the result so that an invalid
