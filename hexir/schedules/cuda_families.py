@@ -27,6 +27,7 @@ POINTWISE_BLOCK = 256
 REDUCE_BLOCK = 256
 REGISTER_THREADS = 1024  # the most threads of a block holding a row in registers
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
+REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -164,10 +165,14 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
 
 def _row_threads(length: exprs.Expr, lanes: int) -> int:
     """The threads of a block that holds a row in registers, 16 bytes a load (0: it cannot): a
-    power of two from 32 to REGISTER_THREADS dividing the row's vectors."""
+    power of two from 32 to REGISTER_THREADS dividing the row's vectors, about REGISTER_VECTORS
+    of them a thread (run 111: 1024 threads of one vector each made the 4096-column rows slower
+    than the strided kernel, a block reduce being a barrier per halving)."""
     if not isinstance(length, int) or length % lanes or length > REGISTER_ROW:
         return 0
-    vectors, threads = length // lanes, REGISTER_THREADS
+    vectors = length // lanes
+    threads = 1 << max(5, (max(vectors // REGISTER_VECTORS, 1)).bit_length() - 1)  # ~REGISTER_VECTORS each
+    threads = min(threads, REGISTER_THREADS)
     while threads >= 32 and vectors % threads:
         threads //= 2
     return threads if threads >= 32 else 0
