@@ -21,7 +21,7 @@ export HEXIR_CACHE_DIR= PYTHONPATH=runtime:.   # never a cached module: the buil
 ONLY=${ONLY:-all} BEFORE=${BEFORE:-/work/wt/h23-before} BEFORE_REF=${BEFORE_REF:-main}
 if [ "$ONLY" = h24 ]; then  # issue #24 (and #25's memory-bound ops and block): no GEMMs before/after
   rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/examples
-  cp -r runtime .gpu/ && cp -r tests/runtime tests/data tests/gpu .gpu/tests/ && cp examples/transformer.py .gpu/examples/
+  cp -r runtime docs .gpu/ && cp -r tests/runtime tests/data tests/gpu .gpu/tests/ && cp examples/transformer.py .gpu/examples/
   cp bench/ops.py bench/block.py bench/gpu_run.sh .gpu/bench/
   find .gpu -name __pycache__ -prune -exec rm -rf {} +
   python tests/gpu/suite.py build .gpu/cases --examples "${EXAMPLES:-20}"

@@ -36,7 +36,7 @@ run_machine() {
   { echo "== machine"; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.max.sm --format=csv,noheader; nproc
     python3 -c "import sys, numpy, torch, cuda.bindings; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
     echo "== runtime tests (Python 3.12, no MLIR; the torch/cupy DLPack tests need this GPU)"
-    (cd tests && python3 -m pytest runtime -q -p no:cacheprovider -o addopts="" -rfs 2>&1 | tail -15)
+    (cd tests && python3 -m pytest runtime -q -p no:cacheprovider -o addopts="" -rfs 2>&1 | grep -v "^SKIPPED" | tail -15)
   } 2>&1 | tee "$out/machine.txt"
 }
 run_suite() {
@@ -86,7 +86,7 @@ if [ "$part" = 1 ]; then
   { echo "== machine"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; nproc
     python3 -c "import sys, numpy, torch, cuda.bindings; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
     echo "== runtime tests (Python 3.12, no MLIR; the torch/cupy DLPack tests need this GPU)"
-    (cd tests && python3 -m pytest runtime -q -p no:cacheprovider -o addopts="" -rfs 2>&1 | tail -15)
+    (cd tests && python3 -m pytest runtime -q -p no:cacheprovider -o addopts="" -rfs 2>&1 | grep -v "^SKIPPED" | tail -15)
   } 2>&1 | tee "$out/machine.txt"
   echo "== GPU property suite: cuda vs cpu vs numpy"
   python3 tests/gpu/suite.py run cases --devices cuda,cpu 2>&1 | tee "$out/suite.txt" || status=1
