@@ -28,7 +28,7 @@ REDUCE_BLOCK = 256
 REGISTER_THREADS = 256   # the most threads of a block holding a row in registers
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
-REGISTER_MOST = 16       # and the most it holds (256 bytes: 32 doubles a thread spilled, run 114)
+REGISTER_MOST = 16       # and the most it holds under that cap (32 doubles a thread were slower, run 114)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -168,14 +168,14 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
     """The threads of a block that holds a row in registers, 16 bytes a load (0: it cannot): a
     power of two from 32 to REGISTER_THREADS dividing the row's vectors, about REGISTER_VECTORS
     of them a thread, at most REGISTER_THREADS unless that leaves a thread more than REGISTER_MOST
-    (docs/tuning.md, "CUDA memory-bound kernels": runs 111, 113, 114)."""
+    (then 1024) (docs/tuning.md, "CUDA memory-bound kernels": runs 111, 113, 114)."""
     if not isinstance(length, int) or length % lanes or length > REGISTER_ROW:
         return 0
     vectors = length // lanes
     threads = 1 << max(5, (max(vectors // REGISTER_VECTORS, 1)).bit_length() - 1)  # ~REGISTER_VECTORS each
     threads = min(threads, REGISTER_THREADS)
-    while vectors > threads * REGISTER_MOST and threads < 1024:  # no more than REGISTER_MOST a thread
-        threads *= 2
+    if vectors > threads * REGISTER_MOST:  # (f64 rows of 16384: 1024 threads of 8, as run 113 measured)
+        threads = 1024
     while threads >= 32 and vectors % threads:
         threads //= 2
     return threads if threads >= 32 else 0
