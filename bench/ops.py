@@ -44,13 +44,20 @@ def _function(hexir, op: str):
     return lambda x, a, b: hexir.gelu(x * a + b)
 
 
-def build(out: Path) -> None:
+def build(out: Path, devices: tuple[str, ...] = ("cuda", "cpu"), ops: tuple[str, ...] = OPS,
+          settings: tuple[str, ...] = ()) -> None:
+    import importlib
+
     import hexir
 
+    for setting in settings:  # MODULE.NAME=INT: a schedule constant changed for this build (a variant)
+        where, value = setting.split("=")
+        module, name = where.rsplit(".", 1)
+        setattr(importlib.import_module(module), name, int(value))
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for device in ("cuda", "cpu"):
-        for op in OPS:
+    for device in devices:
+        for op in ops:
             for n in COLUMNS:
                 for dtype in ("float32", "float64"):
                     m = ELEMENTS[device] // n
@@ -233,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build")
     build_parser.add_argument("out", type=Path)
+    build_parser.add_argument("--devices", default="cuda,cpu")
+    build_parser.add_argument("--ops", default=",".join(OPS))
+    build_parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
+                              help="a schedule constant for this build (a variant), e.g. "
+                                   "hexir.schedules.cuda_families.REGISTER_THREADS=512")
     run_parser = commands.add_parser("run")
     run_parser.add_argument("modules", type=Path)
     run_parser.add_argument("--device", choices=("cuda", "cpu"), default="cpu")
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="seconds of torch.compile after which the rest are n/a")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out)
+        build(args.out, tuple(args.devices.split(",")), tuple(args.ops.split(",")), tuple(args.set))
         return 0
     return run(args.modules, args.device, args.repeats, args.compile, args.compile_budget)
 

@@ -6,8 +6,8 @@ index the position's coordinates give it (numpy's rules).
 
 reduce: a block of up to REDUCE_BLOCK threads per row. For each reduction of the program the
 threads walk the row in strides (thread t: elements t, t + T, ...), then combine their partial
-results through shared memory in a tree (argmax keeps the first index of the largest, as
-numpy); the output is written by thread 0 (per row) or by all of them in strides (per element).
+results: in each warp by shuffles, the warps' results through shared memory (one barrier), then
+again by shuffles (argmax keeps the first index of the largest, as numpy); the output is written by thread 0 (per row) or by all of them in strides (per element).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import arith, gpu, memref, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
@@ -143,25 +143,42 @@ def _combine_partials(kind: str, mine: list[ir.Value], other: list[ir.Value]) ->
     return [arith.SelectOp(better, v2, v1).result, arith.SelectOp(better, i2, i1).result]
 
 
+def _shuffled(kind: str, values: list[ir.Value], lanes: int) -> list[ir.Value]:
+    """`values` combined across the first `lanes` lanes of each warp (a butterfly of shuffles:
+    every lane ends with the result)."""
+    width = arith.ConstantOp(ir.IntegerType.get_signless(32), 32).result
+    offset = lanes // 2
+    while offset:
+        distance = arith.ConstantOp(ir.IntegerType.get_signless(32), offset).result
+        other = []
+        for value in values:
+            wide = value if not isinstance(value.type, ir.IndexType) else \
+                arith.IndexCastOp(ir.IntegerType.get_signless(64), value).result
+            moved = gpu.ShuffleOp(wide, distance, width, gpu.ShuffleMode.XOR).results[0]
+            other.append(moved if wide is value else arith.IndexCastOp(value.type, moved).result)
+        values = _combine_partials(kind, values, other)
+        offset //= 2
+    return values
+
+
 def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads: int) -> list[ir.Value]:
-    """Every thread's `partial` combined, the result read by all threads."""
-    shared = [ht.alloc_local([threads], value.type, "shared") for value in partial]
-    for buffer, value in zip(shared, partial, strict=True):
-        ht.store(value, buffer, [thread])
-    step = threads // 2
-    while step:
-        ht.barrier()
-        inside = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, thread, ht.index(step)).result)
-        with ir.InsertionPoint(inside.then_block):
-            partner = arith.AddIOp(thread, ht.index(step)).result
-            mine = [ht.load(b, [thread]) for b in shared]
-            other = [ht.load(b, [partner]) for b in shared]
-            for buffer, value in zip(shared, _combine_partials(kind, mine, other), strict=True):
-                ht.store(value, buffer, [thread])
-            scf.YieldOp([])
-        step //= 2
+    """Every thread's `partial` combined, the result read by all threads: within each warp by
+    shuffles, then the warps' results through shared memory (one barrier), combined again by
+    shuffles in every warp."""
+    values = _shuffled(kind, partial, 32)
+    if threads == 32:
+        return values
+    warps = threads // 32
+    shared = [ht.alloc_local([warps], value.type, "shared") for value in values]
+    lane = arith.RemUIOp(thread, ht.index(32)).result
+    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, lane, ht.index(0)).result)
+    with ir.InsertionPoint(first.then_block):
+        for buffer, value in zip(shared, values, strict=True):
+            ht.store(value, buffer, [arith.DivUIOp(thread, ht.index(32)).result])
+        scf.YieldOp([])
     ht.barrier()
-    return [ht.load(b, [ht.index(0)]) for b in shared]
+    at = arith.RemUIOp(lane, ht.index(warps)).result  # lanes past the warps re-read one (harmless: pairs of
+    return _shuffled(kind, [ht.load(b, [at]) for b in shared], warps)  # lanes below `warps` meet first)
 
 
 def _row_threads(length: exprs.Expr, lanes: int) -> int:
