@@ -218,7 +218,8 @@ def test_the_cpu_softmax_walks_each_row_twice_then_writes_each_element():
     """)
 
 
-def test_the_cuda_softmax_combines_each_reduction_through_shared_memory_between_barriers():
+def test_the_cuda_softmax_combines_each_reduction_by_warp_shuffles():
+    """A row of 6: one warp, each reduction a butterfly of 5 xor shuffles, no shared memory."""
     text = lower(SOFTMAX, "mlir-tir", **CUDA)
     kernel = text[:text.index("_cpu(")]
     filecheck(kernel, """
@@ -227,30 +228,47 @@ def test_the_cuda_softmax_combines_each_reduction_through_shared_memory_between_
         CHECK:        scf.for %[[T:arg[0-9]+]] = %c0 to %c32 step %c1 {
         CHECK:          %[[MINE:[0-9]+]] = scf.for %{{.+}} = %[[T]] to %c6 step %c32 iter_args(%{{.+}}) -> (f32) {
         CHECK:            arith.maximumf
-        CHECK:          %[[TREE:[0-9]+]] = "hextir.alloc_local"() {space = "shared"} : () -> memref<32xf32, #gpu.address_space<workgroup>>
-        CHECK-NEXT:     "hextir.store"(%[[MINE]], %[[TREE]], %[[T]])
-        CHECK-NEXT:     "hextir.barrier"()
-        CHECK:          arith.cmpi ult, %[[T]], %c16 : index
-        CHECK:          arith.maximumf
-        CHECK:          "hextir.barrier"()
-        CHECK:          arith.cmpi ult, %[[T]], %c1 : index
-        CHECK:          "hextir.barrier"()
-        CHECK-NEXT:     %[[TOP:[0-9]+]] = "hextir.load"(%[[TREE]], %c0)
+        CHECK:          %[[S:.+]], %{{.+}} = gpu.shuffle  xor %[[MINE]], %c16_i32, %c32_i32 : f32
+        CHECK-NEXT:     arith.maximumf %[[MINE]], %[[S]] : f32
+        CHECK-COUNT-3:  gpu.shuffle  xor
+        CHECK:          %{{.+}}, %{{.+}} = gpu.shuffle  xor %{{.+}}, %c1_i32, %c32_i32 : f32
+        CHECK-NEXT:     %[[TOP:[0-9]+]] = arith.maximumf
         CHECK:          scf.for %{{.+}} = %[[T]] to %c6 step %c32 iter_args(%{{.+}}) -> (f64) {
         CHECK:            arith.subf %{{.+}}, %[[TOP]] : f32
-        CHECK:          "hextir.alloc_local"() {space = "shared"} : () -> memref<32xf64, #gpu.address_space<workgroup>>
-        CHECK:          "hextir.barrier"()
+        CHECK-COUNT-5:  gpu.shuffle  xor %{{.+}} : f64
         CHECK:          scf.for %[[J:arg[0-9]+]] = %[[T]] to %c6 step %c32 {
         CHECK:            arith.divf
         CHECK-NEXT:       "hextir.store"(%{{.+}}, %arg1, %[[ROW]], %[[J]])
         CHECK:        } {hextir.schedule = #hextir.loop<"parallel", "threadIdx.x">}
         CHECK-NEXT: } {hextir.schedule = #hextir.loop<"parallel", "blockIdx.x">}
     """)
-    assert kernel.count('"hextir.barrier"') == 2 * (1 + 5)  # per reduction: after the stores, after each of 5 halvings
-    filecheck(lower(SOFTMAX, "mlir-gpu", **CUDA), """
-        CHECK:      gpu.func @softmax_{{[0-9]+}}(%{{.+}}: memref<4x6xf32>, %{{.+}}: memref<4x6xf32>) workgroup(%{{.+}} : memref<32xf32, #gpu.address_space<workgroup>> {{.*}}, %{{.+}} : memref<32xf64, #gpu.address_space<workgroup>> {{.*}}) kernel
-        CHECK:      gpu.block_id x
-        CHECK:      gpu.thread_id x
+    assert '"hextir.barrier"' not in kernel and "alloc_local" not in kernel
+
+
+def test_a_block_of_warps_meets_once_in_shared_memory():
+    """A row of 1000: 256 threads; per reduction 5 shuffles in each warp, lane 0 of each stores
+    its warp's result, one barrier, then every warp combines the 8 results by 3 shuffles."""
+    text = lower(SOFTMAX.replace("4x6", "4x1000"), "mlir-tir", **CUDA)
+    kernel = text[:text.index("_cpu(")]
+    filecheck(kernel, """
+        CHECK:      block = array<i64: 256, 1, 1>
+        CHECK:      scf.for %[[T:arg[0-9]+]] = %c0 to %c256 step %c1 {
+        CHECK-COUNT-5:  gpu.shuffle  xor %{{.+}} : f32
+        CHECK:          %[[WARPS:[0-9]+]] = "hextir.alloc_local"() {space = "shared"} : () -> memref<8xf32, #gpu.address_space<workgroup>>
+        CHECK:          %[[LANE:[0-9]+]] = arith.remui %[[T]], %c32 : index
+        CHECK-NEXT:     arith.cmpi eq, %[[LANE]], %c0 : index
+        CHECK:            "hextir.store"(%{{.+}}, %[[WARPS]], %{{.+}})
+        CHECK:          "hextir.barrier"()
+        CHECK:          %[[AT:[0-9]+]] = arith.remui %[[LANE]], %c8 : index
+        CHECK-NEXT:     "hextir.load"(%[[WARPS]], %[[AT]])
+        CHECK-NEXT:     gpu.shuffle  xor %{{.+}}, %c4_i32, %c32_i32 : f32
+        CHECK-COUNT-2:  gpu.shuffle  xor %{{.+}} : f32
+        CHECK-NOT:      gpu.shuffle  xor %{{.+}} : f32
+    """)
+    assert kernel.count('"hextir.barrier"') == 2  # one per reduction
+    filecheck(lower(SOFTMAX.replace("4x6", "4x1000"), "mlir-gpu", **CUDA), """
+        CHECK:      gpu.func @softmax_{{[0-9]+}}(%{{.+}}: memref<4x1000xf32>, %{{.+}}: memref<4x1000xf32>) workgroup(%{{.+}} : memref<8xf32, #gpu.address_space<workgroup>> {{.*}}, %{{.+}} : memref<8xf64, #gpu.address_space<workgroup>> {{.*}}) kernel
+        CHECK:      gpu.shuffle  xor
         CHECK:      gpu.barrier
     """)
 
