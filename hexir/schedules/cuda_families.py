@@ -7,7 +7,8 @@ index the position's coordinates give it (numpy's rules).
 reduce: a block of up to REDUCE_BLOCK threads per row. For each reduction of the program the
 threads walk the row in strides (thread t: elements t, t + T, ...), then combine their partial
 results: in each warp by shuffles, the warps' results through shared memory (one barrier), then
-again by shuffles (argmax keeps the first index of the largest, as numpy); the output is written by thread 0 (per row) or by all of them in strides (per element).
+again by shuffles (argmax keeps the first index of the largest, as numpy); the output is written
+by thread 0 (per row) or by all of them in strides (per element).
 """
 
 from __future__ import annotations
