@@ -98,16 +98,19 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
     cpu_table = kernel_tables(module)[0]
     generated = bool(ht.generated_kernels(module, "cpu"))
-    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch, \
+            ThreadPoolExecutor(len(target.cpu_levels) + 1) as tools:
         custom = build_custom(module, target.cpu_levels, target.cuda_archs, Path(scratch))
-        # a library per x86-64 level, best first: MLIR lowers each in turn, the tools run at once
-        levels = [(level, cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None)
-                  for level in target.cpu_levels if generated or custom.cpu_objects[level]]
-        with ThreadPoolExecutor(len(levels) or 1) as pool:
-            libraries = list(pool.map(lambda item: cpu_backend.compile_kernels(
-                item[1], item[0], custom.cpu_objects[item[0]], cpu_table), levels))
-    cuda_binary = cuda_backend.compile_kernels(module, target.cuda_archs) if ht.generated_kernels(module, "cuda") \
-        else None
+        # MLIR lowers one piece after another here (it holds the GIL); each piece's tools (opt,
+        # llc, cc, ptxas: processes of their own) start in the pool as soon as it is made
+        libraries = [tools.submit(cpu_backend.compile_kernels,
+                                  cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None,
+                                  level, custom.cpu_objects[level], cpu_table)
+                     for level in target.cpu_levels if generated or custom.cpu_objects[level]]  # best first
+        cuda_binary = tools.submit(cuda_backend.assemble, cuda_backend.ptx(module, target.cuda_archs)) \
+            if ht.generated_kernels(module, "cuda") else None
+        libraries = [library.result() for library in libraries]
+        cuda_binary = cuda_binary.result() if cuda_binary else None
     return package(module, libraries, cuda_binary, custom)
 
 
