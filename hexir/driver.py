@@ -7,7 +7,8 @@ stages up to and including that one and returns what it makes:
     mlir         the traced hexir graph (or the .mlir input), verified
     mlir-hetero  partitioned: every op has a device, transfers inserted
     mlir-tir     element-wise ops fused into their linears, then hextir kernels built by the
-                 schedules (loops with schedules, work/launch records); the graph calls them
+                 schedules (loops with schedules, work/launch records); the graph calls them,
+                 calls of identical kernels one kernel
     mlir-linalg  kernels lowered into upstream scf/memref/arith loops, with the .hxb calling
                  convention (the name is the original tool's)
     mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
@@ -36,6 +37,7 @@ from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.pack_weights import pack_weights
 from hexir.passes.partition import partition, placeable_ops
+from hexir.passes.share_kernels import share_kernels
 from hexir.passes.tir_to_loops import tir_to_loops
 from hexir.passes.to_gpu import cuda_kernels_to_gpu
 from hexir.passes.to_llvm import cpu_kernels_to_llvm
@@ -98,16 +100,19 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
     cpu_table = kernel_tables(module)[0]
     generated = bool(ht.generated_kernels(module, "cpu"))
-    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch, \
+            ThreadPoolExecutor(len(target.cpu_levels) + 1) as tools:
         custom = build_custom(module, target.cpu_levels, target.cuda_archs, Path(scratch))
-        # a library per x86-64 level, best first: MLIR lowers each in turn, the tools run at once
-        levels = [(level, cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None)
-                  for level in target.cpu_levels if generated or custom.cpu_objects[level]]
-        with ThreadPoolExecutor(len(levels) or 1) as pool:
-            libraries = list(pool.map(lambda item: cpu_backend.compile_kernels(
-                item[1], item[0], custom.cpu_objects[item[0]], cpu_table), levels))
-    cuda_binary = cuda_backend.compile_kernels(module, target.cuda_archs) if ht.generated_kernels(module, "cuda") \
-        else None
+        # MLIR lowers one piece after another here (it holds the GIL); each piece's tools (opt,
+        # llc, cc, ptxas: processes of their own) start in the pool as soon as it is made
+        libraries = [tools.submit(cpu_backend.compile_kernels,
+                                  cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None,
+                                  level, custom.cpu_objects[level], cpu_table)
+                     for level in target.cpu_levels if generated or custom.cpu_objects[level]]  # best first
+        cuda_binary = tools.submit(cuda_backend.assemble, cuda_backend.ptx(module, target.cuda_archs)) \
+            if ht.generated_kernels(module, "cuda") else None
+        libraries = [library.result() for library in libraries]
+        cuda_binary = cuda_binary.result() if cuda_binary else None
     return package(module, libraries, cuda_binary, custom)
 
 
@@ -118,7 +123,8 @@ STAGES: list[tuple[str, Step]] = [
     ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
     ("mlir-tir", _passes(("hexir-fuse", lambda m, o: fuse(m)),
                          ("hexir-pack-weights", lambda m, o: pack_weights(m)),
-                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse")),
+                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse",
+                         ("hexir-share-kernels", lambda m, o: share_kernels(m)))),
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
     ("mlir-gpu", _outline_gpu),
     ("llvm", _llvm),

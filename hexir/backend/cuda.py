@@ -2,7 +2,9 @@
 
 One binary holds every cuda kernel of the module, per architecture (`-target=cuda:sm_80,
 cuda:sm_90`; default sm_90). PTX for the lowest architecture rides along so a newer GPU can
-JIT it. ptxas comes from the `nvidia-cuda-nvcc` wheel, else from a CUDA toolkit on PATH.
+JIT it. MLIR lowers the kernels to PTX once for every architecture (`ptx`); ptxas, from the
+`nvidia-cuda-nvcc` wheel else a CUDA toolkit on PATH, then makes each CUBIN in a process of its
+own (`assemble`: the command MLIR's serializer runs, so the same bytes), beside the next MLIR work.
 The architecture is validated before any pass runs: NVPTX aborts the process (it does not
 raise) when asked for a PTX version that cannot express the chip.
 
@@ -19,7 +21,11 @@ leaves __CUDA_PREC_SQRT off) and its rsqrt, float32 and float64, is always `rsqr
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +70,8 @@ def check_archs(archs: tuple[str, ...]) -> None:
 
 
 def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> dict[str, bytes]:
-    """Lower a copy of the gpu.module for `archs` and serialize it (`bin` or `isa`)."""
+    """Lower a copy of the gpu.module for `archs` and serialize it (`isa`: PTX; `bin`: MLIR runs
+    ptxas too)."""
     with module.context, ir.Location.unknown():
         copy = ir.Module.create()
         copy.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
@@ -118,14 +125,43 @@ def _rounded_roots(module: ir.Module) -> None:
         op.erase()
 
 
-def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
-    """CUBINs for every arch and the PTX of the lowest one."""
+def ptx(module: ir.Module, archs: tuple[str, ...]) -> dict[str, bytes]:
+    """The PTX of the module's cuda kernels for each of `archs`: the MLIR half of the build,
+    lowered once for all of them (it holds the GIL; `assemble` runs ptxas beside it)."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
-    ptx = _device_objects(module, archs[:1], "isa")[archs[0]]  # first: its check says more than ptxas
-    unresolved = re.findall(rb"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?(\w+)", ptx, re.MULTILINE)
+    texts = _device_objects(module, archs, "isa")  # before ptxas: this check says more than it would
+    unresolved = {n.decode() for text in texts.values()
+                  for n in re.findall(rb"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?(\w+)", text, re.MULTILINE)}
     if unresolved:
-        raise CompileError(f"the cuda kernels call {', '.join(sorted({n.decode() for n in unresolved}))}, which no "
+        raise CompileError(f"the cuda kernels call {', '.join(sorted(unresolved))}, which no "
                            "library defines (libdevice was not linked: is nvvm/libdevice in the CUDA wheel?)")
-    cubins = _device_objects(module, archs, "bin")
-    return CudaBinary(cubins, (archs[0], ptx))
+    return texts
+
+
+def _ptxas(arch: str, text: bytes) -> bytes:
+    """One CUBIN: ptxas run as MLIR's gpu-module-to-binary runs it (the same bytes come out)."""
+    with tempfile.TemporaryDirectory(prefix="hexir-ptxas-") as scratch:
+        source, cubin = Path(scratch) / "kernels.ptx", Path(scratch) / "kernels.cubin"
+        source.write_bytes(text)
+        command = [str(Path(cuda_toolkit()) / "bin" / "ptxas"), "-arch", arch, str(source), "-o", str(cubin),
+                   "--opt-level", "3"]
+        result = subprocess.run(command, capture_output=True)
+        if result.returncode != 0:
+            raise CompileError(f"cuda code generation failed for {arch}: ptxas exited {result.returncode}:\n"
+                               f"{result.stderr.decode(errors='replace').strip()}\ncommand: {shlex.join(command)}")
+        return cubin.read_bytes()
+
+
+def assemble(texts: dict[str, bytes]) -> CudaBinary:
+    """CUBINs of `ptx`'s texts (ptxas, one process per architecture, side by side) and the PTX
+    of the lowest one."""
+    with ThreadPoolExecutor(len(texts)) as pool:
+        cubins = dict(zip(texts, pool.map(_ptxas, texts, texts.values()), strict=True))
+    lowest = next(iter(texts))
+    return CudaBinary(cubins, (lowest, texts[lowest]))
+
+
+def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
+    """CUBINs for every arch and the PTX of the lowest one."""
+    return assemble(ptx(module, archs))

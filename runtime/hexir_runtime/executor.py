@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import CpuProgram, address
-from .device import Device, Program
+from .device import Device, Program, aligned_empty
 from .dlpack import DeviceTensor
 from .errors import DeviceError, InputError
 from .format import Entry, Hxb, HxbFormatError, TensorType
@@ -66,14 +66,14 @@ RECYCLE = True
 MAX_PLANS = 64  # call shapes kept; past that the cache starts again (a module called with ever new sizes)
 
 
-def _references() -> int:
-    """sys.getrefcount of an array that only a local name holds (2 in CPython 3.11-3.13; an
-    interpreter that borrows references may count fewer)."""
-    array = np.empty(0)
-    return sys.getrefcount(array)
+def _references() -> tuple[int, int]:
+    """sys.getrefcount of an aligned array that only a local name holds, and of its base (2 and 2
+    in CPython 3.11-3.13; an interpreter that borrows references may count fewer)."""
+    array = aligned_empty((1,), np.uint8)
+    return sys.getrefcount(array), sys.getrefcount(array.base)
 
 
-_UNHELD = _references()
+_UNHELD, _UNHELD_BASE = _references()
 
 
 class Constants:
@@ -284,17 +284,20 @@ class Executor:
         """A new array for direct output `position`, of `view`'s shape and dtype: the array this
         entry returned last for it when nothing holds that any more (the caller dropped it and
         every view of it, it has no weak reference, its shape, dtype and flags are as we made
-        them), else np.empty's. Reused memory is mapped and faulted in already; a fresh big array
-        is faulted page by page by the kernel that writes it (docs/tuning.md, "The user's call")."""
+        them), else a new one (64-byte aligned, as every host buffer: device.aligned_empty). Reused
+        memory is mapped and faulted in already; a fresh big array is faulted page by page by the
+        kernel that writes it (docs/tuning.md, "The user's call")."""
         spares = self.spares.setdefault(position, [])
         try:
             array = spares.pop()  # (one pop: another thread's call cannot take it too)
         except IndexError:
             array = None
+        # (a view of it is a view of its base: numpy points views at the array owning the memory)
         if array is None or not RECYCLE or sys.getrefcount(array) > _UNHELD or weakref.getweakrefcount(array) \
+                or sys.getrefcount(array.base) > _UNHELD_BASE \
                 or array.shape != view.shape or array.dtype != view.dtype \
                 or not (array.flags.writeable and array.flags.c_contiguous):
-            array = np.empty(view.shape, view.dtype)
+            array = aligned_empty(view.shape, view.dtype)
         spares.append(array)
         return array
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hexir_runtime import InputError, load
+from hexir_runtime import InputError, executor, load
 from hexir_runtime import format as hxb
 from hexir_runtime.cpu import CpuDevice
-from hexir_runtime.device import HostMemory
+from hexir_runtime.device import ALIGNMENT, HostMemory
 from hexir_runtime.executor import IN_PLACE_BYTES
 
 
@@ -134,7 +134,7 @@ def test_a_big_output_is_written_by_its_kernel_into_the_array_returned(batched, 
         next(iter(executor.plans.values())).fast = None
     second = batched.main(x2)
     assert copied_out == []  # no copy of a buffer: the kernel wrote each array returned
-    assert first.flags.owndata and second.flags.owndata and not np.shares_memory(first, second)
+    assert first.ctypes.data % ALIGNMENT == second.ctypes.data % ALIGNMENT == 0 and not np.shares_memory(first, second)
     np.testing.assert_allclose(first, expected(modules, x1), rtol=1e-5, atol=1e-5)  # the second call left it
     np.testing.assert_allclose(second, expected(modules, x2), rtol=1e-5, atol=1e-5)
     out = np.full((rows, 4), np.nan, np.float32)
@@ -150,14 +150,14 @@ def test_a_big_output_is_written_by_its_kernel_into_the_array_returned(batched, 
 
 @pytest.fixture
 def empties(monkeypatch) -> list[tuple]:
-    """The shapes np.empty is asked for while the test runs (the arrays a call makes anew)."""
+    """The shapes of the arrays a call makes anew while the test runs (aligned_empty's)."""
     made: list[tuple] = []
-    original = np.empty
+    original = executor.aligned_empty
 
     def empty(shape, *args, **keys):
-        made.append(tuple(shape) if isinstance(shape, tuple) else (shape,))
+        made.append(tuple(shape))
         return original(shape, *args, **keys)
-    monkeypatch.setattr(np, "empty", empty)
+    monkeypatch.setattr(executor, "aligned_empty", empty)
     return made
 
 
@@ -166,19 +166,19 @@ def test_a_big_output_dropped_by_the_caller_is_the_next_calls_array(batched, mod
     it, is never written again; nor one whose shape or flags the caller changed."""
     rows = IN_PLACE_BYTES // 16 + 1  # 16 bytes a row of out
     rng = np.random.default_rng(6)
-    xs = [rng.standard_normal((rows, 8)).astype(np.float32) for _ in range(8)]
+    xs = [rng.standard_normal((rows, 8)).astype(np.float32) for _ in range(9)]
     wanted = [expected(modules, x) for x in xs]
     y = batched.main(xs[0])
     address = y.ctypes.data
     del y
     empties.clear()
     y = batched.main(xs[1])
-    assert empties == [] and y.ctypes.data == address and y.flags.owndata and y.base is None
+    assert empties == [] and y.ctypes.data == address and address % ALIGNMENT == 0
     np.testing.assert_allclose(y, wanted[1], rtol=1e-5, atol=1e-5)
     holds = {"a view": lambda y: y[1:], "a memoryview": memoryview, "a weak reference": weakref.ref,
-             "the array": lambda y: y}
+             "the array": lambda y: y, "its base": lambda y: y.base}
     for index, how in enumerate(holds, start=2):  # the last result held as `how`: the next is new
-        held = holds[how](y)
+        held, offset = holds[how](y), y.ctypes.data - y.base.ctypes.data  # (where y lies in its base)
         del y
         empties.clear()
         y = batched.main(xs[index])
@@ -187,11 +187,12 @@ def test_a_big_output_dropped_by_the_caller_is_the_next_calls_array(batched, mod
         if how == "a weak reference":  # let go, never rewritten
             assert held() is None
             continue
-        before = np.asarray(held)
+        before = held[offset:offset + rows * 16].view(np.float32).reshape(rows, 4) if how == "its base" \
+            else np.asarray(held)
         np.testing.assert_allclose(before, wanted[index - 1][1:] if how == "a view" else wanted[index - 1],
                                    rtol=1e-5, atol=1e-5, err_msg=how)  # the caller's array left as it was
         del held, before
-    for index, change in enumerate(("shape", "writeable"), start=6):  # changed, then dropped: made anew
+    for index, change in enumerate(("shape", "writeable"), start=7):  # changed, then dropped: made anew
         if change == "shape":
             y.shape = (-1,)
         else:
@@ -298,3 +299,30 @@ def test_concurrent_calls_from_8_threads_with_changing_sizes(batched, modules, c
             np.testing.assert_allclose(y, wanted[k], rtol=1e-5, atol=1e-5)
 
     assert concurrently(work) == []
+
+
+class RecordingCpu(CpuDevice):
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffers: list[np.ndarray] = []
+
+    def alloc(self, shape, dtype):
+        self.buffers.append(super().alloc(shape, dtype))
+        return self.buffers[-1]
+
+
+@pytest.mark.parametrize("rows", [3, IN_PLACE_BYTES // 16 + 1])  # outputs copied out / written in place
+def test_every_host_buffer_a_kernel_gets_starts_on_64_bytes(modules, c_library, rows):
+    """The weights, the inputs copied in, the intermediates and the arrays returned: np.empty's
+    big arrays start 16 bytes into a page, which puts every AVX-512 vector across two lines."""
+    device = RecordingCpu()
+    module = load(hxb.encode(*modules.batched(c_library)), device)
+    x = np.asfortranarray(np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32))  # copied in
+    for _ in range(2):  # the second call: the buffers and the returned array recycled
+        y = module.main(x)
+        np.testing.assert_allclose(y, expected(modules, x), rtol=1e-5, atol=1e-5)
+        assert len(device.buffers) >= 4 and [b.ctypes.data % ALIGNMENT for b in device.buffers] == \
+            [0] * len(device.buffers)
+        assert y.ctypes.data % ALIGNMENT == 0 or rows == 3  # (a small output is a copy: numpy's own)
+        del y
+    module.close()
