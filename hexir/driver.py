@@ -12,6 +12,7 @@ stages up to and including that one and returns what it makes:
                  convention (the name is the original tool's)
     mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
     llvm         LLVM IR of the cpu kernels
+    ptx          PTX of the cuda kernels, per target architecture
     hxb          the packaged module
 """
 
@@ -94,6 +95,15 @@ def _llvm(module: ir.Module, options: Options) -> str:
     return cpu_backend.llvm_ir(cpu_kernels_to_llvm(module))
 
 
+def _ptx(module: ir.Module, options: Options) -> str:
+    """The cuda kernels' PTX for each target architecture (what ptxas turns into the CUBINs)."""
+    if not ht.generated_kernels(module, "cuda"):
+        return "// no cuda kernels\n"
+    archs = options.target.cuda_archs
+    cuda_backend.check_archs(archs)
+    return "".join(f"// ---- {arch}\n" + cuda_backend.ptx_of(module, arch) for arch in archs)
+
+
 def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
     cpu_table = kernel_tables(module)[0]
@@ -122,10 +132,11 @@ STAGES: list[tuple[str, Step]] = [
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
     ("mlir-gpu", _outline_gpu),
     ("llvm", _llvm),
+    ("ptx", _ptx),
     ("hxb", _hxb),
 ]
 STAGE_NAMES = tuple(name for name, _ in STAGES)
-_TERMINAL = ("llvm", "hxb")  # stages that make text or bytes rather than a module
+_TERMINAL = ("llvm", "ptx", "hxb")  # stages that make text or bytes rather than a module
 
 
 def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | str | bytes:

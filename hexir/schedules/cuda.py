@@ -73,6 +73,7 @@ from hexir.schedules.cuda_tiles import (
     split_length,
     uses_dmma,
 )
+from hexir.target import arch_number
 
 #: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row); it beats
 #: the tiled kernel up to 16 rows and loses at 32 (docs/tuning.md, "CUDA rows kernel").
@@ -191,13 +192,13 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
 
 def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
                 count: int, origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value],
-                run: int = 1) -> list[ir.Value]:
+                run: int = 1, bypass: bool = False) -> list[ir.Value]:
     """Copy this thread's `count` elements of a [rows, width] block of `source` at `origin` into
     `tile[buffer]` asynchronously (cp.async: global to shared memory, through no register), `run`
     consecutive elements a copy (`run` > 1 only where every run lies wholly inside or outside
     `bounds` and is aligned to its bytes), consecutive threads at consecutive addresses; what lies
-    outside `bounds` is written 0 (a copy of no source bytes, from a clamped address). Returns the
-    copies' tokens."""
+    outside `bounds` is written 0 (a copy of no source bytes, from a clamped address); `bypass`: past
+    L1 (cp.async.cg, 16-byte copies only). Returns the copies' tokens."""
     tokens = []
     size = ir.IntegerAttr.get(ir.IndexType.get(), run)
     for e in range(count // run):
@@ -206,7 +207,8 @@ def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.V
         inside = arith.AndIOp(_less(at[0], bounds[0]), _less(at[1], bounds[1])).result
         clamped = [arith.SelectOp(inside, a, ht.index(0)).result for a in at]
         elements = arith.SelectOp(inside, ht.index(run), ht.index(0)).result
-        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, size, srcElements=elements).result)
+        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, size, srcElements=elements,
+                                              bypassL1=bypass or None).result)
     return tokens
 
 
@@ -478,7 +480,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     threads = 32 * warps_m * warps_n
     # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4; docs/tuning.md, "CUDA
     # DMMA instruction"), else m8n8k4 (sm_80 on)
-    mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
+    mma_m = 16 if all(arch_number(a) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))
     splits = 1 if not isinstance(m, int) else split_k(tiles[0] * tiles[1], k_extent, step,

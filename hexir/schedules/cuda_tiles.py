@@ -14,7 +14,7 @@ from hexir_runtime.format import exprs
 from mlir import ir
 
 from hexir.schedules import Request, extent
-from hexir.target import MAX_SHARED_BYTES
+from hexir.target import MAX_SHARED_BYTES, arch_number
 
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
@@ -61,7 +61,7 @@ def dmma_name(tiling: tuple[int, ...]) -> str:
 
 
 def uses_dmma(request: Request) -> bool:
-    return request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs)
+    return request.dtype == "float64" and all(arch_number(a) >= DMMA_FROM for a in request.target.cuda_archs)
 
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along

@@ -89,15 +89,22 @@ OLDEST_TARGET = 75
 
 
 def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int]:
-    """The (architecture, blob) to load on a GPU of compute capability major.minor."""
+    """The (architecture, blob) to load on a GPU of compute capability major.minor: its own
+    architecture-specific image (sm_90a: on 9.0 alone) first, then the newest plain CUBIN of its
+    major version not newer than it, then the newest PTX not newer than it."""
     own = major * 10 + minor
-    cubins = {int(arch[3:]): (arch, blob) for arch, blob in images.items() if arch.startswith("sm_")}
-    if own in cubins:
-        return cubins[own]
+    for arch in (f"sm_{own}a", f"sm_{own}"):
+        if arch in images:
+            return arch, images[arch]
+    cubins = {int(arch[3:]): (arch, blob) for arch, blob in images.items() if arch.startswith("sm_")
+              and not arch.endswith("a")}
     compatible = [cc for cc in cubins if cc // 10 == major and cc <= own]
     if compatible:
         return cubins[max(compatible)]
-    ptx = {int(arch[8:]): (arch, blob) for arch, blob in images.items() if arch.startswith("compute_")}
+    ptx = {int(arch[8:]): (arch, blob) for arch, blob in images.items() if arch.startswith("compute_")
+           and not arch.endswith("a")}
+    if f"compute_{own}a" in images:
+        return f"compute_{own}a", images[f"compute_{own}a"]
     usable = [cc for cc in ptx if cc <= own]
     if usable:
         return ptx[max(usable)]

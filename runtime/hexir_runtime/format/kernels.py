@@ -15,7 +15,7 @@ from .layouts import groups
 from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorType, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
-_IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
+_IMAGE = re.compile(r"(sm|compute)_[0-9]+a?|fatbin")
 # A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
 _KERNEL_KEYS = {
     ("cpu", False): (("sizes", "work"), ("expr",)),  # (expr: its family says whether it has one)
@@ -81,7 +81,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     for arch, blob in images.items():
         if not _IMAGE.fullmatch(arch):
-            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX) or fatbin")
+            _fail(f"{path}.images.{arch}", "expected sm_<number>[a] (CUBIN), compute_<number>[a] (PTX) or fatbin")
         if arch == "fatbin" and not custom:
             _fail(f"{path}.images.fatbin", "only custom kernels have a fatbin image")
         _index(blob, f"{path}.images.{arch}", blob_count, "blob")
