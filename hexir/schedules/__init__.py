@@ -104,7 +104,8 @@ def _read_like(value: ir.Value, buffer: ir.Value, at: Sequence[ir.Value]) -> ir.
     out's row, a vector (the same one broadcast where `buffer`'s last axis is 1)."""
     indices = broadcast_indices(buffer, at)
     if not isinstance(value.type, ir.VectorType):
-        return ht.load(buffer, indices)
+        loaded = ht.load(buffer, indices)  # a 16-bit input of an f32 epilogue: widened
+        return loaded if loaded.type == value.type else arith.ExtFOp(value.type, loaded).result
     if ir.MemRefType(buffer.type).shape[-1] == 1:
         return vector.BroadcastOp(value.type, ht.load(buffer, indices)).result
     return vector.LoadOp(value.type, buffer, indices).result

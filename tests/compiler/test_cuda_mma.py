@@ -1,0 +1,88 @@
+"""The tensor-core linear (`schedules/cuda_mma.py`) as PTX, checked without a GPU: the mma.sync
+shape and types per dtype, ldmatrix (w, stored [K][N], transposed), cp.async of 16 or 4 bytes
+(or none: K or N odd), float32 sums stored in the output's type, no local memory; and ptxas
+accepts it with no spills. The kernel is built on its own (tests/compiler/kernel_build.py), as
+lower-to-tir would build it for such a request."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hexir.backend import cuda as cuda_backend
+from hexir.schedules.cuda_mma import linear_mma
+
+from .conftest import filecheck
+from .kernel_build import cuda_kernel
+
+RELU = ["max", ["arg", 0], ["const", 0]]
+
+
+def ptx(m, k, n, dtype: str, arch: str = "sm_90", **fields) -> str:
+    shapes = [(m, k), (k, n)] + ([(n,)] if fields.get("bias") else []) + [(m, n)]
+    module, context = cuda_kernel(linear_mma, shapes, dtype, archs=(arch,), **fields)
+    with context:
+        return cuda_backend.ptx_of(module, arch)
+
+
+@pytest.mark.parametrize(("dtype", "ptx_type", "convert"), [("bfloat16", "bf16", "cvt.rn.bf16.f32"),
+                                                            ("float16", "f16", "cvt.rn.f16.f32")])
+def test_16bit_linear_is_mma_m16n8k16_fed_by_ldmatrix_and_16_byte_copies(dtype, ptx_type, convert):
+    # a 128x128 tile of 8 warps, 64x32 each: per k slice of 32, 2 x (4 A + 2 B ldmatrix x4, 16 mma)
+    filecheck(ptx(256, 256, 256, dtype), f"""
+        CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
+        CHECK: .entry k(
+        CHECK-NOT: .local
+        CHECK: cp.async.cg.shared.global [{{{{.*}}}}], [{{{{.*}}}}], 16, {{{{.*}}}};
+        CHECK: cp.async.commit_group;
+        CHECK: cp.async.wait_group 1;
+        CHECK: ldmatrix.sync.aligned.m8n8.x4.shared.b16
+        CHECK: ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16
+        CHECK: mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32
+        CHECK: {convert}
+        CHECK: st.global.b16
+        """)
+    text = ptx(256, 256, 256, dtype)
+    assert text.count("mma.sync.aligned") == 32 and text.count("ldmatrix.sync") == 12
+
+
+def test_tf32_linear_rounds_its_inputs_to_nearest_away_and_is_mma_m16n8k8():
+    filecheck(ptx(256, 256, 256, "float32"), """
+        CHECK: .entry k(
+        CHECK-NOT: .local
+        CHECK: cp.async.cg.shared.global [{{.*}}], [{{.*}}], 16, {{.*}};
+        CHECK: cvt.rna.tf32.f32
+        CHECK: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+        CHECK: st.global.b32
+        """)
+
+
+@pytest.mark.parametrize(("k", "n", "copy"), [(36, 260, "4"), (33, 64, None), (64, 33, None)])
+def test_ragged_16bit_rows_are_copied_4_bytes_at_a_time_or_through_registers(k, n, copy):
+    text = ptx(100, k, n, "bfloat16")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in text
+    copies = {line.split(",")[-2].strip() for line in text.splitlines() if "cp.async." in line and "[" in line}
+    assert copies == ({copy} if copy else set())
+
+
+def test_bias_and_epilogue_are_computed_in_float32():
+    filecheck(ptx(100, 64, 72, "bfloat16", bias=True, expr=RELU), """
+        CHECK: mma.sync.aligned.m16n8k16
+        CHECK: ld.global.b16
+        CHECK: cvt.f32.bf16
+        CHECK: add.rn.f32
+        CHECK: max.NaN.f32
+        CHECK: cvt.rn.bf16.f32
+        """)
+
+
+def test_the_ptx_assembles_without_spills(tmp_path):
+    source = tmp_path / "mma.ptx"
+    source.write_text(ptx(4096, 4096, 4096, "bfloat16"))
+    ptxas = Path(cuda_backend.cuda_toolkit()) / "bin" / "ptxas"
+    result = subprocess.run([str(ptxas), "-arch=sm_90", "-v", str(source), "-o", str(tmp_path / "mma.cubin")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in result.stderr
