@@ -98,6 +98,8 @@ def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict
     else:
         expr = ht.expr_of(kernel)
         entry.update({**({"expr": expr} if expr is not None else {}), "sizes": list(ht.sizes_of(kernel))})
+        if ht.tensor_maps_of(kernel):
+            entry["tensor_maps"] = ht.tensor_maps_of(kernel)
     entry.update(_record(kernel))
     return entry
 

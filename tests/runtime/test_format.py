@@ -376,6 +376,14 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
     "cuda table blob": (lambda m: m["cuda"].update(table=4), "cuda.table", "blob index in [0, 4)"),
     "cuda table key": (lambda m: m["cuda"].update(tables=0), "cuda.tables", "unknown key"),
     "no images": (lambda m: m["kernels"][0].update(images={}), "kernels[0].images", "got an empty object"),
+    "tensor map arg": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 2, "box": [4, 4]}]),
+                       "kernels[0].tensor_maps[0].arg", "the kernel has 2 args"),
+    "tensor map of no matrix": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 0, "box": [4, 4]}]),
+                                "kernels[0].tensor_maps[0].arg", "a tensor map reads a matrix"),
+    "tensor map keys": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 0}]), "kernels[0].tensor_maps[0].box",
+                        "missing"),
+    "tensor maps on the cpu": (lambda m: m["kernels"][0]["cpu_fallback"].update(tensor_maps=[]),
+                               "kernels[0].cpu_fallback.tensor_maps", "unknown key"),
 }
 
 

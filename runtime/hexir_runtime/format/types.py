@@ -89,6 +89,15 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map a CUDA kernel takes after its sizes: of args[arg] (a matrix), a copy
+    moving `box` elements (innermost first)."""
+
+    arg: int
+    box: tuple[int, int]
+
+
+@dataclass(frozen=True)
 class GpuCode:
     """CUDA code for a kernel: its symbol in `images` (architecture -> blob) and its launch, and
     the variants tried first, in order."""
@@ -97,6 +106,7 @@ class GpuCode:
     launch: Launch
     images: Mapping[str, int]
     variants: tuple[Variant, ...] = ()
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
         """The symbol and launch that run a call with `sizes`."""
