@@ -67,12 +67,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
     """`[name=]DIMSxDTYPE`: DIMS are ints or symbols (names without an x; ? first for batch)
-    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, i32, i64 or a numpy name (as TensorSpec
+    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, bf16, f16, i32, i64 or a numpy name (as TensorSpec
     spells them). Anything else after `name=` is a static value, a Python literal (3.0, 'fast',
     (1, 2), None)."""
     name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)
     dim = r"(?:\?|\d+|[A-Za-wyzA-Z_][A-Za-wyzA-Z0-9_]*)"
-    match = re.fullmatch(rf"({dim}(?:x{dim})*)x(f32|f64|i32|i64|float32|float64|int32|int64)", spec)
+    dtype = "f32|f64|bf16|f16|i32|i64|float32|float64|bfloat16|float16|int32|int64"
+    match = re.fullmatch(rf"({dim}(?:x{dim})*)x({dtype})", spec)
     if not match:
         try:
             return name or None, ast.literal_eval(spec)

@@ -60,6 +60,7 @@ from hexir.dialects.hexir import result_form
 from hexir.driver import Options, parse_placement
 from hexir.errors import ArgumentError, TraceError
 from hexir.frontend import trace as tracing
+from hexir.frontend.tensor import DTYPES as TENSOR_DTYPES
 from hexir.frontend.tensor import TensorSpec
 from hexir.frontend.trace import current_device, trace, user_frame, user_where
 from hexir.target import DEFAULT_CPU_LEVELS, host_level, parse_target
@@ -147,10 +148,9 @@ class JitFunction:
                 specs.append(value)
             elif isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
                 shape, dtype = _shape_and_dtype(value)
-                if dtype not in ("float32", "float64", "int32", "int64"):
-                    later = f" ({dtype} is not supported yet)" if dtype in ("bfloat16", "float16") else ""
-                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; "
-                                     f"expected float32 or float64{later} (or int32, int64 ids)", *user_where())
+                if dtype not in TENSOR_DTYPES:
+                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; expected float32, "
+                                     "float64, bfloat16 or float16 (or int32, int64 ids)", *user_where())
                 specs.append(TensorSpec(shape, dtype))
             else:
                 try:

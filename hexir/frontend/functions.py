@@ -36,7 +36,8 @@ def _number(value: object) -> float | None:
 def _float_tensor(op: str, name: str, value: object) -> Tensor:
     tensor = _operand(op, name, value)
     if tensor.dtype not in hx.DTYPES:
-        raise TraceError(f"{op}: {name} is a {tensor.spec} tensor; {op} computes on float32 or float64 "
+        raise TraceError(f"{op}: {name} is a {tensor.spec} tensor; {op} computes on "
+                         "float32, float64, bfloat16 or float16 "
                          "(an argmax's int64 result is an index, not a value)")
     return tensor
 

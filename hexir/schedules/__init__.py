@@ -44,6 +44,7 @@ class Request:
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
     shapes: tuple[tuple[exprs.Expr, ...], ...] = ()  # each buffer argument's extents (ints, size expressions)
+    precision: str = "highest"  # a contract's float32 products: "highest" (float32) or "tf32" (cuda: tensor cores)
 
     def with_args(self, args: Sequence[ir.Value]) -> Request:
         return replace(self, args=tuple(args))

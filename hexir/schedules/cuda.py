@@ -230,6 +230,14 @@ def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value
         nvgpu.DeviceAsyncCreateGroupOp(copy(_times(ahead, step), arith.RemUIOp(ahead, ht.index(stages)).result))
 
 
+def native_16bit(request: Request) -> bool:
+    """Whether the cuda contract kernels (linear, matmul) take bfloat16/float16 operands as they
+    are (accumulating in float32, the epilogue in float32, the result stored in 16 bits). False:
+    lower-to-tir converts the operands to float32 and runs the float32 kernel, which stores the
+    16-bit result."""
+    return False
+
+
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
     tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""

@@ -225,7 +225,7 @@ def _drop(container, key):
 
 MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message)
     "dtype name": (lambda m: m["kernels"][0]["args"][1].update(dtype="int8"),
-                   "kernels[0].args[1].dtype", "expected one of float32, float64, int32, int64, got 'int8'"),
+                   "kernels[0].args[1].dtype", "expected one of float32, float64, bfloat16, float16, int32, int64, got 'int8'"),
     "unknown top key": (lambda m: m.update(extra=1), "extra", "unknown key"),
     "unknown kernel key": (lambda m: m["kernels"][1].update(color="red"), "kernels[1].color", "unknown key"),
     "missing key": (lambda m: _drop(m["kernels"][2], "symbol"), "kernels[2].symbol", "missing"),

@@ -8,15 +8,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .exprs import Expr
     from .scalars import Program, Tree
 
-DTYPES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}  # ints: where a kernel's family allows them
+DTYPES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int32": 4,
+          "int64": 8}  # ints: where a kernel's family allows them
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
 
 Dim = int | str  # a dimension: a size, or a symbol bound per call
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a manifest dtype name; bfloat16 is ml_dtypes' (the optional extra
+    hexir-runtime[bf16]), imported only here, when a module or an input has one."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        from ..errors import DeviceError
+
+        raise DeviceError("bfloat16 tensors need the ml_dtypes package (numpy's bfloat16): "
+                          "pip install 'hexir-runtime[bf16]'") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
