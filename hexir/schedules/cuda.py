@@ -55,7 +55,8 @@ from mlir import ir
 from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
 
 from hexir.dialects import hextir as ht
-from hexir.schedules import Request, extent
+from hexir.schedules import Request, cuda_mma, cuda_wgmma, extent
+from hexir.schedules.cuda_mma import MMA_FROM, SIXTEEN
 from hexir.schedules.cuda_tiles import (
     DMMA_REGISTER_TILE,
     DMMA_SPLIT,
@@ -234,15 +235,30 @@ def native_16bit(request: Request) -> bool:
     """Whether the cuda contract kernels (linear, matmul) take bfloat16/float16 operands as they
     are (accumulating in float32, the epilogue in float32, the result stored in 16 bits). False:
     lower-to-tir converts the operands to float32 and runs the float32 kernel, which stores the
-    16-bit result."""
-    return False
+    16-bit result. The linear does, on the tensor cores (`cuda_mma`, `cuda_wgmma`), where every
+    target has mma.sync for 16 bits (sm_80 on)."""
+    return request.op == "linear" and all(arch_number(a) >= MMA_FROM for a in request.target.cuda_archs)
+
+
+def uses_tf32(request: Request) -> bool:
+    """float32 products on the tensor cores in TF32 (`cuda_mma`): asked for, and on every target."""
+    return request.dtype == "float32" and request.precision == "tf32" and \
+        all(arch_number(a) >= MMA_FROM for a in request.target.cuda_archs)
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
-    tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
+    """The kernel for the shape: bfloat16/float16 on the tensor cores (`wgmma` where every target
+    is sm_90a and TMA can read x and w, else `mma`), float32 in TF32 when asked (`mma`, but few rows
+    stream as below); few (static) rows stream w (`rows`); else float64 runs on the tensor cores
+    where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
     request = request.with_args(args)
+    if request.dtype in SIXTEEN:  # (lower-to-tir asked native_16bit)
+        k, n = extent(args[0], 1, request), extent(args[1], 1, request)
+        return (cuda_wgmma.linear_wgmma if cuda_wgmma.uses_wgmma(request, k, n) else cuda_mma.linear_mma)(
+            args, symbols, request)
     m = extent(args[0], 0, request)
+    if uses_tf32(request) and not (isinstance(m, int) and m <= ROWS_MAX):
+        return cuda_mma.linear_mma(args, symbols, request)
     if isinstance(m, int) and 0 < m <= ROWS_MAX:
         return linear_rows(args, symbols, request)
     if uses_dmma(request):

@@ -38,6 +38,8 @@ MMA_TILING = (128, 128, 32, 2, 4)
 MMA_STAGES = 3
 MMA_PAD = {16: (8, 8), 32: (4, 8)}
 SIXTEEN = ("bfloat16", "float16")
+#: mma.sync with 16-bit and TF32 operands exists from sm_80 on.
+MMA_FROM = 80
 _PTX = {"bfloat16": "bf16", "float16": "f16"}
 
 

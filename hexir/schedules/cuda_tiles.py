@@ -44,8 +44,8 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
-    if isinstance(m, int):
-        return []
+    if isinstance(m, int) or request.dtype in ("bfloat16", "float16") or request.precision == "tf32":
+        return []  # (the tensor-core kernels' one tiling serves every batch)
     m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles

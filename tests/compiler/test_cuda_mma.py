@@ -10,9 +10,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from mlir import ir
 
 from hexir.backend import cuda as cuda_backend
+from hexir.dialects import hextir as ht
+from hexir.schedules import Request
+from hexir.schedules import cuda as cuda_schedule
 from hexir.schedules.cuda_mma import linear_mma
+from hexir.target import Target
 
 from .conftest import filecheck
 from .kernel_build import cuda_kernel
@@ -86,3 +91,24 @@ def test_the_ptx_assembles_without_spills(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in result.stderr
+
+
+@pytest.mark.parametrize(("dtype", "k", "archs", "fields", "kernel"), [
+    ("bfloat16", 256, ("sm_90",), {}, "mma"),
+    ("float16", 256, ("sm_80", "sm_90"), {}, "mma"),
+    ("bfloat16", 256, ("sm_90a",), {}, "wgmma"),
+    ("bfloat16", 252, ("sm_90a",), {}, "mma"),            # x's rows not a multiple of 16 bytes: no TMA
+    ("bfloat16", 256, ("sm_90a", "sm_90"), {}, "mma"),    # every target must have wgmma
+    ("float32", 256, ("sm_90",), {"precision": "tf32"}, "tf32"),
+    ("float32", 256, ("sm_90",), {}, None),               # float32 stays float32 unless TF32 is asked for
+])
+def test_the_linear_schedule_picks_the_tensor_core_kernel(dtype, k, archs, fields, kernel):
+    module, context = cuda_kernel(cuda_schedule.linear, [(200, k), (k, 64), (200, 64)], dtype, archs=archs, **fields)
+    with context:
+        function = next(op for op in next(op for op in module.body.operations if op.operation.name == "gpu.module")
+                        .regions[0].blocks[0].operations if op.operation.name == "gpu.func")
+        chosen = function.operation.attributes[ht.VARIANT] if ht.VARIANT in function.operation.attributes else None
+        assert (chosen and ir.StringAttr(chosen).value) == kernel
+    assert cuda_schedule.native_16bit(Request("linear", dtype, Target(cuda_archs=archs)))
+    assert not cuda_schedule.native_16bit(Request("linear", dtype, Target(cuda_archs=("sm_75", "sm_90"))))
+    assert not cuda_schedule.native_16bit(Request("matmul", dtype, Target(cuda_archs=archs)))
