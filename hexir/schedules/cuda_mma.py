@@ -116,12 +116,12 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                     cuda._put(x_staged, x_tile, buffer, thread, threads, step)
                     cuda._put(w_staged, w_tile, buffer, thread, threads, tile_n)
                 cuda._pipeline(k_extent, step, fetch, put, compute)
-            for fi, fj, h in itertools.product(range(frags_m), range(frags_n), range(4)):
+            for fi, fj, h in itertools.product(range(frags_m), range(frags_n), (0, 2)):  # C: pairs of columns
                 row = cuda._plus(row0, cuda._plus(warp_row, cuda._plus(ht.index(16 * fi + 8 * (h // 2)), group)))
-                column = cuda._plus(column0, cuda._plus(warp_column, cuda._plus(ht.index(8 * fj + h % 2),
+                column = cuda._plus(column0, cuda._plus(warp_column, cuda._plus(ht.index(8 * fj),
                                                                                  cuda._times(in_group, 2))))
-                store_f32(lambda at=(fi, fj, h): ht.load(sums, list(map(ht.index, at))), out, (row, column),
-                          (rows, columns), bias, request)
+                pair = [ht.load(sums, list(map(ht.index, (fi, fj, h + e)))) for e in range(2)]
+                store_pair(pair, out, (row, column), (rows, columns), bias, request)
     return ht.Launch(grid, (threads, 1, 1))
 
 
@@ -150,6 +150,30 @@ def store_f32(value, out: ir.Value, at: tuple[ir.Value, ir.Value], bounds: tuple
         result = request.epilogue(result, [row, column])
         element = ir.MemRefType(out.type).element_type
         ht.store(result if element == f32 else arith.TruncFOp(element, result).result, out, [row, column])
+        scf.YieldOp([])
+
+
+def store_pair(values: list[ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
+               bounds: tuple[ir.Value, ir.Value], bias: ir.Value | None, request: Request) -> None:
+    """out[row, column + e] = values[e] as `store_f32` does, e = 0, 1 (column even): one 4-byte
+    store where N is even (then both or neither are inside, and aligned), else two."""
+    (row, column), (rows, columns) = at, bounds
+    if ir.MemRefType(out.type).shape[1] % 2:
+        for e, value in enumerate(values):
+            store_f32(lambda value=value: value, out, (row, cuda._plus(column, ht.index(e))), bounds, bias, request)
+        return
+    f32, element = ir.F32Type.get(), ir.MemRefType(out.type).element_type
+    inside = scf.IfOp(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result)
+    with ir.InsertionPoint(inside.then_block):
+        results = []
+        for e, value in enumerate(values):
+            here = cuda._plus(column, ht.index(e))
+            if bias is not None:
+                value = arith.AddFOp(value, _widen(ht.load(bias, [here]), f32)).result
+            value = request.epilogue(value, [row, here])
+            results.append(value if element == f32 else arith.TruncFOp(element, value).result)
+        pair = vector.FromElementsOp(ir.VectorType.get([2], element), results).result
+        vector.StoreOp(pair, out, [row, column], alignment=2 * ir.FloatType(element).width // 8)
         scf.YieldOp([])
 
 

@@ -32,10 +32,11 @@ def ptx(m, k, n, dtype: str, arch: str = "sm_90", **fields) -> str:
         return cuda_backend.ptx_of(module, arch)
 
 
-@pytest.mark.parametrize(("dtype", "ptx_type", "convert"), [("bfloat16", "bf16", "cvt.rn.bf16.f32"),
-                                                            ("float16", "f16", "cvt.rn.f16.f32")])
+@pytest.mark.parametrize(("dtype", "ptx_type", "convert"), [("bfloat16", "bf16", "cvt.rn.bf16x2.f32"),
+                                                            ("float16", "f16", "cvt.rn.f16x2.f32")])
 def test_16bit_linear_is_mma_m16n8k16_fed_by_ldmatrix_and_16_byte_copies(dtype, ptx_type, convert):
-    # a 128x128 tile of 8 warps, 64x32 each: per k slice of 32, 2 x (4 A + 2 B ldmatrix x4, 16 mma)
+    # a 128x128 tile of 8 warps, 64x32 each: per k slice of 32, 2 x (4 A + 2 B ldmatrix x4, 16 mma);
+    # a thread's two columns of C converted together and stored as one 4-byte word
     filecheck(ptx(256, 256, 256, dtype), f"""
         CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
         CHECK: .entry k(
@@ -47,7 +48,7 @@ def test_16bit_linear_is_mma_m16n8k16_fed_by_ldmatrix_and_16_byte_copies(dtype, 
         CHECK: ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16
         CHECK: mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32
         CHECK: {convert}
-        CHECK: st.global.b16
+        CHECK: st.global.b32
         """)
     text = ptx(256, 256, 256, dtype)
     assert text.count("mma.sync.aligned") == 32 and text.count("ldmatrix.sync") == 12
@@ -60,7 +61,7 @@ def test_tf32_linear_rounds_its_inputs_to_nearest_away_and_is_mma_m16n8k8():
         CHECK: cp.async.cg.shared.global [{{.*}}], [{{.*}}], 16, {{.*}};
         CHECK: cvt.rna.tf32.f32
         CHECK: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
-        CHECK: st.global.b32
+        CHECK: st.global.v2.b32
         """)
 
 
@@ -79,7 +80,7 @@ def test_bias_and_epilogue_are_computed_in_float32():
         CHECK: cvt.f32.bf16
         CHECK: add.rn.f32
         CHECK: max.NaN.f32
-        CHECK: cvt.rn.bf16.f32
+        CHECK: cvt.rn.bf16x2.f32
         """)
 
 

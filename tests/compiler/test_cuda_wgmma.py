@@ -1,7 +1,7 @@
 """The Hopper linear (`schedules/cuda_wgmma.py`, sm_90a) as PTX, checked without a GPU: TMA
 loads into swizzled stages completing on mbarriers, wgmma m64n128k16 with f32 sums, the two
-tensor maps as pointer parameters after the kernel's own, the launch (384 threads, a 1-D grid
-of 256x128 tiles) and the manifest's `tensor_maps`; and ptxas's register count (no spills)."""
+tensor maps as pointer parameters after the kernel's own, the launch (384 threads, a
+persistent 1-D grid over 256x128 tiles) and the manifest's `tensor_maps`; and ptxas's register count (no spills)."""
 
 # IR lines are checked as printed: wrapping them would change what they check.
 # ruff: noqa: E501
@@ -48,21 +48,26 @@ def test_wgmma_linear_is_tma_and_mbarriers_feeding_wgmma(dtype, ptx_type):
         CHECK: .maxntid 384, 1, 1
         CHECK-NOT: .local
         CHECK: mbarrier.init.shared.b64
+        CHECK: bar.sync 0
+        """)
+    filecheck(ptx, f"""
         CHECK: mbarrier.try_wait.parity
-        CHECK: mbarrier.arrive.expect_tx.shared.b64
-        CHECK: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{{{{.*}}}}], [%rd{{{{[0-9]+}}}}, {{{{.*}}}}], [{{{{.*}}}}]
         CHECK: wgmma.fence.sync.aligned
         CHECK: wgmma.mma_async.sync.aligned.m64n128k16.f32.{ptx_type}.{ptx_type}
         CHECK: wgmma.commit_group.sync.aligned
         CHECK: wgmma.wait_group.sync.aligned 1
         CHECK: mbarrier.arrive.shared.b64
         CHECK: wgmma.wait_group.sync.aligned 0
-        CHECK: bar.sync 1, 256
-        CHECK: st.global.b16
+        CHECK: st.global.b32
+        """)
+    filecheck(ptx, """
+        CHECK: mbarrier.try_wait.parity
+        CHECK: mbarrier.arrive.expect_tx.shared.b64
+        CHECK-COUNT-4: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{{.*}}], [%rd{{[0-9]+}}, {{.*}}], [{{.*}}]
         """)
     assert maps == [{"arg": 0, "box": [64, 128]}, {"arg": 1, "box": [64, 64]}]
     assert launch.block == (384, 1, 1) and launch.shared_bytes == 4 * (256 * 64 + 64 * 128) * 2
-    assert launch.grid[0] == ("mul", ("ceildiv", "batch", 256), 9)
+    assert launch.grid[0] == ("min", ("mul", ("ceildiv", "batch", 256), 9), 132)  # persistent: a block an SM at most
 
 
 def test_wgmma_needs_sm_90a_alone_and_16_byte_rows():
