@@ -382,7 +382,7 @@ def _bf16_values(text: str) -> np.ndarray:
     or numbers, a non-finite one as its bits (`0x7FC0`)."""
     if text.startswith('dense<"0x'):
         return np.frombuffer(bytes.fromhex(text[9:text.index('"', 9)]), "<u2").view(np.dtype("bfloat16")).copy()
-    body = text[text.index("<") + 1:text.rindex(">")]
+    body = text[text.index("<") + 1:text.index(">")]  # (then " : tensor<...>")
     tokens = re.findall(r"0x[0-9A-Fa-f]+|[-+0-9.eE]+", body.replace("[", " ").replace("]", " "))
     bits = [int(t, 16) if t.startswith("0x") else np.array(float(t), "bfloat16").view(np.uint16).item()
             for t in tokens]

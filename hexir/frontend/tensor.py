@@ -22,6 +22,14 @@ BATCH = "batch"
 MAX_BYTES = 2**63 - 1
 
 
+def dtype_name(op: str, dtype: Any) -> str:
+    """numpy's name of `dtype`: a name or short name ("bf16"), a numpy dtype or type."""
+    try:
+        return np.dtype(DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype).name
+    except TypeError:
+        raise TraceError(f"{op}: {dtype!r} is not a dtype") from None
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """The abstract value of a tensor: what a trace may depend on, and nothing else.
@@ -46,10 +54,7 @@ class TensorSpec:
             if not symbolic and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
                 raise TraceError(f"TensorSpec: shape must be non-negative integers or names (identifiers; "
                                  f"the first may be None), got {self.shape!r}")
-        try:
-            dtype = np.dtype(DTYPE_ALIASES.get(self.dtype, self.dtype)).name
-        except TypeError as error:
-            raise TraceError(f"TensorSpec: {self.dtype!r} is not a dtype") from error
+        dtype = dtype_name("TensorSpec", self.dtype)
         if dtype not in DTYPES:
             raise TraceError(f"TensorSpec: dtype must be float32, float64, bfloat16 or float16 (or int32, int64), "
                              f"got {dtype}")
@@ -212,6 +217,12 @@ class Tensor:
         from hexir.frontend.functions import reduce
 
         return reduce("max", self, axis=axis, keepdims=keepdims)
+
+    def astype(self, dtype: Any) -> Tensor:
+        """hexir.cast(self, dtype): numpy's astype between float dtypes."""
+        from hexir.frontend.functions import cast
+
+        return cast(self, dtype)
 
     def argmax(self, axis: int = -1, keepdims: bool = False) -> Tensor:
         """hexir.argmax(self, axis, keepdims): int64 indices."""

@@ -48,7 +48,7 @@ from hexir.schedules import Builder, Request, cpu
 from hexir.target import Target, check_launch
 
 
-def lower_to_tir(module: ir.Module, target: Target) -> None:
+def lower_to_tir(module: ir.Module, target: Target, precision: str = "highest") -> None:
     """Replace every compute op with a call to a freshly built kernel, and every
     hexir.custom_call with a call to a declaration of the user's kernel."""
     main = hx.main_function(module)
@@ -83,7 +83,8 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 _custom_kernels(op, name, arg_types, device)
             else:
                 request, record = _request(op, definition, target, symbols, packed)
-                request = replace(request, shapes=tuple(map(tuple, shapes)))
+                request = replace(request, shapes=tuple(map(tuple, shapes)),
+                                  precision=precision if definition.family == "contract" else "highest")
                 schedules = ops.schedules_of(definition)
                 if device == "cuda":
                     kernel = _kernel(ht.KernelId(name, device), arg_types, schedules[device], request, record)

@@ -225,7 +225,8 @@ def _drop(container, key):
 
 MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message)
     "dtype name": (lambda m: m["kernels"][0]["args"][1].update(dtype="int8"),
-                   "kernels[0].args[1].dtype", "expected one of float32, float64, bfloat16, float16, int32, int64, got 'int8'"),
+                   "kernels[0].args[1].dtype",
+                   "expected one of float32, float64, bfloat16, float16, int32, int64, got 'int8'"),
     "unknown top key": (lambda m: m.update(extra=1), "extra", "unknown key"),
     "unknown kernel key": (lambda m: m["kernels"][1].update(color="red"), "kernels[1].color", "unknown key"),
     "missing key": (lambda m: _drop(m["kernels"][2], "symbol"), "kernels[2].symbol", "missing"),
@@ -265,7 +266,7 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
                     "[2, 16] does not broadcast to out's shape [2, 15]"),
     "arity": (lambda m: m["kernels"][1]["args"].pop(0),
               "kernels[1].args", "pointwise takes at least 2 args, got 1"),
-    "mixed dtypes": (lambda m: m["kernels"][1]["args"][1].update(dtype="float64"), "kernels[1].args[1].dtype",
+    "mixed dtypes": (lambda m: m["kernels"][0]["args"][1].update(dtype="float64"), "kernels[0].args[1].dtype",
                      "expected float32 like args[0]"),
     "access": (lambda m: m["kernels"][1]["args"][1].update(access="read"), "kernels[1].args[1].access",
                "expected one of write"),
