@@ -85,6 +85,8 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
     # the tensor maps: extra pointer parameters after the sizes, described for the runtime
     entry = ir.BlockArgument(x).owner
     maps = [entry.add_argument(ir.Type.parse("!llvm.ptr"), ir.Location.unknown()) for _ in range(2)]
+    entry.owner.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments],
+                                                                                  []))
     ht.set_tensor_maps(entry.owner, [(0, (step, half)), (1, (64, step))])
     tiles_n, tiles_m = exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m)
     tiles = exprs.mul(tiles_m, tiles_n)

@@ -113,3 +113,31 @@ def test_the_linear_schedule_picks_the_tensor_core_kernel(dtype, k, archs, field
     assert cuda_schedule.native_16bit(Request("linear", dtype, Target(cuda_archs=archs)))
     assert not cuda_schedule.native_16bit(Request("linear", dtype, Target(cuda_archs=("sm_75", "sm_90"))))
     assert not cuda_schedule.native_16bit(Request("matmul", dtype, Target(cuda_archs=archs)))
+
+
+@pytest.mark.parametrize(("target", "maps"), [("cpu:host,cuda:sm_90", False), ("cpu:host,cuda:sm_90a", True)])
+def test_a_bfloat16_linear_on_cuda_keeps_its_16_bits_and_its_cpu_twin_computes_it(tmp_path, target, maps):
+    """End to end: x[batch, 96] @ w + b, relu, in bfloat16 on cuda: the kernel takes the 16-bit
+    buffers (wgmma's TMA maps where the target is sm_90a alone), and its cpu twin (what runs
+    without a GPU) agrees with float64 within bfloat16's rounding of the result."""
+    import hexir
+    import hexir_runtime
+    import ml_dtypes
+    import numpy as np
+    from hexir_runtime.cpu import CpuDevice
+
+    from .conftest import manifest
+
+    path = tmp_path / "m.hxb"
+    hexir.export(lambda x, w, b: hexir.relu(hexir.linear(x, w, b)), path,
+                 hexir.TensorSpec(("batch", 96), "bfloat16"), hexir.TensorSpec((96, 40), "bfloat16"),
+                 hexir.TensorSpec((40,), "bfloat16"), placement="*=cuda", target=target)
+    (kernel,) = [k for k in manifest(path.read_bytes())["kernels"] if k["device"] == "cuda"]
+    assert [a["dtype"] for a in kernel["args"]] == ["bfloat16"] * 4
+    assert ("tensor_maps" in kernel) == maps and kernel["cpu_fallback"]
+    rng = np.random.default_rng(1)
+    x, w, b = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for shape in ((37, 96), (96, 40), (40,)))
+    got = hexir_runtime.load(path, CpuDevice()).main(x, w, b)
+    expected = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64), 0)
+    assert got.dtype == ml_dtypes.bfloat16
+    assert np.abs(got.astype(np.float64) - expected).max() <= 2.0 ** -8 * np.abs(expected).max()
