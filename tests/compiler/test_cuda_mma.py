@@ -120,11 +120,12 @@ def test_a_bfloat16_linear_on_cuda_keeps_its_16_bits_and_its_cpu_twin_computes_i
     """End to end: x[batch, 96] @ w + b, relu, in bfloat16 on cuda: the kernel takes the 16-bit
     buffers (wgmma's TMA maps where the target is sm_90a alone), and its cpu twin (what runs
     without a GPU) agrees with float64 within bfloat16's rounding of the result."""
-    import hexir
     import hexir_runtime
     import ml_dtypes
     import numpy as np
     from hexir_runtime.cpu import CpuDevice
+
+    import hexir
 
     from .conftest import manifest
 

@@ -35,16 +35,16 @@ def build(m, k, n, dtype="bfloat16"):
 @pytest.mark.parametrize(("dtype", "ptx_type"), [("bfloat16", "bf16"), ("float16", "f16")])
 def test_wgmma_linear_is_tma_and_mbarriers_feeding_wgmma(dtype, ptx_type):
     ptx, launch, maps = build("batch", 1000, 1032, dtype)
-    filecheck(ptx, f"""
+    filecheck(ptx, """
         CHECK: .target sm_90a
         CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
         CHECK: .entry k(
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_0,
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_1,
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_2,
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_3,
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_4,
-        CHECK-NEXT: .param .u64 {{{{.*}}}}_param_5
+        CHECK-NEXT: .param .u64 {{.*}}_param_0,
+        CHECK-NEXT: .param .u64 {{.*}}_param_1,
+        CHECK-NEXT: .param .u64 {{.*}}_param_2,
+        CHECK-NEXT: .param .u64 {{.*}}_param_3,
+        CHECK-NEXT: .param .u64 {{.*}}_param_4,
+        CHECK-NEXT: .param .u64 {{.*}}_param_5
         CHECK: .maxntid 384, 1, 1
         CHECK-NOT: .local
         CHECK: mbarrier.init.shared.b64
