@@ -27,7 +27,7 @@ from mlir import ir, passmanager
 from mlir.dialects import arith, gpu, llvm
 
 from hexir.backend.toolchain import nvidia_wheel_file
-from hexir.dialects.hextir import GPU_MODULE
+from hexir.dialects.hextir import ARCH, GPU_MODULE
 from hexir.errors import CompileError, TargetError
 from hexir.target import PTX_FEATURES, arch_number
 
@@ -73,7 +73,10 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         with ir.InsertionPoint(copy.body):
             for op in module.body.operations:
                 if op.operation.name == "gpu.module":
-                    op.operation.clone()
+                    kernels = op.operation.clone().regions[0].blocks[0].operations
+                    for kernel in [k for k in kernels if ARCH in k.attributes]:  # another image's own
+                        if ir.StringAttr(kernel.attributes[ARCH]).value not in archs:
+                            kernel.erase()
         _rounded_roots(copy)
         manager = passmanager.PassManager("builtin.module")
         for arch in archs:
@@ -148,7 +151,8 @@ def ptx_of(module: ir.Module, arch: str) -> str:
 
 
 def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
-    """CUBINs for every arch and the PTX of the lowest one."""
+    """CUBINs for every arch and the PTX of the lowest one. A kernel built for one architecture
+    (`hextir.arch`: a variant using sm_90a's wgmma) is in that architecture's CUBIN alone."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: (arch_number(a), a)))  # sm_90 before sm_90a
     ptx = _device_objects(module, archs[:1], "isa")[archs[0]]  # first: its check says more than ptxas
@@ -156,5 +160,9 @@ def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
     if unresolved:
         raise CompileError(f"the cuda kernels call {', '.join(sorted({n.decode() for n in unresolved}))}, which no "
                            "library defines (libdevice was not linked: is nvvm/libdevice in the CUDA wheel?)")
-    cubins = _device_objects(module, archs, "bin")
-    return CudaBinary(cubins, (archs[0], ptx))
+    own = {ir.StringAttr(k.attributes[ARCH]).value for op in module.body.operations if op.operation.name == "gpu.module"
+           for k in op.regions[0].blocks[0].operations if ARCH in k.attributes}  # (sm_90a: wgmma kernels)
+    cubins: dict[str, bytes] = {}
+    for group in [tuple(a for a in archs if a not in own)] + [(a,) for a in archs if a in own]:
+        cubins.update(_device_objects(module, group, "bin") if group else {})
+    return CudaBinary({arch: cubins[arch] for arch in archs}, (archs[0], ptx))

@@ -90,6 +90,7 @@ SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trail
 DIMS = "hextir.dims"                # on a kernel: each buffer's `?` extents, as size expressions (text)
 VIEWS = "hextir.views"              # on a kernel: {arg: shape} for the inputs it reads reshaped in place
 TENSOR_MAPS = "hextir.tensor_maps"  # on a cuda kernel: TMA tensor maps it takes after its sizes (below)
+ARCH = "hextir.arch"                # on a cuda kernel variant: the one architecture it is built for (sm_90a)
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
 FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
@@ -313,6 +314,11 @@ def set_tensor_maps(kernel: ir.Operation, maps: Sequence[tuple[int, Sequence[int
     (buffer argument, box extents innermost first); the runtime encodes each per call for the
     buffer's address and extents (128-byte swizzle, out-of-bounds elements read as zeros)."""
     kernel.attributes[TENSOR_MAPS] = ir.StringAttr.get(json.dumps([{"arg": a, "box": list(box)} for a, box in maps]))
+
+
+def arch_of(kernel: ir.Operation) -> str | None:
+    """The one architecture a cuda kernel variant is for (its image alone holds it), or None."""
+    return ir.StringAttr(kernel.attributes[ARCH]).value if ARCH in kernel.attributes else None
 
 
 def tensor_maps_of(kernel: ir.Operation) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hexir_runtime.format import exprs
 from mlir import ir
@@ -44,8 +45,10 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
-    if isinstance(m, int) or request.dtype in ("bfloat16", "float16") or request.precision == "tf32":
-        return []  # (the tensor-core kernels' one tiling serves every batch)
+    if request.dtype in ("bfloat16", "float16"):  # (the tensor-core kernels' one tiling serves every batch)
+        return arch_variants(request)
+    if isinstance(m, int) or request.precision == "tf32":
+        return []
     m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
     if uses_dmma(request):  # the same for the FP64 tensor-core kernel's tiles
@@ -54,6 +57,25 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
         return [(dmma_name(table[i][0]), {m: starts[i - 1]}) for i in range(len(table) - 1, 0, -1)]
     starts = [tile * -(-fewest // -(-n // tile)) for (tile, _, _), fewest in TILINGS[:-1]]
     return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
+
+
+def arch_variants(request: Request) -> list[tuple[str, dict[str, int]]]:
+    """A 16-bit linear for targets of which some are sm_XYa and some are not: the "a"
+    architectures' own kernel (wgmma on sm_90a) as a variant run where their image is loaded
+    (named `wgmma_sm_90a`: `variant_arch` reads the architecture back), if it differs."""
+    from hexir.schedules.cuda_wgmma import uses_wgmma  # (it imports the cuda schedules, which import this)
+
+    archs = request.target.cuda_archs
+    if all(a.endswith("a") for a in archs):
+        return []
+    k, n = extent(0, 1, request), extent(1, 1, request)
+    return [(f"wgmma_{a}", {}) for a in archs if a.endswith("a")
+            and uses_wgmma(replace(request, target=replace(request.target, cuda_archs=(a,))), k, n)]
+
+
+def variant_arch(variant: str | None) -> str | None:
+    """The architecture an `arch_variants` variant is for, or None."""
+    return variant.removeprefix("wgmma_") if variant and variant.startswith("wgmma_") else None
 
 
 def dmma_name(tiling: tuple[int, ...]) -> str:

@@ -228,6 +228,7 @@ class CudaDevice:
                 if code is None:
                     continue
                 arch, blob = pick_image(code.images, *self.capability)
+                code = code.for_image(arch)  # (an sm_XYa variant: only from its own image)
                 if blob not in modules:
                     image = bytes(hxb.blob(blob))
                     if arch.startswith("compute_"):
@@ -465,7 +466,7 @@ class CudaProgram:
                 raise KernelError(f"kernels[{kernel}] ({spec.name}) needs {count} blocks along grid {axis} "
                                   f"({to_text(expr)}); CUDA allows at most {limit}")
         base = [int(buffer.pointer) for buffer in buffers]
-        first_map, maps = len(base) + len(spec.integers), code.tensor_maps
+        first_map, maps = len(base) + len(spec.integers), code.maps_of(symbol)
         values = (ctypes.c_uint64 * (first_map + len(maps)))(
             *base, *(evaluate(expr, sizes) for expr in spec.integers), *(0 for _ in maps))
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(values) + 8 * i for i in range(len(values))))

@@ -142,3 +142,24 @@ def test_a_bfloat16_linear_on_cuda_keeps_its_16_bits_and_its_cpu_twin_computes_i
     expected = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64), 0)
     assert got.dtype == ml_dtypes.bfloat16
     assert np.abs(got.astype(np.float64) - expected).max() <= 2.0 ** -8 * np.abs(expected).max()
+
+
+def test_an_sm_90a_image_beside_the_sm_90_one_carries_the_wgmma_kernel_as_its_own_variant(tmp_path):
+    """-target=cuda:sm_90,cuda:sm_90a: the kernel is mma.sync (in every image), and its variant of
+    architecture sm_90a, the wgmma kernel with its tensor maps, is in the sm_90a CUBIN alone (the
+    runtime runs it where that image is the one loaded: a GPU of compute capability 9.0)."""
+    from hexir_runtime import format as hxb
+
+    import hexir
+
+    path = tmp_path / "m.hxb"
+    hexir.export(lambda x, w: hexir.linear(x, w), path, hexir.TensorSpec(("batch", 64), "float16"),
+                 hexir.TensorSpec((64, 64), "float16"), placement="*=cuda", target="cpu:host,cuda:sm_90,cuda:sm_90a")
+    module = hxb.read(path)
+    (kernel,) = module.json["kernels"]
+    (variant,) = kernel["variants"]
+    assert variant["arch"] == "sm_90a" and "below" not in variant and len(variant["tensor_maps"]) == 2
+    assert "tensor_maps" not in kernel and set(kernel["images"]) == {"sm_90", "sm_90a", "compute_90"}
+    image = {arch: bytes(module.blob(blob)) for arch, blob in kernel["images"].items()}
+    assert all(kernel["symbol"].encode() in data for data in image.values())
+    assert [arch for arch, data in image.items() if variant["symbol"].encode() in data] == ["sm_90a"]

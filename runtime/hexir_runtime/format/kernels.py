@@ -16,6 +16,7 @@ from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorMap, TensorType
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
 _IMAGE = re.compile(r"(sm|compute)_[0-9]+a?|fatbin")
+_ARCH = re.compile(r"sm_[0-9]+a?")
 # A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
 _KERNEL_KEYS = {
     ("cpu", False): (("sizes", "work"), ("expr",)),  # (expr: its family says whether it has one)
@@ -65,18 +66,22 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
         return Kernel(name, op, device, args, meaning, integers, own, None, own.source, views)
+    images = kernel["images"]
     variants = []
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
-        _object(variant, where, ("symbol", "launch", "below"))
-        below = _is_object(variant["below"], f"{where}.below")
-        if not below:
-            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
+        _object(variant, where, ("symbol", "launch"), ("below", "arch", "tensor_maps"))
+        below = _is_object(variant.get("below", {}), f"{where}.below")
+        arch = variant.get("arch")
+        if arch is not None and (not isinstance(arch, str) or not _ARCH.fullmatch(arch) or arch not in images):
+            _fail(f"{where}.arch", f"expected an sm_<number>[a] architecture among the images, got {_describe(arch)}")
+        if not below and arch is None:
+            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes (or an arch)")
         variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
                                 _launch(variant["launch"], f"{where}.launch", symbols),
                                 {_below_key(key, f"{where}.below.{key}", symbols):
-                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}))
-    images = kernel["images"]
+                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}, arch,
+                                _tensor_maps(variant.get("tensor_maps", []), f"{where}.tensor_maps", args)))
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     for arch, blob in images.items():

@@ -97,22 +97,26 @@ class Code:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """Another kernel in the same images computing the same thing, run instead when every size
-    of the call is below its bound (`below`: a symbol or size expression -> bound)."""
-
-    symbol: str
-    launch: Launch
-    below: Mapping[Expr, int]
-
-
-@dataclass(frozen=True)
 class TensorMap:
     """A TMA tensor map a CUDA kernel takes after its sizes: of args[arg] (a matrix), a copy
     moving `box` elements (innermost first)."""
 
     arg: int
     box: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another kernel in the same images computing the same thing, run instead when every size
+    of the call is below its bound (`below`: a symbol or size expression -> bound) and, with an
+    `arch`, when the image loaded is that architecture's (whose instructions it uses: it is in no
+    other image); it may take tensor maps of its own."""
+
+    symbol: str
+    launch: Launch
+    below: Mapping[Expr, int]
+    arch: str | None = None
+    tensor_maps: tuple[TensorMap, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,14 @@ class GpuCode:
     images: Mapping[str, int]
     variants: tuple[Variant, ...] = ()
     tensor_maps: tuple[TensorMap, ...] = ()
+
+    def for_image(self, arch: str) -> GpuCode:
+        """This code as loaded from `arch`'s image: without the variants of other architectures."""
+        from dataclasses import replace
+        return replace(self, variants=tuple(v for v in self.variants if v.arch in (None, arch)))
+
+    def maps_of(self, symbol: str) -> tuple[TensorMap, ...]:
+        return next((v.tensor_maps for v in self.variants if v.symbol == symbol), self.tensor_maps)
 
     def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
         """The symbol and launch that run a call with `sizes`."""
