@@ -9,6 +9,8 @@
     python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
     python bench/linear.py build DIR --device cpu --sizes 512x512x512,64x784x512  # a selection, in DIR.tar.xz
     python bench/linear.py run DIR.tar.xz --device cpu --interleave --passes 3     # three passes in one run
+    python bench/linear.py build DIR --tensor-cores       # issue #26's rows: bf16/f16 and TF32 (packed in DIR.tar.xz)
+    python bench/linear.py run DIR.tar.xz --device cuda   # there: those against torch.matmul in the same dtype
 
 Weights are arguments, so the modules are small and the data is drawn where it runs; except
 with `--const`: the CPU issue's products with w a compile-time constant (packed in panels by the
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -48,6 +51,92 @@ SIZES = [(128, 128, 128), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048
 SYMBOLIC = [(64, 1024, 1024), (256, 1024, 1024), (4096, 1024, 1024)]
 #: Rows also compiled as linear + bias + relu (one kernel: the epilogue should cost nothing).
 FUSED = [(4096, 4096, 4096)]
+
+
+#: `build --tensor-cores`: issue #26's rows, (M, K, N, dtype, precision, target): bf16 and f16 at
+#: 4096^3 and 8192^3 with wgmma (sm_90a) and with mma.sync (sm_90), the ragged products (K or N odd:
+#: no TMA, mma.sync), TF32 at 4096^3. Compared with torch.matmul in the same dtype (TF32: with
+#: allow_tf32) and with a float64 product: relative to its largest element, within TOLERANCE * sqrt(K).
+TENSOR_CORES = [(m, k, n, dtype, "highest", target) for m, k, n in ((4096, 4096, 4096), (8192, 8192, 8192))
+                for dtype in ("bfloat16", "float16") for target in ("cuda:sm_90a", "cuda:sm_90")] + \
+               [(4096, 4096, 4096, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a"),  # wgmma: the sm_90a image's
+                (4095, 4097, 4000, "bfloat16", "highest", "cuda:sm_90a"),
+                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a")]
+TOLERANCE = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -11}
+
+
+def build_tensor_cores(out: Path) -> None:
+    import hexir
+
+    rows = []
+    for m, k, n, dtype, precision, target in TENSOR_CORES:
+        name = f"linear_{m}x{k}x{n}_{dtype}_{precision}_{target.replace('cuda:', '').replace(',', '_')}"
+        options = {"matmul_precision": precision} if precision != "highest" else {}
+        hexir.export(lambda x, w: hexir.linear(x, w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
+                     hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": "cuda"},
+                     target=f"cpu:host,{target}", **options)
+        rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cuda", "precision": precision,
+                     "target": target, "tensor_cores": True})
+    (out / "modules.json").write_text(json.dumps(rows, indent=1))
+    print(f"built {len(rows)} modules in {out}")
+    _pack(out)
+
+
+def run_tensor_cores(modules: Path, rows: list[dict], repeats: int) -> None:
+    """Each row's kernel on torch's tensors (the same buffers for both), CUDA events around
+    `repeats` launches back to back, against torch.matmul(out=) in the same dtype."""
+    import torch
+    from hexir_runtime.cuda import CudaDevice, DeviceBuffer
+    from hexir_runtime.format import numpy_dtype, read
+
+    place = CudaDevice()
+    print(f"device: {torch.cuda.get_device_name(0)}; baseline: cuBLAS (torch {torch.__version__}) in the same "
+          f"dtype; {repeats} launches back to back, median of 5")
+    print(f"{'M x K x N':>20} {'dtype':>9} {'target':>7} {'hexir ms':>9} {'torch ms':>9} {'hexir TF/s':>10} "
+          f"{'torch TF/s':>10} {'ratio':>6} {'rel err':>8} {'bound':>8} {'torch err':>9}")
+    for row in rows:
+        m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
+        torch.backends.cuda.matmul.allow_tf32 = row["precision"] == "tf32"
+        kind = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x, w = (torch.randn(shape, device="cuda", generator=g).to(kind) for shape in ((m, k), (k, n)))
+        out, theirs = torch.empty((m, n), dtype=kind, device="cuda"), torch.empty((m, n), dtype=kind, device="cuda")
+        hxb = read(modules / f"{row['name']}.hxb")
+        program = place.load(hxb)
+        buffers = [DeviceBuffer(t.data_ptr(), tuple(t.shape), numpy_dtype(dtype)) for t in (x, w, out)]
+        launch = program.launcher(0, buffers, {})
+        stream = torch.cuda.ExternalStream(int(program.stream))
+
+        def timed(fn, on) -> float:
+            fn()
+            times = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(on)
+                for _ in range(repeats):
+                    fn()
+                end.record(on)
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3 / repeats)
+            return statistics.median(times)
+        torch.cuda.synchronize()
+        ours = timed(launch, stream)
+        base = timed(lambda x=x, w=w, theirs=theirs: torch.matmul(x, w, out=theirs), torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        reference = x.double() @ w.double()
+        scale = float(reference.abs().max())
+        error = float((out.double() - reference).abs().max()) / scale
+        torch_error = float((theirs.double() - reference).abs().max()) / scale
+        bound = TOLERANCE[dtype] * math.sqrt(k)
+        flops = 2.0 * m * k * n
+        print(f"{m:>6} x{k:>5} x{n:>5} {dtype if row['precision'] == 'highest' else 'tf32':>9} "
+              f"{row['target'].replace('cuda:', ''):>7} {ours * 1e3:9.3f} {base * 1e3:9.3f} "
+              f"{flops / ours / 1e12:10.1f} "
+              f"{flops / base / 1e12:10.1f} {base / ours:6.3f} {error:8.1e} {bound:8.1e} {torch_error:9.1e}"
+              f"{'' if error <= bound else '  WRONG'}", flush=True)
+        program.close()
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 #: `build --const`: the cpu products compiled with w a constant (rows "w const").
@@ -343,6 +432,8 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     rows = [r for r in json.loads((modules / "modules.json").read_text())
             if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
             and (not sizes or f"{r['m']}x{r['k']}x{r['n']}" in sizes)]
+    if rows and all(r.get("tensor_cores") for r in rows):
+        return run_tensor_cores(modules, rows, repeats)
     if threads and device == "cpu":  # numpy on as many threads (its BLAS's), for a scaling table
         try:
             from threadpoolctl import threadpool_limits
@@ -520,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     build_parser.add_argument("--sizes", help="only these products, e.g. 512x512x512,64x784x512 (packed in OUT.tar.xz)")
     build_parser.add_argument("--symbolic", action="store_true",
                               help="also each product (and its variants) with a symbolic row count")
+    build_parser.add_argument("--tensor-cores", action="store_true",
+                              help="only issue #26's bf16/f16/TF32 rows (cuda, sm_90a and sm_90), packed in OUT.tar.xz")
     build_parser.add_argument("--variants", help=f"cpu rows: also each under these variants of the schedule "
                                                  f"({', '.join(VARIANTS)}), for --interleave")
     run_parser = commands.add_parser("run")
@@ -538,7 +631,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
                             help="skip products of more than this many GFLOP (the cpu's 8192^3 takes long)")
     args = parser.parse_args(argv)
-    if args.command == "build":
+    if args.command == "build" and args.tensor_cores:
+        args.out.mkdir(parents=True, exist_ok=True)
+        build_tensor_cores(args.out)
+    elif args.command == "build":
         build(args.out, args.const, (args.device,) if args.device else ("cpu", "cuda"),
               args.sizes.split(",") if args.sizes else None, args.variants.split(",") if args.variants else None,
               args.symbolic)

@@ -13,6 +13,7 @@ from hexir.frontend.custom import CustomKernel, kernel
 from hexir.frontend.functions import (  # noqa: A004
     abs,
     argmax,
+    cast,
     erf,
     exp,
     gelu,
@@ -69,7 +70,7 @@ def register_op(definition: OpDef):  # noqa: ANN201 - returns the op's traceable
 __all__ = [
     "jit", "export", "explain", "on", "linear", "matmul", "print", "kernel", "CustomKernel", "Tensor", "TensorSpec",
     "relu", "exp", "log", "tanh", "sqrt", "rsqrt", "erf", "abs", "sigmoid", "silu", "gelu", "maximum", "minimum",
-    "sum", "mean", "max", "argmax", "softmax", "log_softmax", "layer_norm",
+    "sum", "mean", "max", "argmax", "softmax", "log_softmax", "layer_norm", "cast",
     "reshape", "transpose", "concat", "concatenate", "take",
     "OpDef", "Pointwise", "Reduce", "Contract", "Layout", "scalar", "register_op", "HexirError", "ArgumentError",
     "TraceError",

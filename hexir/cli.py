@@ -23,7 +23,7 @@ from hexir_runtime import KeyFileError, signing
 from mlir import ir
 
 from hexir.dialects import make_context
-from hexir.driver import STAGE_NAMES, Options, parse_placement, run_stage
+from hexir.driver import MATMUL_PRECISIONS, STAGE_NAMES, Options, parse_placement, run_stage
 from hexir.errors import ArgumentError, HexirError, InputFileError, PlacementError, TargetError, TraceError
 from hexir.explain import placed_dot
 from hexir.frontend.tensor import TensorSpec
@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-placement", "--placement", default="",
                         help="op=device,... e.g. hexir.linear=cuda,hexir.relu=cpu")
     parser.add_argument("-target", "--target", default="", help="cpu:x86-64[-v2|-v3|-v4], cuda:sm_XX (comma separated)")
+    parser.add_argument("-matmul-precision", "--matmul-precision", dest="matmul_precision", default=None,
+                        choices=MATMUL_PRECISIONS, help="float32 linears and matmuls: highest (float32, the default) "
+                        "or tf32 (cuda tensor cores, inputs rounded to TF32; the cpu computes float32)")
     parser.add_argument("--kernel-search-path", "-kernel-search-path", action="append", default=[],
                         metavar="DIR", help="where custom kernels' files are looked for (repeatable)")
     parser.add_argument("-spec", "--spec", action="append", default=[],
@@ -67,12 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_spec(text: str) -> tuple[str | None, TensorSpec | object]:
     """`[name=]DIMSxDTYPE`: DIMS are ints or symbols (names without an x; ? first for batch)
-    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, i32, i64 or a numpy name (as TensorSpec
+    joined by x (`batchxseqx64xf32`); DTYPE is f32, f64, bf16, f16, i32, i64 or a numpy name (as TensorSpec
     spells them). Anything else after `name=` is a static value, a Python literal (3.0, 'fast',
     (1, 2), None)."""
     name, _, spec = text.partition("=") if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", text) else ("", "", text)
     dim = r"(?:\?|\d+|[A-Za-wyzA-Z_][A-Za-wyzA-Z0-9_]*)"
-    match = re.fullmatch(rf"({dim}(?:x{dim})*)x(f32|f64|i32|i64|float32|float64|int32|int64)", spec)
+    dtype = "f32|f64|bf16|f16|i32|i64|float32|float64|bfloat16|float16|int32|int64"
+    match = re.fullmatch(rf"({dim}(?:x{dim})*)x({dtype})", spec)
     if not match:
         try:
             return name or None, ast.literal_eval(spec)
@@ -168,7 +172,8 @@ def _options(args: argparse.Namespace, base: Options) -> Options:
     """`base` (a @hexir.jit's own options, or the defaults) with the command line's on top."""
     placement = parse_placement(args.placement) or base.placement
     return replace(base, placement=placement, target=parse_target(args.target, base.target),
-                   kernel_search_path=(*base.kernel_search_path, *args.kernel_search_path))
+                   kernel_search_path=(*base.kernel_search_path, *args.kernel_search_path),
+                   matmul_precision=args.matmul_precision or base.matmul_precision)
 
 
 def compile_input(args: argparse.Namespace) -> ir.Module | str | bytes:

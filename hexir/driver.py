@@ -6,13 +6,14 @@ stages up to and including that one and returns what it makes:
 
     mlir         the traced hexir graph (or the .mlir input), verified
     mlir-hetero  partitioned: every op has a device, transfers inserted
-    mlir-tir     element-wise ops fused into their linears, then hextir kernels built by the
-                 schedules (loops with schedules, work/launch records); the graph calls them,
-                 calls of identical kernels one kernel
+    mlir-tir     16-bit contracts widened to float32, element-wise ops fused into their linears,
+                 then hextir kernels built by the schedules (loops with schedules, work/launch
+                 records); the graph calls them, calls of identical kernels one kernel
     mlir-linalg  kernels lowered into upstream scf/memref/arith loops, with the .hxb calling
                  convention (the name is the original tool's)
     mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
     llvm         LLVM IR of the cpu kernels
+    ptx          PTX of the cuda kernels, per target architecture
     hxb          the packaged module
 """
 
@@ -42,6 +43,7 @@ from hexir.passes.tir_to_loops import tir_to_loops
 from hexir.passes.to_gpu import cuda_kernels_to_gpu
 from hexir.passes.to_llvm import cpu_kernels_to_llvm
 from hexir.passes.verify import verify
+from hexir.passes.widen import widen
 from hexir.target import Target
 
 
@@ -52,6 +54,7 @@ class Options:
     placement: tuple[tuple[str, str], ...] = ()     # (op name, device), e.g. ("hexir.linear", "cuda")
     target: Target = field(default_factory=Target)
     kernel_search_path: tuple[str, ...] = ()        # where custom kernels' files are looked for
+    matmul_precision: str = "highest"               # float32 contracts: "highest" or "tf32" (MATMUL_PRECISIONS)
 
 
 Step = Callable[[ir.Module, Options], object]
@@ -96,6 +99,15 @@ def _llvm(module: ir.Module, options: Options) -> str:
     return cpu_backend.llvm_ir(cpu_kernels_to_llvm(module))
 
 
+def _ptx(module: ir.Module, options: Options) -> str:
+    """The cuda kernels' PTX for each target architecture (what ptxas turns into the CUBINs)."""
+    if not ht.generated_kernels(module, "cuda"):
+        return "// no cuda kernels\n"
+    archs = options.target.cuda_archs
+    cuda_backend.check_archs(archs)
+    return "".join(f"// ---- {arch}\n" + cuda_backend.ptx_of(module, arch) for arch in archs)
+
+
 def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
     cpu_table = kernel_tables(module)[0]
@@ -121,17 +133,19 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
 STAGES: list[tuple[str, Step]] = [
     ("mlir", _passes(("hexir-verify", lambda m, o: verify(m)))),
     ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
-    ("mlir-tir", _passes(("hexir-fuse", lambda m, o: fuse(m)),
+    ("mlir-tir", _passes(("hexir-widen", lambda m, o: widen(m, o.target, o.matmul_precision)),
+                         ("hexir-fuse", lambda m, o: fuse(m)),
                          ("hexir-pack-weights", lambda m, o: pack_weights(m)),
-                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse",
+                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target, o.matmul_precision)), "cse",
                          ("hexir-share-kernels", lambda m, o: share_kernels(m)))),
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
     ("mlir-gpu", _outline_gpu),
     ("llvm", _llvm),
+    ("ptx", _ptx),
     ("hxb", _hxb),
 ]
 STAGE_NAMES = tuple(name for name, _ in STAGES)
-_TERMINAL = ("llvm", "hxb")  # stages that make text or bytes rather than a module
+_TERMINAL = ("llvm", "ptx", "hxb")  # stages that make text or bytes rather than a module
 
 
 def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | str | bytes:
@@ -151,6 +165,18 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
 def compile_module(module: ir.Module, options: Options) -> bytes:
     """The .hxb bytes of a hexir module."""
     return run_stage(module, "hxb", options)
+
+
+#: What a float32 contract's products may be (torch's set_float32_matmul_precision): "highest"
+#: float32; "tf32" inputs rounded to TF32 on the cuda tensor cores (the cpu computes float32).
+MATMUL_PRECISIONS = ("highest", "tf32")
+
+
+def parse_precision(value: object) -> str:
+    """A `matmul_precision`, checked."""
+    if value not in MATMUL_PRECISIONS:
+        raise ArgumentError(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, got {value!r}")
+    return value
 
 
 def parse_placement(text: str | dict | None) -> tuple[tuple[str, str], ...]:

@@ -57,9 +57,10 @@ from typeguard import TypeCheckError, check_type
 
 from hexir import cache
 from hexir.dialects.hexir import result_form
-from hexir.driver import Options, parse_placement
+from hexir.driver import Options, parse_placement, parse_precision
 from hexir.errors import ArgumentError, TraceError
 from hexir.frontend import trace as tracing
+from hexir.frontend.tensor import DTYPES as TENSOR_DTYPES
 from hexir.frontend.tensor import TensorSpec
 from hexir.frontend.trace import current_device, trace, user_frame, user_where
 from hexir.target import DEFAULT_CPU_LEVELS, host_level, parse_target
@@ -147,10 +148,9 @@ class JitFunction:
                 specs.append(value)
             elif isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
                 shape, dtype = _shape_and_dtype(value)
-                if dtype not in ("float32", "float64", "int32", "int64"):
-                    later = f" ({dtype} is not supported yet)" if dtype in ("bfloat16", "float16") else ""
-                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; "
-                                     f"expected float32 or float64{later} (or int32, int64 ids)", *user_where())
+                if dtype not in TENSOR_DTYPES:
+                    raise TraceError(f"{name}(): argument '{arg_name}' has dtype {dtype}; expected float32, "
+                                     "float64, bfloat16 or float16 (or int32, int64 ids)", *user_where())
                 specs.append(TensorSpec(shape, dtype))
             else:
                 try:
@@ -354,42 +354,57 @@ def _checked(fn: Callable) -> Callable:
 
 @_checked
 def jit(fn: Callable | None = None, *, placement: str | dict | None = None, target: str | None = None,
-        kernel_search_path: Sequence[str | os.PathLike] = (), dynamic: bool | None = None, cache: bool = True) -> Any:
+        kernel_search_path: Sequence[str | os.PathLike] = (), dynamic: bool | None = None, cache: bool = True,
+        matmul_precision: str = "highest") -> Any:
     """Compile `fn` on its first call for each argument signature, then run the compiled code.
 
     `placement` ("hexir.linear=cuda,...") overrides `on()` blocks; `target` chooses the code
     generation targets ("cpu:x86-64-v3,cuda:sm_90"); `kernel_search_path` is where custom
     kernels' files are looked for after their own folders; `dynamic` says when batch sizes are
     symbolic (None: from the second leading size seen; True: always; False: never); `cache=False`
-    keeps compiled modules out of the compile cache on disk (see `hexir/cache.py`).
+    keeps compiled modules out of the compile cache on disk (see `hexir/cache.py`);
+    `matmul_precision` is "highest" (float32 linears and matmuls in float32) or "tf32" (on cuda,
+    their inputs rounded to TF32 for the tensor cores, as torch's; the cpu computes float32).
     """
     options = Options(placement=parse_placement(placement), target=parse_target(target),
-                      kernel_search_path=tuple(map(os.fspath, kernel_search_path)))
+                      kernel_search_path=tuple(map(os.fspath, kernel_search_path)),
+                      matmul_precision=_precision(matmul_precision))
     if fn is None:
         return lambda f: JitFunction(f, options, dynamic, cache)
     return JitFunction(fn, options, dynamic, cache)
 
 
 def with_options(fn: Callable, placement: str | dict | None = None, target: str | None = None,
-                 kernel_search_path: Sequence[str | os.PathLike] = ()) -> JitFunction:
+                 kernel_search_path: Sequence[str | os.PathLike] = (), matmul_precision: str | None = None
+                 ) -> JitFunction:
     """`fn` as a JitFunction, these options on top of its own (a plain function has the defaults)."""
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn, Options())
-    if placement is None and target is None and not kernel_search_path:
+    if placement is None and target is None and not kernel_search_path and matmul_precision is None:
         return jitted
     options = jitted.options
     return JitFunction(jitted.fn, replace(
         options, placement=parse_placement(placement) or options.placement, target=parse_target(target, options.target),
-        kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path))), cache=jitted.cache)
+        kernel_search_path=options.kernel_search_path + tuple(map(os.fspath, kernel_search_path)),
+        matmul_precision=options.matmul_precision if matmul_precision is None else _precision(matmul_precision)),
+        cache=jitted.cache)
+
+
+def _precision(value: object) -> str:
+    try:
+        return parse_precision(value)
+    except ArgumentError as error:
+        raise ArgumentError(error.message, *user_where()) from None
 
 
 @_checked
 def export(fn: Callable, path: str | Path, *example_args: Any, placement: str | dict | None = None,
            target: str | None = None, kernel_search_path: Sequence[str | os.PathLike] = (),
-           sign_with: Any = None, **static: Any) -> Path:
+           sign_with: Any = None, matmul_precision: str | None = None, **static: Any) -> Path:
     """Compile `fn` for the signature of `example_args` (arrays or TensorSpecs, and static values;
     keyword arguments other than the options are `fn`'s own, e.g. static values) into a .hxb file,
-    signed with `sign_with` (a PEM private key's path or an Ed25519PrivateKey) if given."""
-    jitted = with_options(fn, placement, target, kernel_search_path)
+    signed with `sign_with` (a PEM private key's path or an Ed25519PrivateKey) if given;
+    `matmul_precision` as jit's (None: fn's own, "highest" for a plain function)."""
+    jitted = with_options(fn, placement, target, kernel_search_path, matmul_precision)
     path = Path(path)
     if not path.parent.is_dir():  # before the compile, not after it
         raise TraceError(f"hexir.export: cannot write {path}: the folder {path.parent} does not exist", *user_where())

@@ -21,17 +21,25 @@ CPU_LEVELS = {"x86-64": _V1, "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V
 #: aborts the process (it does not raise) when asked for a PTX version that cannot express the
 #: chip, so an architecture is checked against this table before any pass runs.
 PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_87": "+ptx74",
-                "sm_89": "+ptx78", "sm_90": "+ptx80", "sm_100": "+ptx86", "sm_103": "+ptx88",
+                "sm_89": "+ptx78", "sm_90": "+ptx80", "sm_90a": "+ptx80", "sm_100": "+ptx86", "sm_103": "+ptx88",
                 "sm_120": "+ptx87", "sm_121": "+ptx88"}
 CUDA_ARCHS = tuple(PTX_FEATURES)
+
+
+
+def arch_number(arch: str) -> int:
+    """The compute capability an architecture name stands for, as a number: sm_90a -> 90 (an "a"
+    name's image uses that capability's own instructions, wgmma for one, and runs on it alone)."""
+    return int(arch[3:].rstrip("a"))
+
 
 #: CUDA's limits on a launch: blocks per grid axis, threads per block; the shared memory a block
 #: may have (opting in past 48 KiB), by architecture (the CUDA programming guide's table).
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK_THREADS = 1024
 MAX_SHARED_BYTES = {"sm_75": 64 << 10, "sm_80": 163 << 10, "sm_86": 99 << 10, "sm_87": 163 << 10,
-                    "sm_89": 99 << 10, "sm_90": 227 << 10, "sm_100": 227 << 10, "sm_103": 227 << 10,
-                    "sm_120": 99 << 10, "sm_121": 99 << 10}
+                    "sm_89": 99 << 10, "sm_90": 227 << 10, "sm_90a": 227 << 10, "sm_100": 227 << 10,
+                    "sm_103": 227 << 10, "sm_120": 99 << 10, "sm_121": 99 << 10}
 
 
 #: What an exported module carries: AVX-512, AVX2+FMA and the portable baseline; the runtime

@@ -33,13 +33,15 @@ from mlir import ir, passmanager
 from mlir.dialects import arith, gpu, llvm
 
 from hexir.backend.toolchain import nvidia_wheel_file
-from hexir.dialects.hextir import GPU_MODULE
+from hexir.dialects.hextir import ARCH, GPU_MODULE
 from hexir.errors import CompileError, TargetError
-from hexir.target import PTX_FEATURES
+from hexir.target import PTX_FEATURES, arch_number
 
 _DEVICE_PASSES = ("gpu.module(expand-strided-metadata, lower-affine, convert-nvgpu-to-nvvm, convert-scf-to-cf, "
-                  "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, canonicalize, cse, "
-                  "reconcile-unrealized-casts)")
+                  "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, convert-nvvm-to-llvm, canonicalize, "
+                  "cse, reconcile-unrealized-casts)")
+#: Dynamic shared memory's alignment: TMA boxes with 128-byte swizzling want 1024 bytes.
+DYNAMIC_SHARED_ALIGN = 1024
 
 
 def cuda_toolkit() -> str:
@@ -78,13 +80,17 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         with ir.InsertionPoint(copy.body):
             for op in module.body.operations:
                 if op.operation.name == "gpu.module":
-                    op.operation.clone()
+                    kernels = op.operation.clone().regions[0].blocks[0].operations
+                    for kernel in [k for k in kernels if ARCH in k.attributes]:  # another image's own
+                        if ir.StringAttr(kernel.attributes[ARCH]).value not in archs:
+                            kernel.erase()
         _rounded_roots(copy)
         manager = passmanager.PassManager("builtin.module")
         for arch in archs:
             features = PTX_FEATURES[arch]
             manager.add(f"nvvm-attach-target{{module={GPU_MODULE} chip={arch} features={features} O=3}}")
         manager.add(_DEVICE_PASSES)
+        manager.add(_external_dynamic_shared, name="hexir-dynamic-shared")
         # the toolkit for both formats: ptxas (bin) and, where MLIR embeds none, libdevice (both)
         manager.add(f'gpu-module-to-binary{{format={format_} toolkit="{cuda_toolkit()}"}}')  # quoted: spaces
         try:
@@ -97,6 +103,27 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str) -> 
         for arch, attribute in zip(archs, ir.ArrayAttr(binary.attributes["objects"]), strict=True):
             objects[arch] = bytes(gpu.ObjectAttr(attribute).object)
         return objects
+
+
+def _external_dynamic_shared(op: ir.Operation, pass_: object) -> None:
+    """convert-gpu-to-nvvm declares dynamic shared memory as an internal zero-sized global, which
+    NVPTX prints as a static 1-byte `.shared .align 16 .b8 __dynamic_shmem__0;`: beside other
+    shared variables (mbarriers) ptxas may then place them over it. Made external and
+    DYNAMIC_SHARED_ALIGN-aligned it prints as `.extern .shared .align 1024 .b8 __dynamic_shmem__0[];`,
+    the form that starts after every static shared variable."""
+    found: list[ir.Operation] = []
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        if inner.name == "llvm.mlir.global" and \
+                ir.StringAttr(inner.attributes["sym_name"]).value.startswith("__dynamic_shmem__"):
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+    op.walk(visit)
+    with op.context:
+        for global_ in found:
+            global_.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
+            global_.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                                 DYNAMIC_SHARED_ALIGN)
 
 
 def _rounded_roots(module: ir.Module) -> None:
@@ -125,12 +152,24 @@ def _rounded_roots(module: ir.Module) -> None:
         op.erase()
 
 
+def ptx_of(module: ir.Module, arch: str) -> str:
+    """The PTX of the module's cuda kernels for `arch` (`-emit=ptx`)."""
+    return _device_objects(module, (arch,), "isa")[arch].decode()
+
+
 def ptx(module: ir.Module, archs: tuple[str, ...]) -> dict[str, bytes]:
     """The PTX of the module's cuda kernels for each of `archs`: the MLIR half of the build,
-    lowered once for all of them (it holds the GIL; `assemble` runs ptxas beside it)."""
+    lowered once for the architectures that share every kernel (it holds the GIL; `assemble` runs
+    ptxas beside it). A kernel built for one architecture (`hextir.arch`: a variant using sm_90a's
+    wgmma) is in that architecture's text alone."""
     check_archs(archs)
-    archs = tuple(sorted(set(archs), key=lambda a: int(a[3:])))
-    texts = _device_objects(module, archs, "isa")  # before ptxas: this check says more than it would
+    archs = tuple(sorted(set(archs), key=lambda a: (arch_number(a), a)))  # sm_90 before sm_90a
+    own = {ir.StringAttr(k.attributes[ARCH]).value for op in module.body.operations if op.operation.name == "gpu.module"
+           for k in op.regions[0].blocks[0].operations if ARCH in k.attributes}
+    texts: dict[str, bytes] = {}
+    for group in [tuple(a for a in archs if a not in own)] + [(a,) for a in archs if a in own]:
+        texts.update(_device_objects(module, group, "isa") if group else {})
+    texts = {arch: texts[arch] for arch in archs}  # before ptxas: this check says more than it would
     unresolved = {n.decode() for text in texts.values()
                   for n in re.findall(rb"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?(\w+)", text, re.MULTILINE)}
     if unresolved:

@@ -23,7 +23,7 @@ from hexir.backend.cuda import cuda_toolkit
 from hexir.backend.toolchain import c_compiler, llvm_tool, nvidia_wheel_file, run_tool
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
-from hexir.target import PTX_FEATURES
+from hexir.target import PTX_FEATURES, arch_number
 
 _EM_X86_64, _EM_CUDA = 62, 190
 _ET_REL, _ET_DYN = 1, 3
@@ -203,7 +203,7 @@ _EXTERN_C = " (declare it extern \"C\" so that C++ does not mangle its name)"
 def _build_cuda(path: Path, served: dict[str, tuple], archs: tuple[str, ...],
                 scratch: Path) -> tuple[dict[str, bytes], set[str] | bytes]:
     """The images of a cuda file (arch -> bytes) and the symbols it defines (a fatbin: its bytes)."""
-    lowest = min(archs, key=lambda a: int(a[3:]))
+    lowest = min(archs, key=arch_number)
     virtual = lowest.replace("sm_", "compute_")
     if path.suffix == ".cu":
         source = path.read_bytes() + _cuda_check(served)
@@ -212,11 +212,11 @@ def _build_cuda(path: Path, served: dict[str, tuple], archs: tuple[str, ...],
         return {**images, virtual: ptx}, _ptx_entries(ptx)
     if path.suffix == ".ptx":
         ptx = path.read_bytes()
-        target = re.search(rb"\.target\s+(sm_\d+)", ptx)
+        target = re.search(rb"\.target\s+(sm_\d+a?)", ptx)
         if target is None:
             raise CompileError(f"{_named(served)}: {path} has no .target directive")
         ptx_arch = target.group(1).decode()
-        usable = [a for a in archs if int(a[3:]) >= int(ptx_arch[3:])]
+        usable = [a for a in archs if arch_number(a) >= arch_number(ptx_arch)]
         if not usable:
             raise CompileError(f"{_named(served)}: {path} is PTX for {ptx_arch}, newer than every target "
                                f"({', '.join(archs)})")

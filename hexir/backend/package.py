@@ -98,6 +98,10 @@ def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict
     else:
         expr = ht.expr_of(kernel)
         entry.update({**({"expr": expr} if expr is not None else {}), "sizes": list(ht.sizes_of(kernel))})
+        if ht.tensor_maps_of(kernel):
+            entry["tensor_maps"] = ht.tensor_maps_of(kernel)
+        if ht.arch_of(kernel):
+            entry["arch"] = ht.arch_of(kernel)
     entry.update(_record(kernel))
     return entry
 
@@ -213,7 +217,10 @@ def _package(module: ir.Module, cpu_libraries: list[CpuLibrary], cuda_binary: Cu
             others.append(ht.variants_of(kernel))
     for entry, chosen in zip(kernel_entries, others, strict=True):  # a kernel's variants, in the order tried
         if chosen:
-            entry["variants"] = [{"symbol": symbol, "launch": variants[symbol]["launch"], "below": below}
+            entry["variants"] = [{"symbol": symbol, "launch": variants[symbol]["launch"],
+                                  **({"below": below} if below else {}),
+                                  **{key: value for key, value in variants[symbol].items()
+                                     if key in ("arch", "tensor_maps")}}
                                  for symbol, below in chosen]
     for entry in kernel_entries:
         fallback = fallbacks.get(entry["name"])

@@ -26,8 +26,10 @@ Every attribute name of the graph level, and its accessor, is here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
+import ml_dtypes  # noqa: F401 - gives numpy the name "bfloat16"
 import numpy as np
 from mlir import ir
 
@@ -35,7 +37,9 @@ from hexir.dialects.irdl_text import call_operands, one_of
 from hexir.errors import CompileError, TraceError
 
 DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+#: The 16-bit floats: stored in 16 bits, computed in float32 (as torch does).
+HALVES = ("bfloat16", "float16")
 #: IRDL gives every operand of a variadic group one type, so calls (and pointwise and reduce
 #: ops) take up to eight operands of their own types, as one required and seven optional groups.
 MAX_CALL_ARGS = 8
@@ -133,11 +137,14 @@ irdl.dialect @hexir {{
 Shape = tuple
 
 
+_FLOAT_TYPES = {"float32": ir.F32Type, "float64": ir.F64Type, "bfloat16": ir.BF16Type, "float16": ir.F16Type}
+
+
 def element_type(dtype: str) -> ir.Type:
-    """The MLIR element type of a numpy dtype name (float32, float64, int32 or int64)."""
+    """The MLIR element type of a numpy dtype name (float32, float64, bfloat16, float16, int32, int64)."""
     if dtype in ("int32", "int64"):
         return ir.IntegerType.get_signless(int(dtype[3:]))
-    return ir.F32Type.get() if dtype == "float32" else ir.F64Type.get()
+    return _FLOAT_TYPES[dtype].get()
 
 
 def tensor_type(shape: Sequence[int | str], dtype: str) -> ir.RankedTensorType:
@@ -154,13 +161,12 @@ def dtype_of(type_: ir.Type) -> str:
     except ValueError:
         element = type_
     # isinstance, not `== ir.F32Type.get()`, which needs an active context
-    if isinstance(element, ir.F32Type):
-        return "float32"
-    if isinstance(element, ir.F64Type):
-        return "float64"
+    for name, kind in _FLOAT_TYPES.items():
+        if isinstance(element, kind):
+            return name
     if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width in (32, 64):
         return f"int{ir.IntegerType(element).width}"
-    raise TraceError(f"element type {element} is not supported; expected f32, f64, i32 or i64")
+    raise TraceError(f"element type {element} is not supported; expected f32, f64, bf16, f16, i32 or i64")
 
 
 def shape_of(type_: ir.Type) -> Shape:
@@ -187,7 +193,8 @@ def describe(shape: Sequence[int | str], dtype: str) -> str:
 
 def check_dtype(op: str, argument: str, dtype: str) -> None:
     if dtype not in DTYPES:
-        raise TraceError(f"{op}: argument '{argument}' has dtype {dtype}; expected float32 or float64")
+        raise TraceError(f"{op}: argument '{argument}' has dtype {dtype}; expected float32, float64, bfloat16 "
+                         "or float16")
 
 
 def check_extents(op: str, argument: str, shape: Sequence[int | str], dtype: str, static: bool = False) -> None:
@@ -220,8 +227,11 @@ def _str(value: str) -> ir.StringAttr:
 
 
 def constant(array: np.ndarray, name: str, device: str = "auto") -> ir.Value:
-    native = array.astype(array.dtype.newbyteorder("="), copy=False)  # MLIR reads native order only
-    value = ir.DenseElementsAttr.get(np.ascontiguousarray(native))
+    native = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("="), copy=False))  # MLIR: native order
+    if array.dtype.name == "bfloat16":  # not a buffer format MLIR reads: its bits, typed bf16
+        value = ir.DenseElementsAttr.get(native.view(np.uint16), type=ir.BF16Type.get())
+    else:
+        value = ir.DenseElementsAttr.get(native)
     op = ir.Operation.create(
         "hexir.constant", results=[value.type],
         attributes={"value": value, "name": _str(name), "device": _str(device)})
@@ -362,7 +372,21 @@ def constant_array(op: ir.Operation) -> np.ndarray:
     dtype = np.dtype(dtype_of(op.result.type))
     if attr.is_splat:
         return np.full(shape, ir.FloatAttr(attr.get_splat_value()).value, dtype=dtype)
+    if dtype.name == "bfloat16":  # MLIR gives bf16 no buffer: read the printed form
+        return _bf16_values(str(attr)).reshape(shape)
     return np.array(attr, dtype=dtype).reshape(shape)
+
+
+def _bf16_values(text: str) -> np.ndarray:
+    """The elements of a printed bf16 dense attribute: hex bytes (`dense<"0x...">`, a large one)
+    or numbers, a non-finite one as its bits (`0x7FC0`)."""
+    if text.startswith('dense<"0x'):
+        return np.frombuffer(bytes.fromhex(text[9:text.index('"', 9)]), "<u2").view(np.dtype("bfloat16")).copy()
+    body = text[text.index("<") + 1:text.index(">")]  # (then " : tensor<...>")
+    tokens = re.findall(r"0x[0-9A-Fa-f]+|[-+0-9.eE]+", body.replace("[", " ").replace("]", " "))
+    bits = [int(t, 16) if t.startswith("0x") else np.array(float(t), "bfloat16").view(np.uint16).item()
+            for t in tokens]
+    return np.array(bits, np.uint16).view(np.dtype("bfloat16"))
 
 
 def main_function(module: ir.Module) -> ir.Operation:

@@ -89,6 +89,8 @@ EXPR = "hextir.expr"               # on a kernel: what it computes per element, 
 SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
 DIMS = "hextir.dims"                # on a kernel: each buffer's `?` extents, as size expressions (text)
 VIEWS = "hextir.views"              # on a kernel: {arg: shape} for the inputs it reads reshaped in place
+TENSOR_MAPS = "hextir.tensor_maps"  # on a cuda kernel: TMA tensor maps it takes after its sizes (below)
+ARCH = "hextir.arch"                # on a cuda kernel variant: the one architecture it is built for (sm_90a)
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
 LAUNCH = "hextir.launch"            # on a cuda kernel: its launch record (below)
 FALLBACK_OF = "hextir.fallback_of"  # on a cpu twin: @the cuda kernel it stands in for
@@ -305,6 +307,22 @@ def views_of(kernel: ir.Operation) -> dict[int, list[int | str]]:
     return {int(named.name): [int(d) if d.isdigit() else d for d in (ir.StringAttr(a).value
                                                                        for a in ir.ArrayAttr(named.attr))]
             for named in ir.DictAttr(kernel.attributes[VIEWS])}
+
+
+def set_tensor_maps(kernel: ir.Operation, maps: Sequence[tuple[int, Sequence[int]]]) -> None:
+    """The TMA tensor maps a cuda kernel takes as pointer parameters after its sizes, in order:
+    (buffer argument, box extents innermost first); the runtime encodes each per call for the
+    buffer's address and extents (128-byte swizzle, out-of-bounds elements read as zeros)."""
+    kernel.attributes[TENSOR_MAPS] = ir.StringAttr.get(json.dumps([{"arg": a, "box": list(box)} for a, box in maps]))
+
+
+def arch_of(kernel: ir.Operation) -> str | None:
+    """The one architecture a cuda kernel variant is for (its image alone holds it), or None."""
+    return ir.StringAttr(kernel.attributes[ARCH]).value if ARCH in kernel.attributes else None
+
+
+def tensor_maps_of(kernel: ir.Operation) -> list[dict]:
+    return json.loads(ir.StringAttr(kernel.attributes[TENSOR_MAPS]).value) if TENSOR_MAPS in kernel.attributes else []
 
 
 def expr_of(kernel: ir.Operation) -> object:

@@ -17,7 +17,7 @@ from hexir_runtime.format import scalars
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.errors import TraceError
-from hexir.frontend.tensor import Tensor, TensorSpec
+from hexir.frontend.tensor import Tensor, TensorSpec, dtype_name
 from hexir.frontend.trace import _build, _operand, current_device, user_where
 from hexir.ops import scalar
 
@@ -36,7 +36,8 @@ def _number(value: object) -> float | None:
 def _float_tensor(op: str, name: str, value: object) -> Tensor:
     tensor = _operand(op, name, value)
     if tensor.dtype not in hx.DTYPES:
-        raise TraceError(f"{op}: {name} is a {tensor.spec} tensor; {op} computes on float32 or float64 "
+        raise TraceError(f"{op}: {name} is a {tensor.spec} tensor; {op} computes on "
+                         "float32, float64, bfloat16 or float16 "
                          "(an argmax's int64 result is an index, not a value)")
     return tensor
 
@@ -119,6 +120,21 @@ abs = _unary("abs", "|x|, element-wise.")  # noqa: A001 - numpy's and torch's na
 sigmoid = _unary("sigmoid", "1 / (1 + exp(-x)), element-wise.")
 silu = _unary("silu", "x * sigmoid(x), element-wise (torch.nn.functional.silu).")
 relu = _unary("relu", "max(x, 0), element-wise.")
+
+
+def cast(x: Operand, dtype: object) -> Tensor:
+    """x as `dtype` (float32, float64, bfloat16, float16, their short names, or a numpy dtype),
+    rounded to the nearest (even) as numpy's astype; a pointwise op, fused like the others (x's
+    own dtype: x itself)."""
+    def build() -> Tensor:
+        tensor = _float_tensor("cast", "x", x)
+        target = dtype_name("cast", dtype)
+        if target not in hx.DTYPES:
+            raise TraceError(f"cast: dtype must be float32, float64, bfloat16 or float16, got {target}")
+        if target == tensor.dtype:
+            return tensor
+        return _emit("cast", [tensor], tensor.shape, target, ["arg", 0])
+    return _build(build)
 
 
 def maximum(a: Operand, b: Operand) -> Tensor:

@@ -5,19 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes  # noqa: F401 - gives numpy the name "bfloat16"
 import numpy as np
 from mlir import ir
 
 from hexir.errors import TraceError
 
 #: Short dtype names, as `-spec` and MLIR spell them.
-DTYPE_ALIASES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64"}
+DTYPE_ALIASES = {"f32": "float32", "f64": "float64", "bf16": "bfloat16", "f16": "float16", "i32": "int32",
+                 "i64": "int64"}
 #: What a tensor may hold: floats, and int32/int64 (token ids, an argmax's result).
-DTYPES = ("float32", "float64", "int32", "int64")
+DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64")
 #: What `None` in a shape stands for: the batch symbol.
 BATCH = "batch"
 #: The most bytes a tensor may have: its byte count must fit an int64.
 MAX_BYTES = 2**63 - 1
+
+
+def dtype_name(op: str, dtype: Any) -> str:
+    """numpy's name of `dtype`: a name or short name ("bf16"), a numpy dtype or type."""
+    try:
+        return np.dtype(DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype).name
+    except TypeError:
+        raise TraceError(f"{op}: {dtype!r} is not a dtype") from None
 
 
 @dataclass(frozen=True)
@@ -27,7 +37,8 @@ class TensorSpec:
     `shape` holds non-negative ints and names: a name (`("batch", "seq", 64)`) is a size known
     only when the module runs, any axis may have one, and the same name in two places means the
     same size (checked per call). None as the leading extent is short for "batch". `dtype` is
-    float32 or float64 (or f32, f64), or int32 / int64 (i32, i64: ids, which take and the layout
+    float32, float64, bfloat16 or float16 (or f32, f64, bf16, f16: 16-bit ones are computed in
+    float32 and stored in 16 bits, as torch does), or int32 / int64 (i32, i64: ids, which take and the layout
     ops use; int64 is also an argmax's result).
     """
 
@@ -43,12 +54,10 @@ class TensorSpec:
             if not symbolic and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
                 raise TraceError(f"TensorSpec: shape must be non-negative integers or names (identifiers; "
                                  f"the first may be None), got {self.shape!r}")
-        try:
-            dtype = np.dtype(DTYPE_ALIASES.get(self.dtype, self.dtype)).name
-        except TypeError as error:
-            raise TraceError(f"TensorSpec: {self.dtype!r} is not a dtype") from error
+        dtype = dtype_name("TensorSpec", self.dtype)
         if dtype not in DTYPES:
-            raise TraceError(f"TensorSpec: dtype must be float32 or float64 (or int32, int64), got {dtype}")
+            raise TraceError(f"TensorSpec: dtype must be float32, float64, bfloat16 or float16 (or int32, int64), "
+                             f"got {dtype}")
         static = [int(d) for d in shape if not isinstance(d, str)]
         count = np.dtype(dtype).itemsize
         for d in static:  # Python ints: no overflow while checking for it
@@ -208,6 +217,12 @@ class Tensor:
         from hexir.frontend.functions import reduce
 
         return reduce("max", self, axis=axis, keepdims=keepdims)
+
+    def astype(self, dtype: Any) -> Tensor:
+        """hexir.cast(self, dtype): numpy's astype between float dtypes."""
+        from hexir.frontend.functions import cast
+
+        return cast(self, dtype)
 
     def argmax(self, axis: int = -1, keepdims: bool = False) -> Tensor:
         """hexir.argmax(self, axis, keepdims): int64 indices."""

@@ -186,7 +186,7 @@ def _outputs(result: object, fn: Callable) -> list[Tensor]:
 
 def _kind(value: object) -> str:
     if isinstance(value, np.ndarray):
-        return f"{value.ndim}-d {value.dtype} array (a constant output is a float32 or float64 array of rank >= 1)"
+        return f"{value.ndim}-d {value.dtype} array (a constant output is a float array of rank >= 1)"
     return type(value).__name__
 
 
@@ -197,7 +197,8 @@ def _operand(op: str, name: str, value: object) -> Tensor:
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.name not in hx.DTYPES:
-            raise TraceError(f"{op}: argument '{name}' is a {value.dtype} array; expected float32 or float64")
+            raise TraceError(f"{op}: argument '{name}' is a {value.dtype} array; expected float32, float64, "
+                             "bfloat16 or float16")
         if value.ndim == 0:
             raise TraceError(f"{op}: argument '{name}' is a 0-d array; hexir tensors have rank >= 1")
         return _current().constant(value)

@@ -201,7 +201,8 @@ def pointwise_shape(op: str, specs: Sequence[tuple[hx.Shape, str]]) -> hx.Shape:
     dtypes = sorted({dtype for _, dtype in specs})
     for name, (shape, dtype) in zip((f"operand {i}" for i in range(len(specs))), specs, strict=True):
         if dtype not in hx.DTYPES:
-            raise TraceError(f"{op}: {name} is {hx.describe(shape, dtype)}; {op} takes float32 or float64 tensors")
+            raise TraceError(f"{op}: {name} is {hx.describe(shape, dtype)}; {op} takes float32, float64, "
+                             "bfloat16 or float16 tensors")
     if len(dtypes) > 1:
         shown = " and ".join(hx.describe(s, d) for s, d in specs)
         raise TraceError(f"{op}: mixed dtypes ({shown}); cast one (numpy: .astype) so both are {dtypes[0]} or "

@@ -75,6 +75,7 @@ for _name, _function in {
 
 
 register(Pointwise("pow", lambda x, exponent: x ** exponent, arity=1))  # x ** a number
+register(Pointwise("cast", lambda x: x))  # its result's dtype is the call's (functions.cast): x converted
 
 
 # ---- reductions over one axis -------------------------------------------------------------------

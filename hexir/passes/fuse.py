@@ -11,7 +11,9 @@ device whose producer has no other user:
 - a reduce op absorbs the pointwise op producing its first operand (softmax(x * 0.5 + m)):
   the prologue's tree is substituted into each of the program's trees.
 A value used by anything else (a print, a second op, the return) or on another device (the
-transfer needs it) is left alone.
+transfer needs it) is left alone; so is a fusion that would change the dtype an op computes
+in (float64 vs float32: 16-bit ones compute in float32), and an epilogue whose dtypes are not
+the contract's.
 
     %y = "hexir.linear"(%x, %w) {device = "cuda"}        %y = "hexir.linear"(%x, %w) {device = "cuda",
     %g = "hexir.gelu"(%y) {expr = <gelu of a0>}    =>         hexir.epilogue = <gelu of a0>}
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 
 from hexir_runtime.format import scalars
+from hexir_runtime.format.families import compute_dtype
 from mlir import ir
 
 from hexir import ops
@@ -57,6 +60,8 @@ def _into_contract(op: ir.Operation) -> bool:
     if len({hash(v) for v in found}) != 1 or hx.shape_of(found[0].type) != hx.shape_of(op.result.type):
         return False
     linear = _producer(found[0], op, "contract")
+    if any(hx.dtype_of(v.type) != hx.dtype_of(linear.result.type) for v in (*operands, op.result)):
+        return False  # a contract's args have one dtype (a cast after it is a kernel of its own)
     definition = ops.lookup(linear.name)
     groups, named = hx.operand_groups(linear), len(definition.operands)
     inputs = [v for g in groups[named:] for v in g]
@@ -104,7 +109,7 @@ def _absorb_producers(op: ir.Operation) -> None:
             inner = list(producer.operands)
             merged = list(dict.fromkeys([*(v for v in operands[:position] if v != value), *inner,
                                          *(v for v in operands[position + 1:] if v != value)]))
-            if len(merged) > hx.MAX_CALL_ARGS:
+            if len(merged) > hx.MAX_CALL_ARGS or not _same_compute(op, producer, merged):
                 continue
             made = _renumber(hx.expr_of(producer), inner, merged)
             args = [made if v == value else ["arg", merged.index(v)] for v in operands]
@@ -124,7 +129,7 @@ def _absorb_prologue(op: ir.Operation) -> None:
     if hx.shape_of(inner[0].type) != full:
         return  # no operand of the prologue has the reduced shape: the kernel's first input must
     merged = list(dict.fromkeys([*inner, *operands[1:]]))
-    if len(merged) > hx.MAX_CALL_ARGS:
+    if len(merged) > hx.MAX_CALL_ARGS or not _same_compute(op, producer, merged):
         return
     args = [_renumber(hx.expr_of(producer), list(producer.operands), merged),
             *(["arg", merged.index(v)] for v in operands[1:])]
@@ -133,6 +138,16 @@ def _absorb_prologue(op: ir.Operation) -> None:
     program = {**program, "reductions": reductions, "out": scalars.substitute(program["out"], args)}
     _rebuilt(op, merged, program)
     producer.erase()
+
+
+def _same_compute(op: ir.Operation, producer: ir.Operation, merged: list[ir.Value]) -> bool:
+    """Whether `op` with `producer` folded in (its operands `merged`) computes in the dtype each
+    computed in alone (families.compute_dtype: a cast from float32 to float64 stays apart from
+    the float64 ops after it, which would otherwise see float32 inputs)."""
+    def dtype(values: list[ir.Value], result: ir.Value) -> str:
+        return compute_dtype([hx.dtype_of(v.type) for v in (*values, result)])
+    alone = dtype(list(op.operands), op.result)
+    return alone == dtype(list(producer.operands), producer.result) == dtype(merged, op.result)
 
 
 def _rebuilt(op: ir.Operation, operands: list[ir.Value], expr: object) -> ir.Operation:

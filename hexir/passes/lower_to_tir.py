@@ -45,10 +45,11 @@ from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
 from hexir.passes import fuse
 from hexir.schedules import Builder, Request, cpu
+from hexir.schedules.cuda_tiles import variant_arch
 from hexir.target import Target, check_launch
 
 
-def lower_to_tir(module: ir.Module, target: Target) -> None:
+def lower_to_tir(module: ir.Module, target: Target, precision: str = "highest") -> None:
     """Replace every compute op with a call to a freshly built kernel, and every
     hexir.custom_call with a call to a declaration of the user's kernel."""
     main = hx.main_function(module)
@@ -83,7 +84,8 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                 _custom_kernels(op, name, arg_types, device)
             else:
                 request, record = _request(op, definition, target, symbols, packed)
-                request = replace(request, shapes=tuple(map(tuple, shapes)))
+                request = replace(request, shapes=tuple(map(tuple, shapes)),
+                                  precision=precision if definition.family == "contract" else "highest")
                 schedules = ops.schedules_of(definition)
                 if device == "cuda":
                     kernel = _kernel(ht.KernelId(name, device), arg_types, schedules[device], request, record)
@@ -92,9 +94,14 @@ def lower_to_tir(module: ir.Module, target: Target) -> None:
                     variants = getattr(definition, "variants", {}).get(device, lambda *_: [])(arg_types[:len(values)],
                                                                                               request)
                     others = [ht.KernelId(name, device, variant=variant) for variant, _ in variants]
-                    for other in others:  # the schedule's other kernels, chosen per call
-                        ht.set_variant_of(_kernel(other, arg_types, schedules[device],
-                                                  replace(request, variant=other.variant), record), name)
+                    for other in others:  # the schedule's other kernels, chosen per call (or per image)
+                        arch = variant_arch(other.variant)
+                        chosen = replace(request, variant=other.variant, target=replace(
+                            request.target, cuda_archs=(arch,))) if arch else replace(request, variant=other.variant)
+                        built = _kernel(other, arg_types, schedules[device], chosen, record)
+                        ht.set_variant_of(built, name)
+                        if arch:
+                            built.attributes[ht.ARCH] = ir.StringAttr.get(arch)
                     if variants:
                         ht.set_variants(kernel, [(o.function, below) for o, (_, below) in zip(others, variants,
                                                                                               strict=True)])

@@ -55,7 +55,7 @@ def _set_signature(kernel: ir.Operation) -> None:
 def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
     block = kernel.regions[0].blocks[0]
     symbols = ht.sizes_of(kernel)
-    arguments = list(block.arguments)
+    arguments = list(block.arguments)[:len(block.arguments) - len(ht.tensor_maps_of(kernel))]
     buffers = arguments[:len(arguments) - len(symbols)]
     dims = ht.dims_of(kernel)
     dynamic = [i for i, a in enumerate(buffers) if not ir.MemRefType(a.type).has_static_shape]

@@ -22,6 +22,7 @@ intrinsic (erfc...), to glibc's libm. No fast-math flag is added.
 from __future__ import annotations
 
 from mlir import ir, passmanager
+from mlir.dialects import arith
 
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
@@ -52,6 +53,7 @@ def cpu_kernels_to_llvm(module: ir.Module, level: str | None = None) -> ir.Modul
                     del clone.attributes[attribute]
                 _mark_noalias(clone)
         _approximate_math(lowered)
+        _expand_halves(lowered)
         passmanager.PassManager.parse(UPSTREAM).run(lowered.operation)
     return lowered
 
@@ -90,3 +92,89 @@ def _approximate_math(module: ir.Module) -> None:
         if value is not None:
             op.results[0].replace_all_uses_with(value)
             op.erase()
+
+
+def _expand_halves(module: ir.Module) -> None:
+    """Each extf/truncf between float32 and bfloat16 or float16 as integer ops (round to nearest
+    even, NaN kept a NaN), scalar or vector alike: LLVM would call compiler-rt (__truncsfbf2,
+    and __truncsfhf2 below x86-64-v3), which a kernel library does not link."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("arith.extf", "arith.truncf") and _half(op.results[0].type if op.name == "arith.truncf"
+                                                               else op.operands[0].type):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in found:
+        with ir.InsertionPoint(op), op.location:
+            value = (_widen if op.name == "arith.extf" else _narrow)(op.operands[0], op.results[0].type)
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+
+
+def _half(type_: ir.Type) -> ir.Type | None:
+    element = ir.VectorType(type_).element_type if isinstance(type_, ir.VectorType) else type_
+    return element if isinstance(element, (ir.BF16Type, ir.F16Type)) else None
+
+
+def _like(type_: ir.Type, element: ir.Type) -> ir.Type:
+    return ir.VectorType.get(ir.VectorType(type_).shape, element) if isinstance(type_, ir.VectorType) else element
+
+
+def _ints(type_: ir.Type, width: int) -> tuple[ir.Type, callable]:
+    """The int type of `type_`'s shape and a maker of its constants (splats for a vector)."""
+    int_type = _like(type_, ir.IntegerType.get_signless(width))
+
+    def const(value: int) -> ir.Value:
+        if isinstance(int_type, ir.VectorType):
+            attribute = ir.IntegerAttr.get(ir.IntegerType.get_signless(width), value)
+            return arith.ConstantOp(int_type, ir.DenseElementsAttr.get_splat(int_type, attribute)).result
+        return arith.ConstantOp(int_type, value).result
+    return int_type, const
+
+
+def _widen(x: ir.Value, f32: ir.Type) -> ir.Value:
+    """bf16: its bits are f32's high half; f16: rebias the exponent, subnormals renormalised by a
+    float subtraction, inf and NaN given f32's exponent."""
+    i32, c = _ints(f32, 32)
+    bits = arith.extui(i32, arith.bitcast(_ints(f32, 16)[0], x))
+    if isinstance(_half(x.type), ir.BF16Type):
+        return arith.bitcast(f32, arith.shli(bits, c(16)))
+    shifted = arith.shli(arith.andi(bits, c(0x7FFF)), c(13))
+    exponent = arith.andi(shifted, c(0x7C00 << 13))
+    normal = arith.addi(shifted, c(112 << 23))
+    special = arith.addi(normal, c(112 << 23))
+    tiny = arith.subf(arith.bitcast(f32, arith.addi(normal, c(1 << 23))), arith.bitcast(f32, c(113 << 23)))
+    eq = arith.CmpIPredicate.eq
+    magnitude = arith.select(arith.cmpi(eq, exponent, c(0x7C00 << 13)), special, normal)
+    magnitude = arith.select(arith.cmpi(eq, exponent, c(0)), arith.bitcast(i32, tiny), magnitude)
+    return arith.bitcast(f32, arith.ori(magnitude, arith.shli(arith.andi(bits, c(0x8000)), c(16))))
+
+
+def _narrow(x: ir.Value, half: ir.Type) -> ir.Value:
+    """Round to nearest even: bf16 adds 0x7FFF plus the kept lowest bit and drops 16 bits; f16
+    (F. Giesen's float_to_half_fast3_rtne) saturates to inf, rounds subnormals by adding a magic
+    float, normals as bf16 does."""
+    i32, c = _ints(x.type, 32)
+    i16 = _ints(x.type, 16)[0]
+    bits = arith.bitcast(i32, x)
+    nan = arith.cmpf(arith.CmpFPredicate.UNO, x, x)
+    ult, ugt, uge = arith.CmpIPredicate.ult, arith.CmpIPredicate.ugt, arith.CmpIPredicate.uge
+    if isinstance(_half(half), ir.BF16Type):
+        odd = arith.andi(arith.shrui(bits, c(16)), c(1))
+        rounded = arith.shrui(arith.addi(arith.addi(bits, c(0x7FFF)), odd), c(16))
+        result = arith.select(nan, arith.ori(arith.shrui(bits, c(16)), c(0x40)), rounded)
+        return arith.bitcast(half, arith.trunci(i16, result))
+    sign = arith.andi(bits, c(0x80000000))
+    a = arith.xori(bits, sign)
+    big = arith.select(arith.cmpi(ugt, a, c(255 << 23)), c(0x7E00), c(0x7C00))
+    magic = c(((127 - 15) + (23 - 10) + 1) << 23)
+    small = arith.subi(arith.bitcast(i32, arith.addf(arith.bitcast(x.type, a), arith.bitcast(x.type, magic))), magic)
+    odd = arith.andi(arith.shrui(a, c(13)), c(1))
+    normal = arith.shrui(arith.addi(arith.addi(a, c(((15 - 127) << 23) + 0xFFF)), odd), c(13))
+    result = arith.select(arith.cmpi(ult, a, c(113 << 23)), small, normal)
+    result = arith.select(arith.cmpi(uge, a, c((127 + 16) << 23)), big, result)
+    result = arith.ori(result, arith.shrui(sign, c(16)))
+    return arith.bitcast(half, arith.trunci(i16, result))

@@ -44,6 +44,7 @@ class Request:
     variant: str | None = None  # one of the schedule's variants (see `Variants`), or its own choice
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
     shapes: tuple[tuple[exprs.Expr, ...], ...] = ()  # each buffer argument's extents (ints, size expressions)
+    precision: str = "highest"  # a contract's float32 products: "highest" (float32) or "tf32" (cuda: tensor cores)
 
     def with_args(self, args: Sequence[ir.Value]) -> Request:
         return replace(self, args=tuple(args))
@@ -104,7 +105,8 @@ def _read_like(value: ir.Value, buffer: ir.Value, at: Sequence[ir.Value]) -> ir.
     out's row, a vector (the same one broadcast where `buffer`'s last axis is 1)."""
     indices = broadcast_indices(buffer, at)
     if not isinstance(value.type, ir.VectorType):
-        return ht.load(buffer, indices)
+        loaded = ht.load(buffer, indices)  # a 16-bit input of an f32 epilogue: widened
+        return loaded if loaded.type == value.type else arith.ExtFOp(value.type, loaded).result
     if ir.MemRefType(buffer.type).shape[-1] == 1:
         return vector.BroadcastOp(value.type, ht.load(buffer, indices)).result
     return vector.LoadOp(value.type, buffer, indices).result

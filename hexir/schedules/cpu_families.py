@@ -10,6 +10,8 @@ loop), each reduction of the program is one pass along the row, its tree compute
 element and accumulated (sum, max, argmax); then the output: one element per row (sum, argmax:
 keepdims or not alike, the same memory) or one per element (softmax, layer_norm), the tree
 given the row's reductions. float32 sums accumulate in float64 (one pass, no pairwise tree).
+Both compute in `emit.compute_type` of their buffers: 16-bit inputs are widened to float32
+after each load and the output narrowed before each store.
 
     for i in [0, rows) parallel
       r0 = max_j x[i, j]; r1 = sum_j exp(x[i, j] - r0)      (softmax)
@@ -26,7 +28,7 @@ from mlir.dialects import arith, scf
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
-from hexir.schedules.emit import constant, emit
+from hexir.schedules.emit import compute_type, constant, convert, emit
 
 CHUNK_ELEMENTS = 16384  # the least a thread's chunk holds: smaller chunks cost more to hand out than to compute
 
@@ -62,13 +64,14 @@ def _rows(extents: Sequence[exprs.Expr], symbols: dict[str, ir.Value]) -> tuple[
 
 def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     *inputs, out = args
-    rank = ir.MemRefType(out.type).rank
+    rank, kind = ir.MemRefType(out.type).rank, compute_type(*(a.type for a in args))
+    stored = ir.MemRefType(out.type).element_type
     outer, unflatten = _rows([extent(out, a, request) for a in range(rank - 1)], symbols)
     with ht.loop(0, ht.size_value(outer, symbols) if rank > 1 else ht.size_value(extent(out, 0, request), symbols),
                  "parallel") as row:
         def store(indices: list[ir.Value]) -> None:
             values = [ht.load(x, broadcast_indices(x, indices)) for x in inputs]
-            ht.store(emit(request.expr, values), out, indices)
+            ht.store(convert(emit(request.expr, values, type_=kind), stored), out, indices)
 
         if rank == 1:
             store([row])
@@ -121,7 +124,8 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     program: scalars.Program = request.expr
     x, axis = inputs[0], program.axis
     rank = ir.MemRefType(x.type).rank
-    element = ir.MemRefType(x.type).element_type
+    element = compute_type(*(a.type for a in args))
+    stored = ir.MemRefType(out.type).element_type
     others = [a for a in range(rank) if a != axis]
     length = ht.size_value(extent(x, axis, request), symbols)
     length_value = arith.UIToFPOp(element, arith.IndexCastOp(ir.IntegerType.get_signless(64), length).result).result
@@ -145,11 +149,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             kept = [indices[a] for a in others]
             if ir.MemRefType(out.type).rank == rank:  # keepdims
                 kept.insert(axis, ht.index(0))
-            ht.store(emit(program.out, [], reds, length_value, element), out, kept)
+            ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, kept)
             return
         with ht.loop(0, length, "serial") as j:
             full = [indices[a] if a != axis else j for a in range(rank)]
-            ht.store(emit(program.out, at(j), reds, length_value, element), out, full)
+            ht.store(convert(emit(program.out, at(j), reds, length_value, element), stored), out, full)
 
     if not others:  # one row: a parallel loop of one iteration
         with ht.loop(0, 1, "parallel"):

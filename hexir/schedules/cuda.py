@@ -55,7 +55,8 @@ from mlir import ir
 from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
 
 from hexir.dialects import hextir as ht
-from hexir.schedules import Request, extent
+from hexir.schedules import Request, cuda_mma, cuda_wgmma, extent
+from hexir.schedules.cuda_mma import MMA_FROM, SIXTEEN
 from hexir.schedules.cuda_tiles import (
     DMMA_REGISTER_TILE,
     DMMA_SPLIT,
@@ -73,6 +74,7 @@ from hexir.schedules.cuda_tiles import (
     split_length,
     uses_dmma,
 )
+from hexir.target import arch_number
 
 #: At most this many rows (static): the row-streaming kernel, `rows` (a GEMV for 1 row); it beats
 #: the tiled kernel up to 16 rows and loses at 32 (docs/tuning.md, "CUDA rows kernel").
@@ -191,13 +193,13 @@ def _pipeline(depth: int, step: int, fetch: Callable[[ir.Value], None], put: Cal
 
 def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
                 count: int, origin: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value],
-                run: int = 1) -> list[ir.Value]:
+                run: int = 1, bypass: bool = False) -> list[ir.Value]:
     """Copy this thread's `count` elements of a [rows, width] block of `source` at `origin` into
     `tile[buffer]` asynchronously (cp.async: global to shared memory, through no register), `run`
     consecutive elements a copy (`run` > 1 only where every run lies wholly inside or outside
     `bounds` and is aligned to its bytes), consecutive threads at consecutive addresses; what lies
-    outside `bounds` is written 0 (a copy of no source bytes, from a clamped address). Returns the
-    copies' tokens."""
+    outside `bounds` is written 0 (a copy of no source bytes, from a clamped address); `bypass`: past
+    L1 (cp.async.cg, 16-byte copies only). Returns the copies' tokens."""
     tokens = []
     size = ir.IntegerAttr.get(ir.IndexType.get(), run)
     for e in range(count // run):
@@ -206,7 +208,8 @@ def _copy_async(source: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.V
         inside = arith.AndIOp(_less(at[0], bounds[0]), _less(at[1], bounds[1])).result
         clamped = [arith.SelectOp(inside, a, ht.index(0)).result for a in at]
         elements = arith.SelectOp(inside, ht.index(run), ht.index(0)).result
-        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, size, srcElements=elements).result)
+        tokens.append(nvgpu.DeviceAsyncCopyOp(tile, [buffer, r, c], source, clamped, size, srcElements=elements,
+                                              bypassL1=bypass or None).result)
     return tokens
 
 
@@ -228,11 +231,34 @@ def _pipeline_async(depth: int, step: int, stages: int, copy: Callable[[ir.Value
         nvgpu.DeviceAsyncCreateGroupOp(copy(_times(ahead, step), arith.RemUIOp(ahead, ht.index(stages)).result))
 
 
+def native_16bit(request: Request) -> bool:
+    """Whether the cuda contract kernels (linear, matmul) take bfloat16/float16 operands as they
+    are (accumulating in float32, the epilogue in float32, the result stored in 16 bits). False:
+    lower-to-tir converts the operands to float32 and runs the float32 kernel, which stores the
+    16-bit result. The linear does, on the tensor cores (`cuda_mma`, `cuda_wgmma`), where every
+    target has mma.sync for 16 bits (sm_80 on)."""
+    return request.op == "linear" and all(arch_number(a) >= MMA_FROM for a in request.target.cuda_archs)
+
+
+def uses_tf32(request: Request) -> bool:
+    """float32 products on the tensor cores in TF32 (`cuda_mma`): asked for, and on every target."""
+    return request.dtype == "float32" and request.precision == "tf32" and \
+        all(arch_number(a) >= MMA_FROM for a in request.target.cuda_archs)
+
+
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    """The kernel for the shape: few (static) rows stream w (`rows`); else float64 runs on the
-    tensor cores where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
+    """The kernel for the shape: bfloat16/float16 on the tensor cores (`wgmma` where every target
+    is sm_90a and TMA can read x and w, else `mma`), float32 in TF32 when asked (`mma`, but few rows
+    stream as below); few (static) rows stream w (`rows`); else float64 runs on the tensor cores
+    where every target has DMMA (`dmma`), and the rest on the CUDA cores (`simt`)."""
     request = request.with_args(args)
+    if request.dtype in SIXTEEN:  # (lower-to-tir asked native_16bit)
+        k, n = extent(args[0], 1, request), extent(args[1], 1, request)
+        return (cuda_wgmma.linear_wgmma if cuda_wgmma.uses_wgmma(request, k, n) else cuda_mma.linear_mma)(
+            args, symbols, request)
     m = extent(args[0], 0, request)
+    if uses_tf32(request) and not (isinstance(m, int) and m <= ROWS_MAX):
+        return cuda_mma.linear_mma(args, symbols, request)
     if isinstance(m, int) and 0 < m <= ROWS_MAX:
         return linear_rows(args, symbols, request)
     if uses_dmma(request):
@@ -478,7 +504,7 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
     threads = 32 * warps_m * warps_n
     # m16n8k4 where every target has it (sm_90: twice the rate of m8n8k4; docs/tuning.md, "CUDA
     # DMMA instruction"), else m8n8k4 (sm_80 on)
-    mma_m = 16 if all(int(a[3:]) >= 90 for a in request.target.cuda_archs) else 8
+    mma_m = 16 if all(arch_number(a) >= 90 for a in request.target.cuda_archs) else 8
     frags_m, frags_n = tile_m // warps_m // mma_m, tile_n // warps_n // 8   # mma tiles per warp
     tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))
     splits = 1 if not isinstance(m, int) else split_k(tiles[0] * tiles[1], k_extent, step,

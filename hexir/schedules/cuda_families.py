@@ -22,7 +22,7 @@ from mlir.dialects import arith, gpu, memref, scf, vector
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
 from hexir.schedules.cpu_families import _initial, accumulator, combine, result
-from hexir.schedules.emit import emit
+from hexir.schedules.emit import compute_type, convert, emit
 
 POINTWISE_BLOCK = 256
 REDUCE_BLOCK = 256
@@ -55,7 +55,8 @@ def _flat(buffer: ir.Value, total: exprs.Expr) -> ir.Value:
 def _lanes(buffer: ir.Value) -> int:
     """Elements in 16 bytes (a 128-bit load) of `buffer`'s type."""
     element = ir.MemRefType(buffer.type).element_type
-    return 16 // (8 if isinstance(element, (ir.F64Type, ir.IntegerType)) else 4)
+    width = ir.IntegerType(element).width if isinstance(element, ir.IntegerType) else ir.FloatType(element).width
+    return 128 // width
 
 
 def _vector_reads(inputs: Sequence[ir.Value], last: exprs.Expr, lanes: int) -> bool:
@@ -77,13 +78,15 @@ def _read(x: ir.Value, indices: list[ir.Value], lanes: int) -> list[ir.Value]:
 
 
 def _write(values: list[ir.Value], buffer: ir.Value, indices: list[ir.Value]) -> None:
-    vector_type = ir.VectorType.get([len(values)], values[0].type)
+    element = ir.MemRefType(buffer.type).element_type
+    values = [convert(v, element) for v in values]
+    vector_type = ir.VectorType.get([len(values)], element)
     vector.StoreOp(vector.FromElementsOp(vector_type, values).result, buffer, indices, alignment=16)
 
 
 def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     *inputs, out = args
-    rank = ir.MemRefType(out.type).rank
+    rank, kind = ir.MemRefType(out.type).rank, compute_type(*(a.type for a in args))
     extents = [extent(out, axis, request) for axis in range(rank)]
     total: exprs.Expr = 1
     for e in extents:
@@ -106,12 +109,14 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 values = [ht.load(flat, [position]) if flat is not None else
                           ht.load(x, broadcast_indices(x, coordinates)) for x, flat in zip(inputs, flat_inputs,
                                                                                           strict=True)]
-                ht.store(emit(request.expr, values), flat_out, [position])
+                ht.store(convert(emit(request.expr, values, type_=kind), ir.MemRefType(out.type).element_type),
+                         flat_out, [position])
             else:  # 16-byte loads and stores, the tree per element
                 columns = [_read(flat, [position], lanes) if flat is not None else
                            _read(x, broadcast_indices(x, coordinates), lanes)
                            for x, flat in zip(inputs, flat_inputs, strict=True)]
-                _write([emit(request.expr, [c[i] for c in columns]) for i in range(lanes)], flat_out, [position])
+                _write([emit(request.expr, [c[i] for c in columns], type_=kind) for i in range(lanes)], flat_out,
+                       [position])
             scf.YieldOp([])
     return ht.Launch((blocks, 1, 1), (POINTWISE_BLOCK, 1, 1))
 
@@ -207,7 +212,8 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
     once per reduction and once more for a per-element output)."""
     program: scalars.Program = request.expr
     x = inputs[0]
-    rank, element = ir.MemRefType(x.type).rank, ir.MemRefType(x.type).element_type
+    rank, element = ir.MemRefType(x.type).rank, compute_type(*(a.type for a in (*inputs, out)))
+    stored = ir.MemRefType(out.type).element_type
     length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
     chunks = length // lanes // threads
     with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
@@ -230,7 +236,7 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
             first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
             with ir.InsertionPoint(first.then_block):
                 index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
-                ht.store(emit(program.out, [], reds, length_value, element), out, index)
+                ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
         else:
             for c, start in enumerate(starts):
@@ -244,7 +250,7 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     program: scalars.Program = request.expr
     x, axis = inputs[0], program.axis
     rank = ir.MemRefType(x.type).rank
-    element = ir.MemRefType(x.type).element_type
+    element, stored = compute_type(*(a.type for a in args)), ir.MemRefType(out.type).element_type
     if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
             threads := _row_threads(extent(x, axis, request), _lanes(x))):
         rows: exprs.Expr = 1
@@ -282,13 +288,13 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                 index = list(kept)
                 if ir.MemRefType(out.type).rank == rank:  # keepdims
                     index.insert(axis, ht.index(0))
-                ht.store(emit(program.out, [], reds, length_value, element), out, index)
+                ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
         else:
             walk = _strided(thread, length, threads, [])
             with ir.InsertionPoint(walk.body):
                 j = walk.induction_variable
-                ht.store(emit(program.out, at(j), reds, length_value, element), out,
+                ht.store(convert(emit(program.out, at(j), reds, length_value, element), stored), out,
                          [where[a] if a != axis else j for a in range(rank)])
                 scf.YieldOp([])
     return ht.Launch((rows, 1, 1), (threads, 1, 1))

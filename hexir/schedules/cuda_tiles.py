@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hexir_runtime.format import exprs
 from mlir import ir
 
 from hexir.schedules import Request, extent
-from hexir.target import MAX_SHARED_BYTES
+from hexir.target import MAX_SHARED_BYTES, arch_number
 
 #: The SIMT linear's tilings, (out tile per block, k slice per step, sums per thread axis), with
 #: the fewest blocks (times split-K's parts: `split_k`) each must give the GPU (132 SMs on an
@@ -44,7 +45,9 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
-    if isinstance(m, int):
+    if request.dtype in ("bfloat16", "float16"):  # (the tensor-core kernels' one tiling serves every batch)
+        return arch_variants(request)
+    if isinstance(m, int) or request.precision == "tf32":
         return []
     m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
     # the batch from which each tiling but the last gives enough blocks: it runs below the next one's
@@ -56,12 +59,31 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     return [(f"t{TILINGS[i][0][0]}", {m: starts[i - 1]}) for i in range(len(TILINGS) - 1, 0, -1)]
 
 
+def arch_variants(request: Request) -> list[tuple[str, dict[str, int]]]:
+    """A 16-bit linear for targets of which some are sm_XYa and some are not: the "a"
+    architectures' own kernel (wgmma on sm_90a) as a variant run where their image is loaded
+    (named `wgmma_sm_90a`: `variant_arch` reads the architecture back), if it differs."""
+    from hexir.schedules.cuda_wgmma import uses_wgmma  # (it imports the cuda schedules, which import this)
+
+    archs = request.target.cuda_archs
+    if all(a.endswith("a") for a in archs):
+        return []
+    k, n = extent(0, 1, request), extent(1, 1, request)
+    return [(f"wgmma_{a}", {}) for a in archs if a.endswith("a")
+            and uses_wgmma(replace(request, target=replace(request.target, cuda_archs=(a,))), k, n)]
+
+
+def variant_arch(variant: str | None) -> str | None:
+    """The architecture an `arch_variants` variant is for, or None."""
+    return variant.removeprefix("wgmma_") if variant and variant.startswith("wgmma_") else None
+
+
 def dmma_name(tiling: tuple[int, ...]) -> str:
     return f"dmma{tiling[0]}x{tiling[1]}"
 
 
 def uses_dmma(request: Request) -> bool:
-    return request.dtype == "float64" and all(int(a[3:]) >= DMMA_FROM for a in request.target.cuda_archs)
+    return request.dtype == "float64" and all(arch_number(a) >= DMMA_FROM for a in request.target.cuda_archs)
 
 
 #: The FP64 tensor-core kernel's tilings, (block rows, block columns, k slice, warps along

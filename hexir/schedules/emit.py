@@ -27,6 +27,31 @@ _UNARY = {"neg": arith.NegFOp, "abs": math.AbsFOp, "exp": math.ExpOp, "log": mat
           "sqrt": math.SqrtOp, "rsqrt": math.RsqrtOp, "erf": math.ErfOp}
 
 
+def compute_type(*types: ir.Type) -> ir.Type:
+    """The float type a kernel over buffers of `types` (its inputs and output; element types, or
+    memrefs of them) computes in: f64 if any is f64, else f32 (16-bit floats are widened after
+    each load and narrowed before each store, as torch computes them; ints are converted)."""
+    elements = [ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t for t in types]
+    return ir.F64Type.get() if any(isinstance(e, ir.F64Type) for e in elements) else ir.F32Type.get()
+
+
+def convert(value: ir.Value, element: ir.Type) -> ir.Value:
+    """`value` (a scalar or a vector) as `element`s: extf/truncf between floats (rounding to
+    nearest even), sitofp from an int; itself when it already is."""
+    source = ir.VectorType(value.type).element_type if isinstance(value.type, ir.VectorType) else value.type
+    if source == element:
+        return value
+    target = ir.VectorType.get(ir.VectorType(value.type).shape, element) \
+        if isinstance(value.type, ir.VectorType) else element
+    if isinstance(source, ir.IntegerType):
+        return arith.SIToFPOp(target, value).result
+    if ir.FloatType(source).width == ir.FloatType(element).width:  # bf16 <-> f16: through f32
+        return convert(convert(value, ir.F32Type.get()), element)
+    if ir.FloatType(source).width < ir.FloatType(element).width:
+        return arith.ExtFOp(target, value).result
+    return arith.TruncFOp(target, value).result
+
+
 def constant(value: float, type_: ir.Type) -> ir.Value:
     """`value` as a float of `type_` (a float type, or a vector of one: a splat)."""
     if isinstance(type_, ir.VectorType):
@@ -38,7 +63,11 @@ def constant(value: float, type_: ir.Type) -> ir.Value:
 def emit(tree: scalars.Tree, args: Sequence[ir.Value], reds: Sequence[ir.Value] = (),
          length: ir.Value | None = None, type_: ir.Type | None = None) -> ir.Value:
     """The value of `tree` with `["arg", i]` = args[i], `["red", i]` = reds[i] and `["len"]` =
-    `length` (a float of the same type), computed in `type_` (default: the first arg's)."""
+    `length` (a float of the same type), computed in `type_` (an element type: each arg is
+    converted to it first, a vector staying one; default: the first arg's type)."""
+    if type_ is not None and args:
+        args = [convert(a, type_) for a in args]
+        type_ = args[0].type
     type_ = type_ or (args[0].type if args else reds[0].type)
     cache: dict[str, ir.Value] = {}
 

@@ -26,7 +26,7 @@ import numpy as np
 from . import __version__, signing
 from .describe import describe, field, safe
 from .errors import HexirRuntimeError, HxbFormatError, InputError, KeyFileError
-from .format import MAGIC, decode
+from .format import MAGIC, decode, numpy_dtype
 from .module import DEVICE_NAMES, load
 
 EXIT_CODES = """exit codes:
@@ -104,6 +104,13 @@ def _run(args: argparse.Namespace, data: bytes) -> None:
     missing = [name for name in names if name not in given]
     if missing:
         raise InputError(f"{signature.name}(): missing --input for {', '.join(missing)}")
+    for name, tensor in signature.inputs:  # np.save writes ml_dtypes' bfloat16 as raw 2-byte values
+        array = given[name]
+        if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.names is None:
+            if tensor.dtype != "bfloat16":
+                raise InputError(f"--input {name}: the file holds raw 2-byte values (how np.save writes "
+                                 f"ml_dtypes' bfloat16), but {name} is {tensor}")
+            given[name] = array.view(numpy_dtype("bfloat16"))
     if not args.quiet:
         header = [("module", safe(args.module)), ("version", module.hxb.version), ("entry", args.entry)]
         for label, value in [*header, ("device", module.device_name)]:

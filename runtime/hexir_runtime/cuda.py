@@ -36,6 +36,7 @@ import numpy as np
 from .dlpack import CUDA, DLPackArray
 from .errors import DeviceError, KernelError
 from .format import Hxb, Kernel, Launch, evaluate, to_text
+from .tensormap import TensorMaps
 
 
 def _driver() -> Any:
@@ -89,15 +90,22 @@ OLDEST_TARGET = 75
 
 
 def pick_image(images: dict[str, int], major: int, minor: int) -> tuple[str, int]:
-    """The (architecture, blob) to load on a GPU of compute capability major.minor."""
+    """The (architecture, blob) to load on a GPU of compute capability major.minor: its own
+    architecture-specific image (sm_90a: on 9.0 alone) first, then the newest plain CUBIN of its
+    major version not newer than it, then the newest PTX not newer than it."""
     own = major * 10 + minor
-    cubins = {int(arch[3:]): (arch, blob) for arch, blob in images.items() if arch.startswith("sm_")}
-    if own in cubins:
-        return cubins[own]
+    for arch in (f"sm_{own}a", f"sm_{own}"):
+        if arch in images:
+            return arch, images[arch]
+    cubins = {int(arch[3:]): (arch, blob) for arch, blob in images.items() if arch.startswith("sm_")
+              and not arch.endswith("a")}
     compatible = [cc for cc in cubins if cc // 10 == major and cc <= own]
     if compatible:
         return cubins[max(compatible)]
-    ptx = {int(arch[8:]): (arch, blob) for arch, blob in images.items() if arch.startswith("compute_")}
+    ptx = {int(arch[8:]): (arch, blob) for arch, blob in images.items() if arch.startswith("compute_")
+           and not arch.endswith("a")}
+    if f"compute_{own}a" in images:
+        return f"compute_{own}a", images[f"compute_{own}a"]
     usable = [cc for cc in ptx if cc <= own]
     if usable:
         return ptx[max(usable)]
@@ -220,6 +228,7 @@ class CudaDevice:
                 if code is None:
                     continue
                 arch, blob = pick_image(code.images, *self.capability)
+                code = code.for_image(arch)  # (an sm_XYa variant: only from its own image)
                 if blob not in modules:
                     image = bytes(hxb.blob(blob))
                     if arch.startswith("compute_"):
@@ -278,6 +287,7 @@ class CudaProgram:
         self.lent: dict[int, int] = {}
         self.returned: collections.deque[tuple[int, int]] = collections.deque()
         self.lock = threading.Lock()
+        self.tensor_maps = TensorMaps(self.driver, check)  # the TMA maps of kernels that take them
 
     def close(self) -> None:
         """Unload the module's images from the GPU (idempotent); its kernels cannot be launched
@@ -302,6 +312,11 @@ class CudaProgram:
                 check(getattr(self.driver, call)(handle), call)
             except DeviceError as error:
                 failed.append(error)
+            if call == "cuStreamSynchronize":  # nothing reads the tensor maps now
+                try:
+                    self.tensor_maps.release()
+                except DeviceError as error:
+                    failed.append(error)
         self._free_returned()  # (and those given back later: see _given_back)
         if failed:
             raise failed[0]
@@ -436,7 +451,8 @@ class CudaProgram:
 
         Its parameter block is built here, once: kernelParams is an array of pointers, each to
         one argument's value: the device pointers, then the sizes (a custom kernel's scalars)
-        as 64-bit integers."""
+        as 64-bit integers, then the device addresses of its TMA tensor maps (tensormap.py),
+        looked up per call for the pointers that call passes."""
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CUDA kernel of this module")
         functions, spec, code = self.kernels[kernel]
@@ -450,8 +466,9 @@ class CudaProgram:
                 raise KernelError(f"kernels[{kernel}] ({spec.name}) needs {count} blocks along grid {axis} "
                                   f"({to_text(expr)}); CUDA allows at most {limit}")
         base = [int(buffer.pointer) for buffer in buffers]
-        values = (ctypes.c_uint64 * (len(base) + len(spec.integers)))(
-            *base, *(evaluate(expr, sizes) for expr in spec.integers))
+        first_map, maps = len(base) + len(spec.integers), code.maps_of(symbol)
+        values = (ctypes.c_uint64 * (first_map + len(maps)))(
+            *base, *(evaluate(expr, sizes) for expr in spec.integers), *(0 for _ in maps))
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(values) + 8 * i for i in range(len(values))))
         arguments = (function, *grid, *launch.block, launch.shared_bytes, self.stream, ctypes.addressof(params), 0)
         launch_kernel = self.driver.cuLaunchKernel
@@ -459,6 +476,12 @@ class CudaProgram:
         def go(overrides: Sequence[tuple[int, Any]] = ()) -> None:
             for position, buffer in overrides:
                 values[position] = int(buffer.pointer)
+            for i, tmap in enumerate(maps):
+                matrix = buffers[tmap.arg]  # (its leading axes as rows: a kernel may read it as a view)
+                values[first_map + i] = self.tensor_maps.pointer(
+                    tmap.box, values[tmap.arg], (math.prod(matrix.shape[:-1]), matrix.shape[-1]),
+                    matrix.dtype.name, self.stream,
+                    f"kernels[{kernel}] ({spec.name}) tensor_maps[{i}]")
             check(launch_kernel(*arguments), "cuLaunchKernel")
             for position, _ in overrides:  # the plan's own buffers again, for calls without overrides
                 values[position] = base[position]

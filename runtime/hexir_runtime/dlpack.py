@@ -32,7 +32,7 @@ import numpy as np
 from .errors import InputError
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3  # DLDeviceType
-INT, FLOAT = 0, 2  # DLDataTypeCode kDLInt, kDLFloat
+INT, FLOAT, BFLOAT = 0, 2, 4  # DLDataTypeCode kDLInt, kDLFloat, kDLBfloat
 
 
 class DLDevice(ctypes.Structure):
@@ -119,7 +119,10 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
             return found
     device_type, device_id = obj.__dlpack_device__()
     if device_type in (CPU, CUDA_HOST):
-        return np.from_dlpack(obj)
+        try:
+            return np.from_dlpack(obj)
+        except RuntimeError:  # "Unsupported dtype in DLTensor": numpy has no bfloat16 (ml_dtypes has)
+            return _host_array(unpack(obj.__dlpack__()))
     if device_type == CUDA and interface:
         try:
             found = obj.__cuda_array_interface__
@@ -174,6 +177,8 @@ def _torch_tensor(obj: Any, torch: Any) -> DeviceTensor | None:
     if dtypes is None:
         dtypes = _TORCH_DTYPES[torch] = {getattr(torch, name): np.dtype(name)
                                          for name in ("float16", "float32", "float64", "int32", "int64")}
+        if _bfloat16() is not None:
+            dtypes[torch.bfloat16] = _bfloat16()
     dtype = dtypes.get(obj.dtype)
     if dtype is None:
         return None
@@ -229,12 +234,38 @@ def unpack(capsule: Any) -> DeviceTensor:
     _api.PyCapsule_SetName(capsule, b"used_dltensor")  # ours now: its destructor must not free it
     shape = struct.unpack(f"<{ndim}q", ctypes.string_at(shape_at, 8 * ndim)) if ndim else ()
     strides = struct.unpack(f"<{ndim}q", ctypes.string_at(strides_at, 8 * ndim)) if ndim and strides_at else None
-    dtype = _DTYPES.get((code, bits)) if lanes == 1 else None
+    dtype = (_bfloat16() if (code, bits) == (BFLOAT, 16) else _DTYPES.get((code, bits))) if lanes == 1 else None
     result = DeviceTensor(data + offset, shape, dtype or np.dtype("V1"), (device_type, device_id), strides,
                           ctypes.cast(address, ctypes.POINTER(DLManagedTensor)))
     if dtype is None:
         result.dtype_text = f"code {code} bits {bits} lanes {lanes}"
     return result
+
+
+def _bfloat16() -> np.dtype | None:
+    """ml_dtypes' bfloat16, or None where it is not installed (then a bfloat16 tensor's dtype is
+    unknown, and a module's bfloat16 input has already said to install it)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _host_array(tensor: DeviceTensor) -> np.ndarray:
+    """A host DLTensor numpy cannot read itself (bfloat16) as a numpy array of its memory, which
+    keeps the tensor (and so the producer's memory) alive."""
+    if getattr(tensor, "dtype_text", None) or any(s < 0 for s in tensor.strides or ()):
+        raise InputError(f"a host DLPack tensor of {describe(tensor)}{' with negative strides' * bool(tensor.strides)}"
+                         ": not one this runtime reads")
+    size = tensor.dtype.itemsize
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.strides or (), strict=False)) \
+        if tensor.strides else math.prod(tensor.shape)
+    memory = (ctypes.c_char * (size * extent if all(tensor.shape) else 0)).from_address(tensor.pointer)
+    memory.tensor = tensor  # released with the array
+    flat = np.frombuffer(memory, tensor.dtype)
+    strides = tuple(s * size for s in tensor.strides) if tensor.strides else None
+    return np.lib.stride_tricks.as_strided(flat, tensor.shape, strides) if strides else flat.reshape(tensor.shape)
 
 
 def describe(tensor: DeviceTensor) -> str:
@@ -304,7 +335,7 @@ class DLPackArray:
         # What the DLManagedTensors point at: kept with the array, which outlives them all.
         self._shape = _SHAPES.get(self.shape) or _shape_of(self.shape)
         self._exports: list[Any] = []
-        code = INT if self.dtype.kind == "i" else FLOAT
+        code = INT if self.dtype.kind == "i" else BFLOAT if self.dtype.name == "bfloat16" else FLOAT
         self._managed = (pointer, device[0], device[1], len(self.shape), code, self.dtype.itemsize * 8, 1,
                          ctypes.addressof(self._shape), 0, 0, id(self), _DELETE_AT)
 

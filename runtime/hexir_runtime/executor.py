@@ -48,7 +48,7 @@ from .cpu import CpuProgram, address
 from .device import Device, Program, aligned_empty
 from .dlpack import DeviceTensor
 from .errors import DeviceError, InputError
-from .format import Entry, Hxb, HxbFormatError, TensorType
+from .format import Entry, Hxb, HxbFormatError, TensorType, numpy_dtype
 from .format.layouts import id_sources, out_of_range
 
 Step = Callable[[Sequence[Any], list[Any]], None]  # (the call's arrays, its handles)
@@ -138,6 +138,8 @@ class Executor:
         prints: bool = True,
     ) -> None:
         self.entry = entry
+        for buffer in entry.buffers:  # a bfloat16 one imports ml_dtypes (numpy's name for it), or says to install it
+            numpy_dtype(buffer.type.dtype)
         self.prints = prints  # False: the program's print commands are left out of its plans
         self.programs = programs
         self.places = [devices[buffer.device] for buffer in entry.buffers]
@@ -160,9 +162,9 @@ class Executor:
         self.spares: dict[int, list[np.ndarray]] = {}  # per direct output, the array returned last (_fresh)
         # What each input must be, for the call's checks: its name, type, numpy dtype, and its
         # shape when it has no symbol (then one tuple comparison checks it).
-        self.expected = [(name, tensor, np.dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
+        self.expected = [(name, tensor, numpy_dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
                          for name, tensor in entry.inputs]
-        self.returned = [(tensor, np.dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
+        self.returned = [(tensor, numpy_dtype(tensor.dtype), None if tensor.symbols else tensor.shape)
                          for tensor in entry.outputs]  # the same, for out= arrays
         for command in entry.program:
             if command.op == "constant":

@@ -20,13 +20,14 @@ import numpy as np
 from .device import HostMemory
 from .errors import KernelError
 from .format import Hxb, Kernel, layouts
+from .format.families import compute_dtype
 from .format.scalars import Program, evaluate, run_program
 
 
 def _pointwise(tree: Any) -> Callable[..., None]:
     def pointwise(*args: np.ndarray) -> None:
         out = args[-1]
-        out[...] = evaluate(tree, args[:-1], out.dtype.name)
+        out[...] = evaluate(tree, args[:-1], compute_dtype([a.dtype.name for a in args]))
     return pointwise
 
 
@@ -37,8 +38,9 @@ def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
         out = rest[-1]
         if panels:
             w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[-1]]  # (K may be 0)
-        np.matmul(x, w, out=out)
-        out[...] = evaluate(tree, (out, *rest[:-1]), out.dtype.name)
+        dtype = compute_dtype([out.dtype.name])  # 16-bit: products and sums in float32
+        sums = np.matmul(x.astype(dtype, copy=False), w.astype(dtype, copy=False))
+        out[...] = evaluate(tree, (sums, *rest[:-1]), dtype)
     return linear
 
 
@@ -53,7 +55,7 @@ def _reduce(program: Program, label: str) -> Callable[..., None]:
             raise KernelError(f"{label}: the max or argmax of an empty axis (axis {program.axis} of "
                               f"{list(full)}) has no value")
         kept = full[:program.axis] + (1,) + full[program.axis + 1:] if program.rows else full
-        result = run_program(program, args[:-1], args[0].dtype.name)
+        result = run_program(program, args[:-1], compute_dtype([a.dtype.name for a in args]))
         out[...] = np.broadcast_to(result, kept).reshape(out.shape)
     return reduce
 

@@ -43,6 +43,7 @@ STAGE_SHOWS = {
                     ["hextir.load", "hextir.schedule", "hextir.chunk_end"]),
     "mlir-gpu": (["memref.load", 'hextir.work = {extent = "1", grain = 1 : i64, spans = true}'], ["hextir.load"]),
     "llvm": (["define void @linear_", "(ptr noalias", "i64"], ["hexir"]),
+    "ptx": (["// no cuda kernels"], [".entry"]),  # all on the cpu: see the test of -emit=ptx below
 }
 
 
@@ -71,6 +72,14 @@ def test_every_text_stage_from_python(stage, capsys):
 def test_every_text_stage_from_mlir(stage, program, capsys):
     assert main([str(program), f"-emit={stage}"]) == 0
     _check_stage_output(stage, capsys.readouterr().out)
+
+
+def test_emit_ptx_prints_each_target_architectures_ptx(program, capsys):
+    assert main([str(program), "-emit=ptx", "-placement=*=cuda", "-target=cuda:sm_80,cuda:sm_90a"]) == 0
+    text = capsys.readouterr().out
+    first, second = text.split("// ---- sm_90a\n")
+    assert first.startswith("// ---- sm_80\n") and "\n.target sm_80\n" in first and ".entry linear_" in first
+    assert "\n.target sm_90a\n" in second and ".entry linear_" in second
 
 
 def test_stage_list_is_the_pipeline():

@@ -584,6 +584,16 @@ def test_the_float64_linear_issues_the_widest_dmma_every_target_has(build, targe
     assert not re.search(r"\.local", ptx)  # the sums stay in registers
 
 
+def test_sm_90a_is_an_architecture_of_its_own_beside_sm_90(build):
+    """-target=cuda:sm_90a,cuda:sm_90: a CUBIN for each (the runtime loads sm_90a on 9.0 alone), the
+    PTX of the plain one; sm_90a counts as 90 where the schedules compare architectures (m16n8k4)."""
+    images = images_of(build("linear", "float64", 256, 64, 256, target="cpu:host,cuda:sm_90a,cuda:sm_90"))
+    assert set(images) == {"sm_90", "sm_90a", "compute_90"}
+    assert re.search(rb"^\.target sm_90$", images["compute_90"], re.MULTILINE)
+    assert b"m16n8k4" in images["compute_90"]
+    assert cubin_sm(images["sm_90a"]) == 90
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
 def test_the_ptx_assembles_for_its_arch_and_newer_ones(build, tmp_path, arch):
     """What a newer GPU's driver does with the PTX (JIT), done here by ptxas."""
@@ -749,12 +759,13 @@ def test_a_ptxas_failure_is_a_short_compile_error_naming_the_kernel(monkeypatch)
 
 def test_shared_buffers_past_48_kib_are_dynamic_shared_memory_the_launch_asks_for(build):
     """The float64 kernel's 128x64 tiles, three 16-deep slices (89 KiB), are views of the block's
-    dynamic shared memory; the launch record (and so the manifest) carries their bytes."""
+    dynamic shared memory (declared external, 1024-byte aligned: after any static shared variable);
+    the launch record (and so the manifest) carries their bytes."""
     path = build("linear", "float64", 2048, 64, 2048)
     (kernel,) = read(path)[0]["kernels"]
     assert kernel["launch"] == {**cuda_linear_launch(2048, 2048, "float64"), "shared_bytes": 3 * (128 * 20 + 16 * 76) * 8}
     ptx = images_of(path)["compute_90"].decode()
-    assert re.search(r"\.shared \.align 16 \.b8 __dynamic_shmem__0", ptx) and "__wg_" not in ptx
+    assert re.search(r"\.extern \.shared \.align 1024 \.b8 __dynamic_shmem__0\[\];", ptx) and "__wg_" not in ptx
     small = images_of(build("linear", "float64", 256, 64, 256))["compute_90"].decode()
     assert "__dynamic_shmem__" not in small and "__wg_" in small  # 64x64 or smaller: static, as before
 

@@ -92,7 +92,7 @@ def test_files_are_found_through_the_search_paths(tmp_path):
 @pytest.mark.parametrize(("out", "message"), [
     (lambda x: (3, 5), r"custom kernel scale2: out= returned \(3, 5\); expected a hexir.TensorSpec"),
     (lambda x: hexir.TensorSpec((3, 5), "int8"),
-     r"TensorSpec: dtype must be float32 or float64 \(or int32, int64\), got int8"),
+     r"TensorSpec: dtype must be float32, float64, bfloat16 or float16 \(or int32, int64\), got int8"),
 ])
 def test_a_bad_result_rule_is_an_error_at_the_call(out, message):
     kernel = hexir.kernel("scale2", cpu="kernels/scale2.c", out=out)

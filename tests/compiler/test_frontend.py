@@ -249,7 +249,7 @@ def test_integer_weights_are_rejected():
     def f(x):
         return hexir.linear(x, WINT)  # int-weights
 
-    with pytest.raises(TraceError, match=r"linear: argument 'w' is a int64 array; expected float32 or float64") \
+    with pytest.raises(TraceError, match=r"linear: argument 'w' is a int64 array; expected float32, float64, bfloat16 or float16") \
             as caught:
         f.trace(X)
     assert_at(caught.value, "int-weights")
@@ -351,7 +351,7 @@ def one_arg(x):
 
 @pytest.mark.parametrize("args, message", [
     (([1.0, 2.0],), r"one_arg\(\): argument 'x' must be a numpy array, got list"),
-    ((np.ones((2, 2), np.int8),), r"one_arg\(\): argument 'x' has dtype int8; expected float32 or float64"),
+    ((np.ones((2, 2), np.int8),), r"one_arg\(\): argument 'x' has dtype int8; expected float32, float64, bfloat16 or float16"),
     ((), r"one_arg\(\) takes 1 argument\(s\) \(x\), got 0"),
     ((X, X), r"one_arg\(\) takes 1 argument\(s\) \(x\), got 2"),
 ], ids=["list", "int8 array", "no argument", "two arguments"])
@@ -369,7 +369,7 @@ def test_bad_call_arguments_name_the_calling_line():
 @pytest.mark.parametrize("shape, dtype, message", [
     ((2, -1), "float32",
      r"^TensorSpec: shape must be non-negative integers or names \(identifiers; the first may be None\), got \(2, -1\)$"),
-    ((2, 8), "int16", r"TensorSpec: dtype must be float32 or float64 \(or int32, int64\), got int16"),
+    ((2, 8), "int16", r"TensorSpec: dtype must be float32, float64, bfloat16 or float16 \(or int32, int64\), got int16"),
     ((2, 8), "banana", r"TensorSpec: 'banana' is not a dtype"),
 ])
 def test_bad_tensor_spec(shape, dtype, message):

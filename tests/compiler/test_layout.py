@@ -205,7 +205,7 @@ X = hexir.TensorSpec((2, 3, 4), "float32")
     (lambda x: hexir.take(x, x), r"take: ids is float32\[2, 3, 4\]; ids are int32 or int64"),
     (lambda x: hexir.take(np.ones((3, 2), np.float32), np.array([0, 3])), r"take: the constant ids hold 3 at \[1\], out of range for a table of 3 rows"),
     (lambda x: hexir.take(np.ones((3, 2), np.float32), x.argmax(axis=2)), r"take: the ids are an argmax over 4 values, which may not be below the table's 3 rows"),
-    (lambda x: hexir.relu(x.argmax(axis=1)), r"relu: operand 0 is a int64\[2, 4\] tensor; relu computes on float32 or float64"),
+    (lambda x: hexir.relu(x.argmax(axis=1)), r"relu: operand 0 is a int64\[2, 4\] tensor; relu computes on float32, float64, bfloat16 or float16"),
 ], ids=["reshape -1", "reshape size", "two -1", "reshape float", ".T rank 3", "perm", "axis range", "concat dims",
         "concat ranks", "concat one tensor", "tensor index", "list index", "int index range", "too many", "two ellipses",
         "empty inner axis", "take float ids", "constant ids", "argmax ids", "float op on ints"])

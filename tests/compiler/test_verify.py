@@ -120,14 +120,14 @@ def test_integer_constant_other_than_int32_or_int64_is_rejected():
     text = graph("""  %0 = "hexir.constant"() {device = "auto", name = "k", value = dense<1> : tensor<4xi16>} : () -> tensor<4xi16>
   return""", args="")
     with pytest.raises(TraceError, match=r"^-:3:8: element type i16 is not supported; "
-                                         r"expected f32, f64, i32 or i64$"):
+                                         r"expected f32, f64, bf16, f16, i32 or i64$"):
         lower(text, "mlir")
 
 
 def test_integer_argument_is_reported_at_main():
     text = _linear("tensor<2x8xi16>", "tensor<8x4xi16>", "tensor<2x4xi16>")
     with pytest.raises(TraceError, match=r"^-:2:1: main: argument 'arg0': element type i16 is not supported; "
-                                         r"expected f32, f64, i32 or i64$"):
+                                         r"expected f32, f64, bf16, f16, i32 or i64$"):
         lower(text, "mlir")
 
 

@@ -728,6 +728,11 @@ IMAGES = {"sm_80": 0, "sm_90": 1, "compute_80": 2}
     ({"sm_90": 0, "fatbin": 1}, (9, 0), ("sm_90", 0)),
     ({"compute_80": 0, "fatbin": 1}, (9, 0), ("compute_80", 0)),
     ({"fatbin": 2}, (7, 5), ("fatbin", 2)),
+    ({"sm_90a": 0, "sm_90": 1, "compute_90": 2}, (9, 0), ("sm_90a", 0)),  # its own "a" image first
+    ({"sm_90a": 0, "sm_80": 1, "compute_80": 2}, (9, 0), ("sm_90a", 0)),
+    ({"sm_90a": 0, "sm_90": 1, "compute_90": 2}, (10, 0), ("compute_90", 2)),  # an "a" image: 9.0 alone
+    ({"sm_90a": 0, "sm_80": 1, "compute_90a": 2}, (8, 9), ("sm_80", 1)),
+    ({"sm_80": 0, "compute_90a": 1}, (9, 0), ("compute_90a", 1)),
 ], ids=lambda value: str(value))
 def test_pick_image(images, capability, chosen):
     assert pick_image(images, *capability) == chosen
@@ -740,6 +745,9 @@ def test_pick_image(images, capability, chosen):
     ({"sm_86": 0, "compute_86": 1}, (8, 0),       # a higher minor does not run, nor newer PTX
      "this module has CUDA code for compute_86, sm_86, none of which runs on this GPU (sm_80); "
      "recompile with -target=cuda:sm_80"),
+    ({"sm_90a": 0, "compute_90a": 1}, (10, 0),     # sm_90a code runs on 9.0 only
+     "this module has CUDA code for compute_90a, sm_90a, none of which runs on this GPU (sm_100); "
+     "recompile with -target=cuda:sm_100"),
     ({"sm_90": 0}, (10, 0),                        # no PTX to JIT on a newer major
      "this module has CUDA code for sm_90, none of which runs on this GPU (sm_100); "
      "recompile with -target=cuda:sm_100"),

@@ -225,7 +225,8 @@ def _drop(container, key):
 
 MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message)
     "dtype name": (lambda m: m["kernels"][0]["args"][1].update(dtype="int8"),
-                   "kernels[0].args[1].dtype", "expected one of float32, float64, int32, int64, got 'int8'"),
+                   "kernels[0].args[1].dtype",
+                   "expected one of float32, float64, bfloat16, float16, int32, int64, got 'int8'"),
     "unknown top key": (lambda m: m.update(extra=1), "extra", "unknown key"),
     "unknown kernel key": (lambda m: m["kernels"][1].update(color="red"), "kernels[1].color", "unknown key"),
     "missing key": (lambda m: _drop(m["kernels"][2], "symbol"), "kernels[2].symbol", "missing"),
@@ -265,7 +266,7 @@ MLP_MUTATIONS = {  # mutation of mlp()'s manifest -> (field, part of the message
                     "[2, 16] does not broadcast to out's shape [2, 15]"),
     "arity": (lambda m: m["kernels"][1]["args"].pop(0),
               "kernels[1].args", "pointwise takes at least 2 args, got 1"),
-    "mixed dtypes": (lambda m: m["kernels"][1]["args"][1].update(dtype="float64"), "kernels[1].args[1].dtype",
+    "mixed dtypes": (lambda m: m["kernels"][0]["args"][1].update(dtype="float64"), "kernels[0].args[1].dtype",
                      "expected float32 like args[0]"),
     "access": (lambda m: m["kernels"][1]["args"][1].update(access="read"), "kernels[1].args[1].access",
                "expected one of write"),
@@ -376,6 +377,20 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
     "cuda table blob": (lambda m: m["cuda"].update(table=4), "cuda.table", "blob index in [0, 4)"),
     "cuda table key": (lambda m: m["cuda"].update(tables=0), "cuda.tables", "unknown key"),
     "no images": (lambda m: m["kernels"][0].update(images={}), "kernels[0].images", "got an empty object"),
+    "tensor map arg": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 2, "box": [4, 4]}]),
+                       "kernels[0].tensor_maps[0].arg", "the kernel has 2 args"),
+    "tensor map of no matrix": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 0, "box": [4, 4]}]),
+                                "kernels[0].tensor_maps[0].arg", "a tensor map reads a matrix"),
+    "tensor map keys": (lambda m: m["kernels"][0].update(tensor_maps=[{"arg": 0}]), "kernels[0].tensor_maps[0].box",
+                        "missing"),
+    "variant arch": (lambda m: m["kernels"][0].update(variants=[{"symbol": "v", "launch": m["kernels"][0]["launch"],
+                                                                  "arch": "sm_90a"}]),
+                     "kernels[0].variants[0].arch", "architecture among the images"),
+    "variant without a bound": (lambda m: m["kernels"][0].update(variants=[{"symbol": "v",
+                                                                             "launch": m["kernels"][0]["launch"]}]),
+                                "kernels[0].variants[0].below", "(or an arch)"),
+    "tensor maps on the cpu": (lambda m: m["kernels"][0]["cpu_fallback"].update(tensor_maps=[]),
+                               "kernels[0].cpu_fallback.tensor_maps", "unknown key"),
 }
 
 
@@ -396,3 +411,17 @@ def test_the_example_in_the_format_document():
     sizes = {blob["name"]: blob["size"] for blob in example.pop("blobs")}
     data = hxb.encode(example, [(name, bytes(size)) for name, size in sizes.items()])
     assert [blob["offset"] for blob in hxb.decode(data).json["blobs"]][1] % 64 == 0
+
+
+def test_a_variant_of_one_architecture_runs_only_from_its_image(modules):
+    """A variant with an `arch` (an sm_90a kernel beside the plain sm_90 one) is kept when that
+    image is the one loaded, dropped otherwise; its tensor maps are its own."""
+    manifest, blobs = modules.cuda()
+    kernel = manifest["kernels"][0]
+    kernel["variants"] = [{"symbol": "relu_wgmma", "launch": kernel["launch"], "arch": "sm_90",
+                           "tensor_maps": []}]
+    code = hxb.decode(hxb.encode(manifest, blobs)).manifest.kernels[0].gpu_code
+    assert [v.symbol for v in code.for_image("sm_90").variants] == ["relu_wgmma"]
+    assert code.for_image("sm_90").pick({})[0] == "relu_wgmma"
+    assert code.for_image("compute_90").variants == () and code.for_image("compute_90").pick({})[0] == kernel["symbol"]
+    assert code.maps_of("relu_wgmma") == () and code.maps_of(kernel["symbol"]) == ()

@@ -171,7 +171,8 @@ CONTRACTS = {  # base -> mutation of its kernel -> (field, part of the message)
     "argmax of int64": ("reduce", lambda k: k["args"][0].update(dtype="int64"), "kernels[0].args[0].dtype",
                         "int64 is only a reduce's argmax output"),
     "sum into int64": ("reduce", lambda k: k.update(expr=MEAN), "kernels[0].args[1].dtype",
-                       "expected float32 or float64 (int64 is only a reduce's argmax output), got 'int64'"),
+                       "expected one of float32, float64, bfloat16, float16 (int64 is only a reduce's argmax "
+                       "output), got 'int64'"),
     "rows out full": ("reduce", lambda k: _shape(k, 1, ["b", 4]), "kernels[0].args[1].shape",
                       "one per row over axis 1: expected [\"b\"] or [\"b\", 1], got [\"b\", 4]"),
     "rows out of another axis": ("reduce", lambda k: _shape(k, 1, [4]), "kernels[0].args[1].shape",

@@ -4,8 +4,8 @@ A file is checked twice before anything uses it: first its structure (header, ma
 the blob table against the file's bytes: container.py), then its meaning (keys, types, indices,
 shapes, size expressions, the host programs: checks.py, kernels.py, entries.py). The first rule
 broken raises `HxbFormatError` naming the field, e.g. `kernels[2].args[1].dtype: expected one of
-float32, float64, int32, int64, got 'int8'` (fields.py). The compiler writes through `encode`, which
-runs the same checks on its own output. A generated kernel is checked by its op's family
+float32, float64, bfloat16, float16, int32, int64, got 'int8'` (fields.py). The compiler writes
+through `encode`, which runs the same checks on its own output. A generated kernel is checked by its op's family
 contract (families.py); what it computes is its `expr`, a tree of the scalar-expression
 language (scalars.py), which the reference device evaluates.
 
@@ -29,8 +29,8 @@ from ..errors import HxbFormatError
 from .container import HEADER, MAGIC, SIGNED, VERSION, Hxb, decode, encode, read, write
 from .exprs import Expr, evaluate, to_text
 from .tables import check_build, check_table, parse_table
-from .types import Code, Cpu, CpuLibrary, Entry, Kernel, Launch, TensorType, Work
+from .types import Code, Cpu, CpuLibrary, Entry, Kernel, Launch, TensorType, Work, numpy_dtype
 
 __all__ = ["HEADER", "MAGIC", "SIGNED", "VERSION", "Code", "Cpu", "CpuLibrary", "Entry", "Expr", "Hxb",
            "HxbFormatError", "Kernel", "Launch", "TensorType", "Work", "check_build", "check_table", "decode",
-           "encode", "evaluate", "parse_table", "read", "to_text", "write"]
+           "encode", "evaluate", "numpy_dtype", "parse_table", "read", "to_text", "write"]

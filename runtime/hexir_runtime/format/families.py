@@ -14,8 +14,10 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 | `layout`        | inputs, out (layouts.py)                   | a record: transpose, reshape, slice, concat, take |
 
 Every input broadcasts to the output as numpy does (aligned right; a 1 stretches; a symbol
-equals only the same symbol). One dtype, float32 or float64, except a reduce's argmax output,
-int64; a layout kernel moves any dtype (float32, float64, int32, int64; layouts.py).
+equals only the same symbol). Floats: float32, float64, bfloat16, float16. A contract's args
+have one dtype; a pointwise or reduce kernel's may differ (a cast, fused casts): it computes
+in `compute_dtype` of them all (float64 if one is, else float32) and converts its output (a
+reduce's argmax output is int64). A layout kernel moves any dtype (and int32, int64; layouts.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from .matmul import check_matmul
 from .types import Dim, TensorType
 
 FAMILIES = ("linear", "linear_panels", "matmul", "pack_panels", "pointwise", "reduce", "layout")
-FLOATS = ("float32", "float64")
+FLOATS = ("float32", "float64", "bfloat16", "float16")
+
+
+def compute_dtype(dtypes: Any) -> str:
+    """What a pointwise or reduce kernel over args of `dtypes` computes in: float64 if any is,
+    else float32 (16-bit floats are widened, then the output is converted to its own dtype)."""
+    return "float64" if "float64" in dtypes else "float32"
 
 
 def check_args(op: str, specs: list[Any], path: str) -> tuple[TensorType, ...]:
@@ -69,8 +77,9 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
             if arg.dtype != "int64":
                 _fail(where, f"an argmax's output is int64, got {arg.dtype!r}")
         elif arg.dtype not in FLOATS:
-            _fail(where, f"expected float32 or float64 (int64 is only a reduce's argmax output), got {arg.dtype!r}")
-        elif arg.dtype != args[0].dtype:
+            _fail(where, f"expected one of {', '.join(FLOATS)} (int64 is only a reduce's argmax output), "
+                         f"got {arg.dtype!r}")
+        elif arg.dtype != args[0].dtype and op not in ("pointwise", "reduce"):  # (those: compute_dtype)
             _fail(where, f"expected {args[0].dtype} like args[0], got {arg.dtype!r}")
     shapes, out = [arg.shape for arg in args], args[-1].shape
     if op == "pack_panels":

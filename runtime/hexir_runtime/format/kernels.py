@@ -12,15 +12,16 @@ from .exprs import Expr, _expr, parse, to_json
 from .families import FAMILIES, check_args, check_family
 from .fields import _choice, _describe, _dim, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
 from .layouts import groups
-from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorType, Variant, Work
+from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorMap, TensorType, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
-_IMAGE = re.compile(r"(sm|compute)_[0-9]+|fatbin")
+_IMAGE = re.compile(r"(sm|compute)_[0-9]+a?|fatbin")
+_ARCH = re.compile(r"sm_[0-9]+a?")
 # A kernel's keys beyond name, op, device, symbol and args, by (device, custom): (required, optional).
 _KERNEL_KEYS = {
     ("cpu", False): (("sizes", "work"), ("expr",)),  # (expr: its family says whether it has one)
     ("cpu", True): (("scalars", "source"), ("library",)),
-    ("cuda", False): (("sizes", "launch", "images"), ("expr", "cpu_fallback", "variants")),
+    ("cuda", False): (("sizes", "launch", "images"), ("expr", "cpu_fallback", "variants", "tensor_maps")),
     ("cuda", True): (("scalars", "source", "launch", "images"), ("cpu_fallback",)),
 }
 _OPTIONAL_KERNEL_KEYS = tuple(dict.fromkeys(key for keys in _KERNEL_KEYS.values() for key in sum(keys, ())))
@@ -65,23 +66,28 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         own = Code(symbol, _work(kernel["work"], f"{path}.work", symbols)) if device == "cpu" else None
     if device == "cpu":
         return Kernel(name, op, device, args, meaning, integers, own, None, own.source, views)
+    images = kernel["images"]
     variants = []
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
-        _object(variant, where, ("symbol", "launch", "below"))
-        below = _is_object(variant["below"], f"{where}.below")
-        if not below:
-            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes")
+        _object(variant, where, ("symbol", "launch"), ("below", "arch", "tensor_maps"))
+        below = _is_object(variant.get("below", {}), f"{where}.below")
+        arch = variant.get("arch")
+        if arch is not None and (not isinstance(arch, str) or not _ARCH.fullmatch(arch) or arch not in images):
+            _fail(f"{where}.arch", f"expected an sm_<number>[a] architecture among the images, got {_describe(arch)}")
+        if not below and arch is None:
+            _fail(f"{where}.below", "expected a bound for at least one of the kernel's sizes (or an arch)")
         variants.append(Variant(_identifier(variant["symbol"], f"{where}.symbol"),
                                 _launch(variant["launch"], f"{where}.launch", symbols),
                                 {_below_key(key, f"{where}.below.{key}", symbols):
-                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}))
-    images = kernel["images"]
+                                 _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}, arch,
+                                _tensor_maps(variant.get("tensor_maps", []), f"{where}.tensor_maps", args)))
     if not isinstance(images, dict) or not images:
         _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     for arch, blob in images.items():
         if not _IMAGE.fullmatch(arch):
-            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX) or fatbin")
+            _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX), either with "
+                                           "an a suffix (sm_90a), or fatbin")
         if arch == "fatbin" and not custom:
             _fail(f"{path}.images.fatbin", "only custom kernels have a fatbin image")
         _index(blob, f"{path}.images.{arch}", blob_count, "blob")
@@ -93,8 +99,38 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
         fallback_symbol = _identifier(spec["symbol"], f"{where}.symbol")
         fallback = (_custom_code(spec, fallback_symbol, where, blob_count) if custom
                     else Code(fallback_symbol, _work(spec["work"], f"{where}.work", symbols)))
-    gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants))
+    maps = _tensor_maps(kernel.get("tensor_maps", []), f"{path}.tensor_maps", args)
+    gpu = GpuCode(symbol, _launch(kernel["launch"], f"{path}.launch", symbols), dict(images), tuple(variants), maps)
     return Kernel(name, op, device, args, meaning, integers, fallback, gpu, kernel.get("source"), views)
+
+
+#: What a TMA tensor map may describe: element bytes by dtype (runtime/hexir_runtime/tensormap.py).
+_MAP_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def _tensor_maps(specs: Any, path: str, args: tuple[TensorType, ...]) -> tuple[TensorMap, ...]:
+    """Each `{arg, box}`: a matrix argument whose rows are a static multiple of 16 bytes, a box of
+    [columns, rows] of at most 256 each, its rows at most 128 bytes (128-byte swizzle) and a
+    multiple of 16."""
+    maps = []
+    for j, spec in enumerate(_list(specs, path)):
+        where = f"{path}[{j}]"
+        _object(spec, where, ("arg", "box"))
+        arg = _int(spec["arg"], f"{where}.arg")
+        if arg >= len(args):
+            _fail(f"{where}.arg", f"the kernel has {len(args)} args")
+        tensor = args[arg]
+        size = _MAP_BYTES.get(tensor.dtype)
+        if size is None or len(tensor.shape) != 2 or not isinstance(tensor.shape[1], int) \
+                or tensor.shape[1] * size % 16:
+            _fail(f"{where}.arg", f"a tensor map reads a matrix of {', '.join(_MAP_BYTES)} whose rows are a static "
+                                  f"multiple of 16 bytes, not {tensor}")
+        box = tuple(_int(b, f"{where}.box[{i}]", 1) for i, b in enumerate(_list(spec["box"], f"{where}.box")))
+        if len(box) != 2 or max(box) > 256 or box[0] * size > 128 or box[0] * size % 16:
+            _fail(f"{where}.box", f"expected [columns, rows] of at most 256 each, the columns' bytes a multiple of "
+                                  f"16 up to 128, got {_json(spec['box'])}")
+        maps.append(TensorMap(arg, box))
+    return tuple(maps)
 
 
 def _launch(spec: Any, path: str, symbols: list[str]) -> Launch:

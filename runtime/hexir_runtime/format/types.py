@@ -8,15 +8,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .exprs import Expr
     from .scalars import Program, Tree
 
-DTYPES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}  # ints: where a kernel's family allows them
+DTYPES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int32": 4,
+          "int64": 8}  # ints: where a kernel's family allows them
 DEVICES = ("cpu", "cuda")
 HOST = "cpu"
 
 Dim = int | str  # a dimension: a size, or a symbol bound per call
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a manifest dtype name; bfloat16 is ml_dtypes' (the optional extra
+    hexir-runtime[bf16]), imported only here, when a module or an input has one."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        from ..errors import DeviceError
+
+        raise DeviceError("bfloat16 tensors need the ml_dtypes package (numpy's bfloat16): "
+                          "pip install 'hexir-runtime[bf16]'") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -79,13 +97,26 @@ class Code:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map a CUDA kernel takes after its sizes: of args[arg] (a matrix), a copy
+    moving `box` elements (innermost first)."""
+
+    arg: int
+    box: tuple[int, int]
+
+
+@dataclass(frozen=True)
 class Variant:
     """Another kernel in the same images computing the same thing, run instead when every size
-    of the call is below its bound (`below`: a symbol or size expression -> bound)."""
+    of the call is below its bound (`below`: a symbol or size expression -> bound) and, with an
+    `arch`, when the image loaded is that architecture's (whose instructions it uses: it is in no
+    other image); it may take tensor maps of its own."""
 
     symbol: str
     launch: Launch
     below: Mapping[Expr, int]
+    arch: str | None = None
+    tensor_maps: tuple[TensorMap, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +128,15 @@ class GpuCode:
     launch: Launch
     images: Mapping[str, int]
     variants: tuple[Variant, ...] = ()
+    tensor_maps: tuple[TensorMap, ...] = ()
+
+    def for_image(self, arch: str) -> GpuCode:
+        """This code as loaded from `arch`'s image: without the variants of other architectures."""
+        from dataclasses import replace
+        return replace(self, variants=tuple(v for v in self.variants if v.arch in (None, arch)))
+
+    def maps_of(self, symbol: str) -> tuple[TensorMap, ...]:
+        return next((v.tensor_maps for v in self.variants if v.symbol == symbol), self.tensor_maps)
 
     def pick(self, sizes: Mapping[str, int]) -> tuple[str, Launch]:
         """The symbol and launch that run a call with `sizes`."""

@@ -31,15 +31,16 @@ import numpy as np
 
 from ..errors import HexirRuntimeError, InputError
 from ..executor import bind
+from ..format import numpy_dtype
 from ..module import Signature
 
 # numpy dtype name -> the protocol's datatype (BYTES, strings, has no numpy twin here)
 DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
              "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
-             "float16": "FP16", "float32": "FP32", "float64": "FP64"}
+             "float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64"}
 NUMPY_DTYPES = {datatype: name for name, datatype in DATATYPES.items()}
 # which kinds of JSON numbers (as numpy reads a list of them) each dtype kind takes: 1.5 is not rounded to an int
-JSON_KINDS = {"f": "fiu", "i": "iu", "u": "iu", "b": "b"}
+JSON_KINDS = {"f": "fiu", "V": "fiu", "i": "iu", "u": "iu", "b": "b"}  # (V: ml_dtypes' bfloat16)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_EXTENSION = "binary_tensor_data"
 
@@ -319,7 +320,7 @@ def decode_response(body: bytes, header_length: int | None = None) -> dict[str, 
     arrays, offset = {}, end
     try:
         for tensor in response["outputs"]:
-            dtype = np.dtype(NUMPY_DTYPES[tensor["datatype"]]).newbyteorder("<")
+            dtype = numpy_dtype(NUMPY_DTYPES[tensor["datatype"]]).newbyteorder("<")
             size = (tensor.get("parameters") or {}).get("binary_data_size")
             if size is None:
                 arrays[tensor["name"]] = np.array(tensor["data"], dtype.name).reshape(tensor["shape"])

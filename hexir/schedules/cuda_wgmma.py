@@ -1,0 +1,248 @@
+"""cuda linear on Hopper's warpgroup tensor cores (`wgmma`, sm_90a only): bfloat16 / float16 in,
+float32 sums, warp-specialized, persistent.
+
+A block of three warpgroups computes 256x128 tiles of out: warpgroups 0 and 1 (the consumers)
+128 rows each, as wgmma m64n128k16 from shared memory into 128 f32 sums a thread; warpgroup 2's
+first thread (the producer) loads the k slices (64 deep) with TMA (the tensor copy engine: x's
+[128 rows x 64 k] boxes and w's [64 k x 64 columns], 128-byte swizzled, what lies outside the
+tensors filled with zeros) into WG_STAGES shared stages. Each stage has two mbarriers: `full`
+(the producer's copies landed: a transaction count) and `empty` (each consumer warp is done
+with it). The grid has at most WG_BLOCKS blocks, each walking tiles block, block + blocks, ...
+in groups of GROUP_M tile rows (whose x rows and w columns stay in L2 together); the stages and
+their phases run on across a block's tiles, so the producer loads the next tile while the
+consumers store this one: straight from the accumulator's registers, the bias added and the
+fused ops applied in f32, two 16-bit columns a 4-byte store, guarded. The tensor maps TMA reads
+come from the runtime (`hextir.tensor_maps`: one per x and w, encoded per call for the buffers'
+addresses and extents), as extra pointer parameters after the kernel's sizes.
+
+    for b in [0, min(tiles, 132)) bind blockIdx.x          stages[S] of x[256][64], w[64][128]
+      for t in [0, 384) bind threadIdx.x                   full[S], empty[S] mbarriers
+        producer (t == 256): for each tile, each k slice: wait empty[s]; expect bytes; 4 TMA loads -> full[s]
+        consumers (t < 256): for each tile: for each k slice: wait full[s]; 8 wgmma (async); the
+          slice before done -> empty; out[r, c] = to_16bit(epilogue(sums + bias)) where r < M, c < N
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from hexir_runtime.format import exprs
+from mlir import ir
+from mlir.dialects import arith, builtin, llvm, memref, nvgpu, nvvm, scf
+
+from hexir.dialects import hextir as ht
+from hexir.schedules import Request, cuda, extent
+from hexir.schedules.cuda_mma import store_pair
+from hexir.target import arch_number
+
+#: Tile rows (two consumer warpgroups of 128), columns, k slice; shared stages in flight.
+WG_TILE, WG_STAGES = (256, 128, 64), 4
+#: Tile rows walked together (GROUP_M x all tile columns) before the next group; blocks at most
+#: (one per SM of an H100/H200: each walks tiles block, block + WG_BLOCKS, ...).
+GROUP_M, WG_BLOCKS = 8, 132
+_WORKGROUP = "#gpu.address_space<workgroup>"
+
+
+def uses_wgmma(request: Request, k: int, n: int) -> bool:
+    """16-bit inputs on sm_90a alone, rows of x and w a multiple of 16 bytes (TMA's pitch)."""
+    archs = request.target.cuda_archs
+    return request.dtype in ("bfloat16", "float16") and all(a.endswith("a") and arch_number(a) == 90
+                                                            for a in archs) and k % 8 == 0 and n % 8 == 0
+
+
+def _c(value: int) -> ir.Value:
+    return ht.index(value)
+
+
+def _view(base: ir.Value, offset: int | ir.Value, shape: Sequence[int], element: ir.Type) -> ir.Value:
+    """A [shape] view of the shared bytes `base` at byte `offset`."""
+    type_ = ir.MemRefType.get(list(shape), element, memory_space=ir.Attribute.parse(_WORKGROUP))
+    return memref.ViewOp(type_, base, ht.index(offset), []).result
+
+
+def _tensor_map(pointer: ir.Value, box: Sequence[int], element: ir.Type) -> ir.Value:
+    """The tensor map the runtime passes (a pointer) as nvgpu's descriptor type for a [box] tile."""
+    type_ = ir.Type.parse(f"!nvgpu.tensormap.descriptor<tensor = memref<{box[0]}x{box[1]}x{element}, 3>, "
+                          "swizzle = swizzle_128b, l2promo = l2promo_128b, oob = zero, interleave = none>")
+    return builtin.UnrealizedConversionCastOp([type_], [pointer]).result
+
+
+def _parity(round_: ir.Value, flip: bool) -> ir.Value:
+    """The mbarrier phase parity to wait for in round `round_` of a stage (`flip`: the producer's
+    wait on `empty`, which passes in round 0)."""
+    odd = arith.CmpIOp(arith.CmpIPredicate.ne, arith.RemUIOp(round_, _c(2)).result, _c(0)).result
+    return arith.XOrIOp(odd, arith.ConstantOp(ir.IntegerType.get_signless(1), 1).result).result if flip else odd
+
+
+def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
+    x, w = args[0], args[1]
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    element = ir.MemRefType(x.type).element_type
+    tile_m, tile_n, step = WG_TILE
+    half = tile_m // 2
+    stage_bytes = 2 * half * step * 2 + 2 * step * 64 * 2   # x's two boxes (a consumer's each), w's two
+    # the tensor maps: extra pointer parameters after the sizes, described for the runtime
+    entry = ir.BlockArgument(x).owner
+    maps = [entry.add_argument(ir.Type.parse("!llvm.ptr"), ir.Location.unknown()) for _ in range(2)]
+    entry.owner.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments],
+                                                                                  []))
+    ht.set_tensor_maps(entry.owner, [(0, (step, half)), (1, (64, step))])
+    tiles_n, tiles_m = exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m)
+    tiles = exprs.mul(tiles_m, tiles_n)
+    blocks = exprs._make("min", tiles, WG_BLOCKS)
+    ht.set_variant("wgmma")
+    shape = _Shape(-(-k_extent // step), stage_bytes, element, ht.size_value(tiles_m, symbols), tiles_n,
+                   ht.size_value(tiles, symbols), ht.size_value(blocks, symbols))
+    with ht.loop(0, shape.blocks, "parallel", "blockIdx.x") as block:
+        shared = ht.alloc_local([WG_STAGES * stage_bytes], ir.IntegerType.get_signless(8), "shared")
+        with ht.loop(0, 384, "parallel", "threadIdx.x") as thread:
+            group = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {_WORKGROUP}, num_barriers = {WG_STAGES}>")
+            full, empty = nvgpu.MBarrierCreateOp(group).result, nvgpu.MBarrierCreateOp(group).result
+            first = arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(0)).result
+            for s in range(WG_STAGES):
+                nvgpu.MBarrierInitOp(full, _c(1), _c(s), predicate=first)
+                nvgpu.MBarrierInitOp(empty, _c(8), _c(s), predicate=first)  # a consumer warp's lane 0 each
+            ht.barrier()
+            tm_x, tm_w = _tensor_map(maps[0], (half, step), element), _tensor_map(maps[1], (step, 64), element)
+            warpgroup = arith.DivUIOp(thread, _c(128)).result
+            roles = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, _c(2)).result, has_else=True)
+            with ir.InsertionPoint(roles.then_block):
+                producer = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(256)).result)
+                with ir.InsertionPoint(producer.then_block):
+                    nvgpu.TmaPrefetchOp(tm_x)
+                    nvgpu.TmaPrefetchOp(tm_w)
+                    with _tiles(block, shape) as (origin, done):
+                        _produce(tm_x, tm_w, full, empty, shared, origin, done, shape)
+                    scf.YieldOp([])
+                scf.YieldOp([])
+            with ir.InsertionPoint(roles.else_block):
+                with _tiles(block, shape) as (origin, done):
+                    sums = _consume(tm_x, tm_w, full, empty, shared, warpgroup, thread, done, shape)
+                    _epilogue(sums, origin, warpgroup, thread, args, symbols, request)
+                scf.YieldOp([])
+    return ht.Launch((blocks, 1, 1), (384, 1, 1))
+
+
+class _Shape:
+    """What the roles share: k slices per tile, a stage's bytes, the element type, tile rows
+    (a value), tile columns (an int), tiles and blocks (values)."""
+
+    def __init__(self, slices, stage_bytes, element, tiles_m, tiles_n, tiles, blocks) -> None:
+        self.slices, self.stage_bytes, self.element = slices, stage_bytes, element
+        self.tiles_m, self.tiles_n, self.tiles, self.blocks = tiles_m, tiles_n, tiles, blocks
+
+
+@contextlib.contextmanager
+def _tiles(block: ir.Value, shape: _Shape):
+    """The block's tiles (block, block + blocks, ...): yields the tile's (row0, column0) and how
+    many k slices the block walked before it (its stages and phases go on from there)."""
+    tile_m, tile_n, _ = WG_TILE
+    mine = arith.CeilDivUIOp(arith.SubIOp(shape.tiles, block).result, shape.blocks).result
+    loop = scf.ForOp(_c(0), mine, _c(1))
+    with ir.InsertionPoint(loop.body):
+        tile = cuda._plus(block, arith.MulIOp(loop.induction_variable, shape.blocks).result)
+        tile_row, tile_column = _raster(tile, shape.tiles_m, shape.tiles_n)
+        yield ((cuda._times(tile_row, tile_m), cuda._times(tile_column, tile_n)),
+               cuda._times(loop.induction_variable, shape.slices))
+        scf.YieldOp([])
+
+
+def _raster(tile: ir.Value, tiles_m: ir.Value, tiles_n: int) -> tuple[ir.Value, ir.Value]:
+    """Tile t's place: groups of GROUP_M tile rows, each walked column by column."""
+    per_group = GROUP_M * tiles_n
+    first = cuda._times(arith.DivUIOp(tile, _c(per_group)).result, GROUP_M)
+    size = arith.MinUIOp(arith.SubIOp(tiles_m, first).result, _c(GROUP_M)).result
+    within = arith.RemUIOp(tile, _c(per_group)).result
+    return cuda._plus(first, arith.RemUIOp(within, size).result), arith.DivUIOp(within, size).result
+
+
+def _stage(count: ir.Value) -> tuple[ir.Value, ir.Value]:
+    return arith.RemUIOp(count, _c(WG_STAGES)).result, arith.DivUIOp(count, _c(WG_STAGES)).result
+
+
+def _produce(tm_x, tm_w, full, empty, shared, origin, done: ir.Value, shape: _Shape) -> None:
+    """Thread 256, one tile: for each k slice, wait until its stage is free, then copy x's two
+    boxes and w's two into it."""
+    tile_m, _, step = WG_TILE
+    half = tile_m // 2
+    row0, column0 = origin
+    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1))
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        stage, round_ = _stage(cuda._plus(done, i))
+        nvgpu.MBarrierTryWaitParityOp(empty, _parity(round_, True), _c(10_000_000), mbarId=stage)
+        nvgpu.MBarrierArriveExpectTxOp(full, _c(shape.stage_bytes), stage)
+        base = cuda._times(stage, shape.stage_bytes)
+        k0 = cuda._times(i, step)
+        for h in range(2):  # coordinates innermost first: (k, row) in x, (column, k) in w
+            nvgpu.TmaAsyncLoadOp(_view(shared, cuda._plus(base, _c(h * half * step * 2)), [half, step], shape.element),
+                                 full, tm_x, [k0, cuda._plus(row0, _c(h * half))], stage)
+            nvgpu.TmaAsyncLoadOp(_view(shared, cuda._plus(base, _c(2 * half * step * 2 + h * step * 64 * 2)),
+                                       [step, 64], shape.element), full, tm_w, [cuda._plus(column0, _c(64 * h)), k0],
+                                 stage)
+        scf.YieldOp([])
+
+
+def _consume(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.Value, shape: _Shape) -> ir.Value:
+    """Warpgroups 0 and 1, one tile: 128 rows each, the sums in registers across the k slices;
+    every stage released once its wgmma are done."""
+    tile_m, tile_n, step = WG_TILE
+    half, element = tile_m // 2, shape.element
+    accumulator = ir.Type.parse(f"!nvgpu.warpgroup.accumulator<fragmented = vector<{half}x{tile_n}xf32>>")
+    a_type = ir.Type.parse(f"!nvgpu.warpgroup.descriptor<tensor = memref<{half}x{step}x{element}, {_WORKGROUP}>>")
+    b_type = ir.Type.parse(f"!nvgpu.warpgroup.descriptor<tensor = memref<{step}x{tile_n}x{element}, {_WORKGROUP}>>")
+    zero = nvgpu.WarpgroupMmaInitAccumulatorOp(accumulator).result
+    lane0 = arith.CmpIOp(arith.CmpIPredicate.eq, arith.RemUIOp(thread, _c(32)).result, _c(0)).result
+
+    def release(count: ir.Value) -> None:
+        if_ = scf.IfOp(lane0)
+        with ir.InsertionPoint(if_.then_block):
+            nvgpu.MBarrierArriveOp(empty, _stage(count)[0])
+            scf.YieldOp([])
+    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1), [zero])
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        stage, round_ = _stage(cuda._plus(done, i))
+        nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), _c(10_000_000), mbarId=stage)
+        base = cuda._times(stage, shape.stage_bytes)
+        a = _view(shared, cuda._plus(base, cuda._times(warpgroup, half * step * 2)), [half, step], element)
+        b = _view(shared, cuda._plus(base, _c(2 * half * step * 2)), [step, tile_n], element)
+        sums = nvgpu.WarpgroupMmaOp(accumulator, nvgpu.WarpgroupGenerateDescriptorOp(a_type, a, tm_x).result,
+                                    nvgpu.WarpgroupGenerateDescriptorOp(b_type, b, tm_w).result,
+                                    loop.inner_iter_args[0], transposeB=True).result
+        # this slice's wgmma are in flight, the one before is done (wait_group 1): free its stage
+        later = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ugt, i, _c(0)).result)
+        with ir.InsertionPoint(later.then_block):
+            release(arith.SubIOp(cuda._plus(done, i), _c(1)).result)
+            scf.YieldOp([])
+        scf.YieldOp([sums])
+    nvvm.WgmmaWaitGroupSyncOp(0)
+    release(cuda._plus(done, _c(shape.slices - 1)))
+    return loop.results[0]
+
+
+def _epilogue(sums: ir.Value, origin, warpgroup, thread, args, symbols, request: Request) -> None:
+    """The sums from the accumulator's registers: value v of half h of a warpgroup's is row
+    64 h + 16 (warp) + g + 8 ((v mod 4) / 2), column 8 (v / 4) + 2 t + v mod 2 (g, t: the lane / 4,
+    mod 4), so a thread's pairs of columns are stored as one 4-byte store each."""
+    tile_m, tile_n, _ = WG_TILE
+    half = tile_m // 2
+    out = args[-1]
+    m, n = extent(args[0], 0, request), extent(args[1], 1, request)
+    f32 = ir.F32Type.get()
+    values = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (half * tile_n // 256)) + ")>")
+    fragments = builtin.UnrealizedConversionCastOp([ir.Type.parse(f"!llvm.struct<({values}, {values})>")],
+                                                   [sums]).result
+    lane = arith.RemUIOp(thread, _c(32)).result
+    group, in_group = cuda._split(lane, 4)
+    warp = arith.RemUIOp(arith.DivUIOp(thread, _c(32)).result, _c(4)).result
+    row0 = cuda._plus(origin[0], cuda._plus(cuda._times(warpgroup, half), cuda._plus(cuda._times(warp, 16), group)))
+    column0 = cuda._plus(origin[1], cuda._times(in_group, 2))
+    bounds = ht.size_value(m, symbols), ht.index(n)
+    for h in range(2):
+        part = llvm.ExtractValueOp(values, fragments, [h]).result
+        for v in range(0, half * tile_n // 256, 2):
+            at = (cuda._plus(row0, _c(64 * h + 8 * (v % 4 // 2))), cuda._plus(column0, _c(8 * (v // 4))))
+            pair = [llvm.ExtractValueOp(f32, part, [v + e]).result for e in range(2)]
+            store_pair(pair, out, at, bounds, args[2] if request.bias else None, request)
