@@ -5,8 +5,12 @@ matmul, softmax, matmul), at [8, 12, 512, 64], [1, 16, 4096, 64], [4, 16, 1024, 
 without a causal (additive -inf) mask; before it, the fused kernels' results on small and odd
 shapes against numpy (float64).
 
-    python bench/attention.py build DIR     # here (hexir): DIR/*.hxb.xz
+    python bench/attention.py build DIR [--tilings 4,4,16 8,4,8]   # here (hexir): DIR/*.hxb.xz
     python bench/attention.py run DIR       # there (hexir_runtime, torch on cuda)
+
+--tilings builds the fused kernels of the timed shapes once per tiling of
+schedules/cuda_attention.py's TILINGS (rows, keys a thread, threads along the rows), each
+alone in the table, and the run times every one it finds (the tuning runs of docs/tuning.md).
 
 Times are CUDA events around a device-resident call (torch tensors in via DLPack, outputs on the
 GPU), median of --repeats. Memory: torch's peak allocation for SDPA; for hexir, the device
@@ -42,8 +46,9 @@ def attention(hexir, scale: float, masked: bool, transposed: bool):
     return lambda q, k, v: fused(q, k, v)
 
 
-def build(out: Path) -> None:
+def build(out: Path, tilings: list[str]) -> None:
     import hexir
+    from hexir.schedules import cuda_attention
     out.mkdir(parents=True, exist_ok=True)
 
     def export(name, function, specs):
@@ -63,6 +68,12 @@ def build(out: Path) -> None:
             extra = [hexir.TensorSpec((s, s), "float32")] if masked else []
             export(f"fused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, False),
                    [hexir.TensorSpec(shape, "float32")] * 3 + extra)
+            table = cuda_attention.TILINGS
+            for tiling in tilings:  # (each alone in the table: the kernel takes it whatever it needs)
+                cuda_attention.TILINGS = (tuple(int(n) for n in tiling.split(",")),)
+                export(f"fused-{tag}-t{tiling.replace(',', 'x')}", attention(hexir, 1 / np.sqrt(d), masked, False),
+                       [hexir.TensorSpec(shape, "float32")] * 3 + extra)
+            cuda_attention.TILINGS = table
             export(f"unfused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, True),
                    [hexir.TensorSpec(shape, "float32"), hexir.TensorSpec((b, h, d, s), "float32"),
                     hexir.TensorSpec(shape, "float32")] + extra)
@@ -143,6 +154,7 @@ def _compare(torch, hexir_runtime, directory: Path, shape: tuple, tensors: list,
         torch.cuda.synchronize()
         held.append(((free - torch.cuda.mem_get_info()[0]) / 2**20, module, call, result))
     (fused_mib, fused, fused_call, got), (unfused_mib, unfused, unfused_call, _) = held
+    variants = sorted(p.name[:-len(".hxb.xz")] for p in directory.glob(f"fused-{tag}-t*.hxb.xz"))
     F = torch.nn.functional  # noqa: N806
 
     def sdpa():
@@ -161,7 +173,18 @@ def _compare(torch, hexir_runtime, directory: Path, shape: tuple, tensors: list,
           f"{'  WRONG' if error > 1e-4 else ''} {fused_mib:9.0f} {sdpa_mib:8.0f} {unfused_mib:11.0f}")
     fused.close()
     unfused.close()
-    return int(error > 1e-4)
+    bad = int(error > 1e-4)
+    for name in variants:  # the tuning variants: time, error
+        module = _load(hexir_runtime, directory, name)
+        result = module.main(q, k, v, *extra, outputs="device")
+        result = result if isinstance(result, torch.Tensor) else torch.from_dlpack(result)
+        error = float((result - want).abs().max() / want.abs().max())
+        t = _events(torch, lambda module=module: module.main(q, k, v, *extra, outputs="device"), repeats)
+        print(f"{'':>18} {name.rsplit('-', 1)[1]:>5} {t * 1e3:9.3f} {c * 1e3:8.3f} {c / t:10.2f} {'':>10} "
+              f"{4 * b * h * s * s * d / t / 1e12:7.1f} {error:8.1e}{'  WRONG' if error > 1e-4 else ''}")
+        bad += error > 1e-4
+        module.close()
+    return bad
 
 
 def run(directory: Path, repeats: int) -> int:
@@ -190,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("build", "run"))
     parser.add_argument("dir", type=Path)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tilings", nargs="*", default=[], help="rows,keys,threads: fused variants to time")
     args = parser.parse_args(argv)
     if args.action == "build":
-        build(args.dir)
+        build(args.dir, args.tilings)
         return 0
     return run(args.dir, args.repeats)
 
