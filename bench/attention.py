@@ -8,9 +8,10 @@ shapes against numpy (float64).
     python bench/attention.py build DIR [--tilings 4,4,16 8,4,8]   # here (hexir): DIR/*.hxb.xz
     python bench/attention.py run DIR       # there (hexir_runtime, torch on cuda)
 
---tilings builds the fused kernels of the timed shapes once per tiling of
+--tilings builds only the fused kernels of the timed shapes, once per tiling of
 schedules/cuda_attention.py's TILINGS (rows, keys a thread, threads along the rows), each
-alone in the table, and the run times every one it finds (the tuning runs of docs/tuning.md).
+alone in the table (into the DIR of a plain build), and the run times every one it finds (the
+tuning runs of docs/tuning.md).
 
 Times are CUDA events around a device-resident call (torch tensors in via DLPack, outputs on the
 GPU), median of --repeats. Memory: torch's peak allocation for SDPA; for hexir, the device
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import lzma
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -47,6 +49,7 @@ def attention(hexir, scale: float, masked: bool, transposed: bool):
 
 
 def build(out: Path, tilings: list[str]) -> None:
+    os.environ["HEXIR_CACHE_DIR"] = ""  # (the cache's key does not see a tiling set here)
     import hexir
     from hexir.schedules import cuda_attention
     out.mkdir(parents=True, exist_ok=True)
@@ -57,7 +60,7 @@ def build(out: Path, tilings: list[str]) -> None:
         (out / f"{name}.hxb.xz").write_bytes(lzma.compress(path.read_bytes(), preset=6))
         path.unlink()
 
-    for name, q, k_rows, dtype, mask in CASES:
+    for name, q, k_rows, dtype, mask in [] if tilings else CASES:
         d = q[-1]
         specs = [hexir.TensorSpec(s, dtype) for s in (q, (*q[:2], k_rows, d), (*q[:2], k_rows, d), mask) if s]
         export(f"case-{name}", attention(hexir, 1 / np.sqrt(d), mask is not None, False), specs)
@@ -66,17 +69,18 @@ def build(out: Path, tilings: list[str]) -> None:
         for masked in (True, False):
             tag = f"{b}x{h}x{s}x{d}-{'mask' if masked else 'none'}"
             extra = [hexir.TensorSpec((s, s), "float32")] if masked else []
-            export(f"fused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, False),
-                   [hexir.TensorSpec(shape, "float32")] * 3 + extra)
+            if not tilings:
+                export(f"fused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, False),
+                       [hexir.TensorSpec(shape, "float32")] * 3 + extra)
+                export(f"unfused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, True),
+                       [hexir.TensorSpec(shape, "float32"), hexir.TensorSpec((b, h, d, s), "float32"),
+                        hexir.TensorSpec(shape, "float32")] + extra)
             table = cuda_attention.TILINGS
             for tiling in tilings:  # (each alone in the table: the kernel takes it whatever it needs)
                 cuda_attention.TILINGS = (tuple(int(n) for n in tiling.split(",")),)
                 export(f"fused-{tag}-t{tiling.replace(',', 'x')}", attention(hexir, 1 / np.sqrt(d), masked, False),
                        [hexir.TensorSpec(shape, "float32")] * 3 + extra)
             cuda_attention.TILINGS = table
-            export(f"unfused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, True),
-                   [hexir.TensorSpec(shape, "float32"), hexir.TensorSpec((b, h, d, s), "float32"),
-                    hexir.TensorSpec(shape, "float32")] + extra)
     print(f"built {len(list(out.glob('*.hxb.xz')))} modules in {out}")
 
 

@@ -4,9 +4,10 @@ Input: a fused hexir module (run by fuse.fuse last: the scale and the mask are a
 scores' matmul's epilogue). Output: for each softmax over the last axis whose operand is a
 matmul of q and a transpose swapping k's last two axes, whose result is operand a of a matmul
 with v (no epilogue of its own), all on one device, the scores and the weights used by nothing
-else, with static head sizes and at most one epilogue input (the mask): one attention op of q, k
-(the transpose's operand: its rows are read, the transpose is not made unless something else
-uses it), v and the mask, the scores' epilogue its own. Anything else is left as it is.
+else, with static head sizes of at most MAX_HEAD and at most one epilogue input (the mask):
+one attention op of q, k (the transpose's operand: its rows are read, the transpose is not
+made unless something else uses it), v and the mask, the scores' epilogue its own. Anything
+else is left as it is.
 
     %kt = "hexir.transpose"(%k) {expr = {kind: transpose, perm: [0, 1, 3, 2]}}
     %s = "hexir.matmul"(%q, %kt, %mask) {hexir.epilogue = "a0 * 0.125 + a1"}
@@ -23,6 +24,10 @@ from mlir import ir
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.ops import scalar
+
+#: The largest head size (D, Dv) fused: the kernels hold a row of q and Dv sums per query row in
+#: registers and unroll D; past this the three unfused kernels are the better choice.
+MAX_HEAD = 256
 
 
 def fuse_attention(module: ir.Module) -> None:
@@ -66,7 +71,7 @@ def _fuse(softmax: ir.Operation) -> None:
     rank = len(hx.shape_of(k.type))
     if hx.expr_of(transpose)["perm"] != [*range(rank - 2), rank - 1, rank - 2] or min(
             len(hx.shape_of(x.type)) for x in (q, v)) < 2 or not all(
-            isinstance(hx.shape_of(x.type)[-1], int) for x in (q, v)):
+            isinstance(hx.shape_of(x.type)[-1], int) and hx.shape_of(x.type)[-1] <= MAX_HEAD for x in (q, v)):
         return
     with ir.InsertionPoint(combine), combine.location:
         result = hx.compute("attention", [q, k, v, *mask], combine.result.type, device,

@@ -1,8 +1,8 @@
 """cuda attention (ops/attention.py; the same algorithm as cpu_attention.py): out = softmax(
 tree(q @ kᵀ, mask)) @ v, one pass over the keys with a running max and sum per query row.
 
-A block of TX x TY threads takes one batch index's `rows` query rows (blockIdx.x: batch index,
-row tile) and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to
+A block of TX x TY threads (TY by the tiling) takes one batch index's `rows` query rows
+(blockIdx.x: batch index, row tile) and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to
 shared memory by cp.async (16 bytes a copy where D, Dv are multiples of 16 bytes; rows past the
 sequence and columns past D zero-filled); v's copy is in flight while the scores are computed,
 the next k's while the weights multiply v. Thread (ty, tx) holds query rows ty * RM + r and keys
@@ -28,6 +28,7 @@ the unfused softmax gives.
 from __future__ import annotations
 
 import itertools
+import math as math_module
 from collections.abc import Callable, Sequence
 
 from hexir_runtime.format import exprs
@@ -39,11 +40,14 @@ from hexir.schedules import Request, broadcast_indices, extent
 from hexir.schedules.cpu_attention import batch_coordinates, batch_extents, product, safe_max
 from hexir.schedules.emit import constant, emit
 
-TX, TY = 16, 16      # threads of a block along the keys (a row's lanes: one half-warp) and the rows
-THREADS = TX * TY
-#: (rows, keys) a thread holds in a tile, the first whose shared buffers fit SHARED_MOST bytes
-TILINGS = ((4, 4), (4, 2), (2, 2), (1, 1))
+TX = 16  # threads of a block along the keys: a row's lanes, one half-warp
+#: (rows, keys a thread holds in a tile, threads along the rows): the first whose shared buffers
+#: fit SHARED_MOST bytes (docs/tuning.md, "CUDA attention")
+TILINGS = ((4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
 SHARED_MOST = 160 * 1024
+#: The scores are kept times log2(e) and their exps taken as exp2 (libdevice's exp2f is one
+#: ex2.approx, 2 ulp; its expf a dozen instructions) (docs/tuning.md, "CUDA attention").
+EXP2 = True
 
 
 def _index_math(a: ir.Value, b: int | ir.Value, op=arith.AddIOp) -> ir.Value:
@@ -59,25 +63,27 @@ def _both(a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 def _plan(d: int, dv: int, width: int, element_bytes: int) -> tuple[int, int, int, int, int]:
-    """(rows, keys a thread, D padded, Dv padded, shared bytes) of the first tiling that fits."""
+    """(rows, keys a thread, threads along the rows, D padded, Dv padded) of the first tiling
+    whose shared buffers fit."""
     padded, dv_padded = -(-d // width) * width, -(-dv // (TX * width)) * TX * width
-    for rm, cn in TILINGS:
-        rows, keys = TY * rm, TX * cn
+    for rm, cn, ty in TILINGS:
+        rows, keys = ty * rm, TX * cn
         size = (rows * (padded + width) + keys * (padded + width) + keys * dv_padded + keys * (rows + width))
-        if size * element_bytes <= SHARED_MOST or (rm, cn) == TILINGS[-1]:
-            return rm, cn, padded, dv_padded, size * element_bytes
+        if size * element_bytes <= SHARED_MOST or (rm, cn, ty) == TILINGS[-1]:
+            return rm, cn, ty, padded, dv_padded
     raise AssertionError("unreachable")
 
 
 def _copy(source: ir.Value, at: Callable[[ir.Value, ir.Value], list[ir.Value]], tile: ir.Value, rows: int,
-          width: int, limits: tuple[ir.Value, int], origin: ir.Value, run: int, thread: ir.Value) -> list[ir.Value]:
+          width: int, limits: tuple[ir.Value, int], origin: ir.Value, run: int, thread: tuple[ir.Value, int]
+          ) -> list[ir.Value]:
     """Copy source's rows [origin, origin + rows) x columns [0, width) into tile by cp.async,
     `run` elements a copy, consecutive threads at consecutive addresses; what lies past
     `limits` (rows, columns) is written 0. Returns the copies' tokens."""
-    tokens, total = [], rows * width // run
+    (thread, threads), tokens, total = thread, [], rows * width // run
     size = ir.IntegerAttr.get(ir.IndexType.get(), run)
-    for e in range(-(-total // THREADS)):
-        position = _index_math(thread, e * THREADS)
+    for e in range(-(-total // threads)):
+        position = _index_math(thread, e * threads)
         r = arith.DivUIOp(_index_math(position, run, arith.MulIOp), ht.index(width)).result
         c = arith.RemUIOp(_index_math(position, run, arith.MulIOp), ht.index(width)).result
         row = _index_math(origin, r) if isinstance(origin, int) else arith.AddIOp(origin, r).result
@@ -87,7 +93,7 @@ def _copy(source: ir.Value, at: Callable[[ir.Value, ir.Value], list[ir.Value]], 
 
         def issue(r=r, c=c, clamped=clamped, elements=elements) -> ir.Value:
             return nvgpu.DeviceAsyncCopyOp(tile, [r, c], source, at(*clamped), size, srcElements=elements).result
-        if (e + 1) * THREADS <= total:
+        if (e + 1) * threads <= total:
             tokens.append(issue())
         else:  # the last round: threads past the tile's end copy nothing
             inside_tile = scf.IfOp(_less(position, ht.index(total)))
@@ -119,8 +125,8 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     element_bytes = ir.FloatType(element).width // 8
     width = 16 // element_bytes
     d, dv = ir.MemRefType(q.type).shape[-1], ir.MemRefType(v.type).shape[-1]
-    rm, cn, padded, dv_padded, _ = _plan(d, dv, width, element_bytes)
-    rows, keys, dvt = TY * rm, TX * cn, dv_padded // TX
+    rm, cn, ty_extent, padded, dv_padded = _plan(d, dv, width, element_bytes)
+    rows, keys, dvt = ty_extent * rm, TX * cn, dv_padded // TX
     batch = batch_extents(out, request)
     sq, sk = extent(out, len(batch), request), extent(k, ir.MemRefType(k.type).rank - 2, request)
     row_tiles = exprs.ceildiv(sq, rows)
@@ -131,11 +137,11 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
         k_s = ht.alloc_local([keys, padded + width], element, "shared")
         v_s = ht.alloc_local([keys, dv_padded], element, "shared")
         p_s = ht.alloc_local([keys, rows + width], element, "shared")
-        with ht.loop(0, TY, "parallel", "threadIdx.y") as ty, ht.loop(0, TX, "parallel", "threadIdx.x") as tx:
+        with ht.loop(0, ty_extent, "parallel", "threadIdx.y") as ty, ht.loop(0, TX, "parallel", "threadIdx.x") as tx:
             tiles, sq_v, sk_v = (ht.size_value(e, symbols) for e in (row_tiles, sq, sk))
             at = batch_coordinates(arith.DivUIOp(item, tiles).result, [ht.size_value(e, symbols) for e in batch])
             q0 = _index_math(arith.RemUIOp(item, tiles).result, rows, arith.MulIOp)
-            thread = arith.AddIOp(_index_math(ty, TX, arith.MulIOp), tx).result
+            thread = arith.AddIOp(_index_math(ty, TX, arith.MulIOp), tx).result, TX * ty_extent
 
             def reader(buffer: ir.Value) -> Callable[[ir.Value, ir.Value], list[ir.Value]]:
                 return lambda r, c: broadcast_indices(buffer, [*at, r, c])
@@ -148,6 +154,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
             m, total = ht.alloc_local([rm], element), ht.alloc_local([rm], element)
             acc = ht.alloc_local([rm, dvt], element)
             ninf, zero = constant(float("-inf"), element), constant(0.0, element)
+            log2e, exp = constant(1 / math_module.log(2), element), math.Exp2Op if EXP2 else math.ExpOp
             for r in range(rm):
                 ht.store(ninf, m, [ht.index(r)])
                 ht.store(zero, total, [ht.index(r)])
@@ -174,16 +181,14 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                     for c, key in enumerate(my_keys):
                         global_key = arith.AddIOp(k0, key).result
                         value = scores[r][c]
-                        if mask is not None:
-                            inside = _both(_less(global_row, sq_v), _less(global_key, sk_v))
-                            choice = scf.IfOp(inside, [element], has_else=True)
-                            with ir.InsertionPoint(choice.then_block):
-                                scf.YieldOp([ht.load(mask, broadcast_indices(mask, [*at, global_row, global_key]))])
-                            with ir.InsertionPoint(choice.else_block):
-                                scf.YieldOp([zero])
-                            value = emit(request.expr, [value, choice.results[0]])
+                        if mask is not None:  # (read inside: a row or key past the end reads the last)
+                            inside = [arith.MinUIOp(a, arith.SubIOp(b, ht.index(1)).result).result
+                                      for a, b in ((global_row, sq_v), (global_key, sk_v))]
+                            value = emit(request.expr, [value, ht.load(mask, broadcast_indices(mask, [*at, *inside]))])
                         elif request.expr is not None:
                             value = emit(request.expr, [value])
+                        if EXP2:  # (a positive factor: the max is the same score's)
+                            value = arith.MulFOp(value, log2e).result
                         scores[r][c] = arith.SelectOp(_less(global_key, sk_v), value, ninf).result
                 for r in range(rm):
                     top = scores[r][0]
@@ -193,10 +198,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                     new = arith.MaximumFOp(old, _across_row(top, lambda a, b: arith.MaximumFOp(a, b).result)).result
                     ht.store(new, m, [ht.index(r)])
                     base = safe_max(new)
-                    scale = math.ExpOp(arith.SubFOp(old, base).result).result
+                    scale = exp(arith.SubFOp(old, base).result).result
                     part = arith.MulFOp(ht.load(total, [ht.index(r)]), scale).result
                     for c in range(cn):
-                        scores[r][c] = math.ExpOp(arith.SubFOp(scores[r][c], base).result).result
+                        scores[r][c] = exp(arith.SubFOp(scores[r][c], base).result).result
                         part = arith.AddFOp(part, scores[r][c]).result
                     ht.store(part, total, [ht.index(r)])
                     for c in range(dvt):
@@ -241,7 +246,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         value = arith.DivFOp(ht.load(acc, [ht.index(r), ht.index(c)]), l_row).result
                         ht.store(value, out, [*at, global_row, column])
                         scf.YieldOp([])
-    return ht.Launch(grid, (TX, TY, 1))
+    return ht.Launch(grid, (TX, ty_extent, 1))
 
 
 def _contract() -> ir.Attribute:

@@ -64,7 +64,8 @@ def test_the_users_attention_is_one_op_reading_k_untransposed(device):
     if device == "cuda":  # (each argument is transferred first)
         operands = "\n".join(f'CHECK-DAG: %[[{n}:[0-9]+]] = "hexir.transfer"({a})' for n, a in names.items())
     else:
-        operands = f"CHECK: func.func @main(%[[Q:arg0]]: {{{{.+}}}}, %[[K:arg1]]: {{{{.+}}}}, %[[V:arg2]]: {{{{.+}}}}, %[[M:arg3]]:"
+        operands = ("CHECK: func.func @main(%[[Q:arg0]]: {{.+}}, %[[K:arg1]]: {{.+}}, %[[V:arg2]]: {{.+}}, "
+                    "%[[M:arg3]]:")
     filecheck(_fused(attention, SPECS, device), f"""
         {operands}
         CHECK-NOT:  hexir.transpose
@@ -111,6 +112,12 @@ UNFUSED = {  # name -> function of (q, k, v, mask): each keeps its matmuls and i
 def test_what_is_not_the_pattern_stays_unfused(name):
     specs = [TensorSpec(s, "float32") for s in ((2, 4, 9, 16),) * 3 + ((9, 9),)]
     printed = _fused(UNFUSED[name], specs)
+    assert "hexir.attention" not in printed and printed.count("hexir.matmul") == 2, printed
+
+
+def test_a_head_past_256_stays_unfused():
+    specs = [TensorSpec(s, "float32") for s in ((2, 9, 16), (2, 9, 16), (2, 9, 300))]
+    printed = _fused(lambda q, k, v: hexir.softmax(q @ k.transpose(0, 2, 1)) @ v, specs)
     assert "hexir.attention" not in printed and printed.count("hexir.matmul") == 2, printed
 
 
