@@ -110,6 +110,9 @@ def test_transformer_example_generates_with_one_module_and_hexir_run_gives_its_l
     printed = run([sys.executable, str(REPO / "examples" / "transformer.py"), str(out)], elsewhere)
     assert "every step's logits matched numpy's" in printed and printed.count("generated:") == 2
     assert {p.name for p in out.iterdir()} == {"transformer.hxb"} and not list(elsewhere.iterdir())
+    from hexir_runtime import format as hxb
+    kernels = [k["op"] for k in hxb.decode((out / "transformer.hxb").read_bytes()).json["kernels"]]
+    assert kernels.count("attention") == 2 and "matmul" not in kernels  # (#25: a fused attention per block)
     spec = importlib.util.spec_from_file_location("transformer_example", REPO / "examples" / "transformer.py")
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)

@@ -109,4 +109,5 @@ for _reduce in (Reduce("sum", row_sum), Reduce("mean", lambda x: row_sum(x) / ro
 for _layout in (Layout("transpose"), Layout("reshape"), Layout("slice"), Layout("concat", ("x0", "x1")),
                 Layout("take", ("table", "ids"))):
     register(_layout)
-from hexir.ops import matmul  # noqa: E402,F401 - a @ b between tensors: its own file
+from hexir.ops import matmul  # noqa: E402,F401,I001 - a @ b between tensors: its own file
+from hexir.ops import attention  # noqa: E402,F401,I001 - fused attention (made by fuse): its own file

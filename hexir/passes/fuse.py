@@ -9,7 +9,8 @@ device whose producer has no other user:
   trees are substituted into its own, their operands become its operands (up to
   MAX_CALL_ARGS), so any chain of element-wise ops is one kernel;
 - a reduce op absorbs the pointwise op producing its first operand (softmax(x * 0.5 + m)):
-  the prologue's tree is substituted into each of the program's trees.
+  the prologue's tree is substituted into each of the program's trees;
+- then softmax(q @ kᵀ ...) @ v becomes one attention op (passes/attention.py).
 A value used by anything else (a print, a second op, the return) or on another device (the
 transfer needs it) is left alone; so is a fusion that would change the dtype an op computes
 in (float64 vs float32: 16-bit ones compute in float32), and an epilogue whose dtypes are not
@@ -30,6 +31,7 @@ from mlir import ir
 
 from hexir import ops
 from hexir.dialects import hexir as hx
+from hexir.passes.attention import fuse_attention
 
 
 def fuse(module: ir.Module) -> None:
@@ -39,6 +41,7 @@ def fuse(module: ir.Module) -> None:
             _absorb_producers(op.operation)
         elif family == "reduce":
             _absorb_prologue(op.operation)
+    fuse_attention(module)  # last: the scores' scale and mask are their matmul's epilogue by then
 
 
 def _producer(value: ir.Value, user: ir.Operation, family: str) -> ir.Operation | None:

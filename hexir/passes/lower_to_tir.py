@@ -203,7 +203,7 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
     # a contract (linear, matmul): its epilogue is a tree over its sums, bias added (["arg", 0]), and
     # its other inputs (["arg", i]); the manifest's is over the product (arg 0), the bias, the others
     groups, named = hx.operand_groups(op), len(definition.operands)
-    bias, extras = named > 2 and len(groups[2]) == 1, sum(len(g) for g in groups[named:])
+    bias, extras = definition.operands[2:] == ("bias?",) and len(groups[2]) == 1, sum(len(g) for g in groups[named:])
     sums = ["add", ["arg", 0], ["arg", 1]] if bias else ["arg", 0]
     record = sums if expr is None else \
         scalars.substitute(expr, [sums, *(["arg", 1 + bias + i] for i in range(extras))])

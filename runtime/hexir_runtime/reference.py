@@ -44,6 +44,23 @@ def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
     return linear
 
 
+def _attention(tree: Any) -> Callable[..., None]:
+    """softmax(tree(q @ kᵀ, mask)) @ v over the keys, a block of query rows at a time (no
+    [Sq, Sk] buffer for a whole head: seq 4096 stays small)."""
+    def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *rest: np.ndarray) -> None:
+        out, masks = rest[-1], rest[:-1]
+        rows = q.shape[-2]
+        full = [np.broadcast_to(m, (*out.shape[:-2], rows, k.shape[-2])) for m in masks]  # (views)
+        for start in range(0, rows, 256):
+            part = slice(start, min(start + 256, rows))
+            mine = [m[..., part, :] for m in full]
+            scores = evaluate(tree, (np.matmul(q[..., part, :], np.swapaxes(k, -1, -2)), *mine), out.dtype.name)
+            with np.errstate(invalid="ignore"):
+                weights = np.exp(scores - scores.max(-1, keepdims=True))
+                np.matmul(weights / weights.sum(-1, keepdims=True), v, out=out[..., part, :])
+    return attention
+
+
 def _reduce(program: Program, label: str) -> Callable[..., None]:
     """The program over the axis of args[0]; its per-row result (the axis kept, as 1) reshaped
     into out, which has the axis as 1 or not at all."""
@@ -87,6 +104,8 @@ def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | Non
 def _numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
     if kernel.op in ("linear", "linear_panels", "matmul"):
         return _linear(kernel.expr, kernel.op == "linear_panels")
+    if kernel.op == "attention":
+        return _attention(kernel.expr)
     if kernel.op == "pointwise":
         return _pointwise(kernel.expr)
     if kernel.op == "reduce":

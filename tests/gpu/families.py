@@ -126,9 +126,15 @@ CHAINS = {
     # attention of 3 heads whose sequence is the symbol (q[3, seq, 64]), run at SEQUENCES' lengths
     "attention_seq": (lambda F, q, kt, v, mask: F.softmax(q @ kt * 0.125 + mask) @ v,
                       [(3, "B", 64), (3, 64, "B"), (3, "B", 64), ("B", "B")], "matmul", 1000),
+    # the same written with k (#25): one fused attention kernel; head sizes 8 to 128, and 40
+    **{f"attention_fused_{s}": (lambda F, q, k, v, mask: F.softmax(q @ k.transpose(0, 2, 1) * 0.125 + mask) @ v,
+                                [("B", s, d), ("B", s, d), ("B", s, d), (s, s)], "matmul", max(s, d))
+       for s, d in ((1, 8), (7, 16), (129, 64), (300, 40))},
+    "attention_fused_seq": (lambda F, q, k, v, mask: F.softmax(q @ k.transpose(0, 2, 1) / 8.0 + mask) @ v,
+                            [(3, "B", 128), (3, "B", 128), (3, "B", 128), ("B", "B")], "matmul", 1000),
 }
 #: Chains whose symbol is a sequence length (a module of their own, run at these lengths).
-SEQUENCE_CHAINS, SEQUENCES = ("attention_seq",), [1, 7, 129, 1000]
+SEQUENCE_CHAINS, SEQUENCES = ("attention_seq", "attention_fused_seq"), [1, 7, 129, 1000]
 #: Layout ops (#24), alone and around compute ops; an ids input is {"ids": rows, "shape": ...}
 #: (int32 in the float32 group, int64 in the float64 one), drawn in [0, rows).
 IDS = {"ids": 11, "shape": ("B", 3)}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hexir_runtime
 import numpy as np
+from hexir_runtime import format as hxb
 
 from hexir import ops
 
@@ -56,13 +57,17 @@ def test_the_matmul_chains_pass_on_the_cpu(tmp_path, monkeypatch):
 
 
 def test_attention_over_a_symbolic_sequence_passes_on_the_cpu(tmp_path, monkeypatch):
-    """q[3, seq, 64] with the sequence the symbol, at lengths 1, 7, 129 and 1000, as the H200 runs it."""
-    chosen = [g for g in families.groups() if g["label"] == "chains attention_seq" and g["dtype"] == "float32"]
+    """q[3, seq, 64] with the sequence the symbol, at lengths 1, 7, 129 and 1000, as the H200 runs it;
+    unfused (kT given) and fused (#25: k given, head size 128)."""
+    chosen = [g for g in families.groups() if g["label"] == "chains attention_seq, attention_fused_seq"
+              and g["dtype"] == "float32"]
     monkeypatch.setattr(families, "groups", lambda: chosen)
     suite.build(tmp_path, 0, "families")
     cases = json.loads((tmp_path / "cases.json").read_text())
     checked, failures, _ = suite.run_families(tmp_path, cases, ("cpu",), np.random.default_rng(0))
-    assert not failures and checked == len(families.SEQUENCES)
+    assert not failures and checked == 2 * len(families.SEQUENCES)
+    kernels = hxb.decode((tmp_path / f"{cases[0]['name']}.hxb").read_bytes()).json["kernels"]
+    assert [k["op"] for k in kernels if k["device"] == "cuda"] == ["matmul", "reduce", "matmul", "attention"]
 
 
 def test_the_layout_groups_pass_on_the_cpu_and_an_id_out_of_range_is_refused(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 | `linear`        | x[..., K], w[K, N], epilogue inputs, out[..., N] | a tree: a0 = x @ w, a1... the epilogue inputs |
 | `linear_panels` | x[..., K], w[P, K, L], epilogue inputs, out[..., N] | as linear |
 | `matmul`        | a[..., M, K], b[..., K, N], epilogue inputs, out[..., M, N] (matmul.py) | as linear |
+| `attention`     | q[..., Sq, D], k[..., Sk, D], v[..., Sk, Dv], mask?, out[..., Sq, Dv] | a0 = q . k, a1 the mask |
 | `pack_panels`   | w[K, N], out[P, K, L]                      | none |
 | `pointwise`     | n >= 1 inputs, out: their broadcast shape  | a tree over the n inputs |
 | `reduce`        | x[S], inputs broadcasting to S, out        | a program (rows: S without its axis, or it as 1) |
@@ -25,11 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import layouts, scalars
+from .attention import check_attention
 from .fields import _choice, _fail, _json, _tensor
 from .matmul import check_matmul
 from .types import Dim, TensorType
 
-FAMILIES = ("linear", "linear_panels", "matmul", "pack_panels", "pointwise", "reduce", "layout")
+FAMILIES = ("linear", "linear_panels", "matmul", "attention", "pack_panels", "pointwise", "reduce", "layout")
 FLOATS = ("float32", "float64", "bfloat16", "float16")
 
 
@@ -61,7 +63,7 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
             _fail(f"{path}.expr", "pack_panels has none (it only lays w out as linear_panels reads it)")
     elif "expr" not in kernel:
         _fail(f"{path}.expr", f"missing (a {op} kernel says what it computes in it)")
-    minimum = 3 if op.startswith("linear") or op == "matmul" else 2
+    minimum = 3 if op.startswith("linear") or op == "matmul" else 4 if op == "attention" else 2
     if op == "layout":
         if len(args) < minimum:
             _fail(f"{path}.args", f"layout takes at least {minimum} args, got {len(args)}")
@@ -89,6 +91,9 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
             _fail(f"{path}.args", f"pack_panels expects w[K, N], out[P, K, L] (P = ceil(N / L)), all static; got "
                                   f"{', '.join(map(str, args))}")
         return None
+    if op == "attention":
+        check_attention(args, path, broadcasts)
+        return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 3)
     if op in ("linear", "linear_panels", "matmul"):
         _check_broadcasts(args, range(2, len(args) - 1), out, path)
         if op == "matmul":
