@@ -130,7 +130,8 @@ def test_numbers_are_weak_and_16_bit_constants_are_taken():
 def test_bad_casts_are_trace_errors_at_the_users_line():
     x = np.ones(2, np.float32)
     for dtype, message in (("int32", "cast: dtype must be float32, float64, bfloat16 or float16, got int32"),
-                           ("c8", "cast: dtype must be .*got complex64"), ("nonsense", "cast: 'nonsense' is not a dtype")):
+                           ("c8", "cast: dtype must be .*got complex64"),
+                           ("nonsense", "cast: 'nonsense' is not a dtype")):
         with pytest.raises(hexir.TraceError, match=message) as error:
             hexir.jit(lambda x: x.astype(dtype))(x)  # noqa: B023 - called at once
         assert error.value.where.startswith(__file__)
