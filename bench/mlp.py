@@ -3,6 +3,7 @@
     python bench/mlp.py build bench/mlp_modules   # here: compile the modules (needs hexir), pack them
     PYTHONPATH=runtime python bench/mlp.py run bench/mlp_modules.tar.gz               # GPU machine
     PYTHONPATH=runtime python bench/mlp.py run bench/mlp_modules.tar.gz --device cpu  # runtime vs numpy
+    python bench/mlp.py build bench/mlp_bf16 --bf16   # #26: the MLP in bfloat16 on cuda vs torch eager in bfloat16
 
 `run` needs only the runtime, numpy, cuda-python and torch (no hexir, no MLIR); it takes the
 directory or the .tar.gz that `build` packs it in. The weights are constants of the modules, and
@@ -37,6 +38,11 @@ CUDA_ROWS = [  # M, K, H, N, dtype
     (1024, 2048, 2048, 2048, "float32"), (1, 784, 512, 10, "float64"), (64, 784, 512, 10, "float64"),
     (256, 1024, 1024, 1024, "float64"), (1024, 2048, 2048, 2048, "float64"),
 ]
+BF16_ROWS = [  # #26: the MLP in bfloat16 on cuda (tensor cores), against torch eager in bfloat16
+    (1, 784, 512, 10, "bfloat16"), (64, 784, 512, 10, "bfloat16"), (256, 1024, 1024, 1024, "bfloat16"),
+    (1024, 2048, 2048, 2048, "bfloat16"),
+]
+RESIDENT = {(64, 784, "float32"), (64, 784, "bfloat16"), (1024, 2048, "bfloat16")}
 CPU_ROWS = [  # the jit call path's tiny MLP, then the CPU issue's two MLPs
     (2, 8, 16, 4, "float32"), (64, 784, 512, 10, "float32"), (64, 784, 512, 10, "float64"),
     (256, 1024, 1024, 1024, "float32"), (256, 1024, 1024, 1024, "float64"),
@@ -54,8 +60,32 @@ def weights(k: int, h: int, n: int, dtype: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     shapes = {"W1": (k, h), "b1": (h,), "W2": (h, n), "b2": (n,)}
     fan_in = {"W1": k, "b1": 1, "W2": h, "b2": 1}
-    return {key: (rng.integers(-3, 4, shape) * 2.0 ** -round(np.log2(fan_in[key]) / 2 + 1)).astype(dtype)
+    return {key: (rng.integers(-3, 4, shape) * 2.0 ** -round(np.log2(fan_in[key]) / 2 + 1)).astype(numpy_dtype(dtype))
             for key, shape in shapes.items()}
+
+
+def numpy_dtype(dtype: str):
+    """numpy's dtype of `dtype` (bfloat16: ml_dtypes')."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def to_torch(array: np.ndarray):
+    """A torch CPU tensor sharing `array`'s memory (a bfloat16 array through an int16 view)."""
+    import torch
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A torch CPU tensor as numpy (bfloat16: ml_dtypes')."""
+    import torch
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return tensor.numpy()
 
 
 def mlp_of(w: dict[str, np.ndarray]):
@@ -67,21 +97,25 @@ def mlp_of(w: dict[str, np.ndarray]):
     return mlp
 
 
-def build(out: Path) -> None:
+def build(out: Path, bf16: bool = False) -> None:
     import hexir
 
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for (m, k, h, n, dtype), device in [*((row, "cuda") for row in CUDA_ROWS), *((row, "cpu") for row in CPU_ROWS)]:
+    chosen = [(row, "cuda") for row in BF16_ROWS] if bf16 else \
+        [*((row, "cuda") for row in CUDA_ROWS), *((row, "cpu") for row in CPU_ROWS)]
+    for (m, k, h, n, dtype), device in chosen:
         w = weights(k, h, n, dtype)
         name = name_of(m, k, h, n, dtype, device)
         placement = {"hexir.linear": device, "hexir.relu": device}
-        hexir.export(mlp_of(w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype), placement=placement)
+        hexir.export(mlp_of(w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype), placement=placement,
+                     target="cuda:sm_90,cuda:sm_90a" if bf16 else None)  # (sm_90a: the wgmma image)
         rows.append({"name": name, "shape": [m, k, h, n], "dtype": dtype, "device": device})
     m, k, h, dtype = ONE_KERNEL
     w = weights(k, h, 1, dtype)
-    hexir.export(lambda x: hexir.relu(hexir.linear(x, w["W1"], w["b1"])), out / "one_kernel.hxb",
-                 hexir.TensorSpec((m, k), dtype), placement={"hexir.linear": "cuda", "hexir.relu": "cuda"})
+    if not bf16:
+        hexir.export(lambda x: hexir.relu(hexir.linear(x, w["W1"], w["b1"])), out / "one_kernel.hxb",
+                     hexir.TensorSpec((m, k), dtype), placement={"hexir.linear": "cuda", "hexir.relu": "cuda"})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     with tarfile.open(f"{out}.tar.gz", "w:gz") as archive:  # what travels to the GPU machine (< 64 MiB)
         archive.add(out, arcname=out.name)
@@ -118,30 +152,32 @@ def run_cuda(directory: Path, repeats: int, profile: bool = False) -> None:
     for spec in rows:
         (m, k, _, _), dtype = spec["shape"], spec["dtype"]
         module = load(directory / f"{spec['name']}.hxb", "cuda")
-        w = {key: torch.from_numpy(value).cuda() for key, value in weights(*spec["shape"][1:], dtype).items()}
-        x = np.random.default_rng(1).standard_normal((m, k)).astype(dtype)
+        w = {key: to_torch(value).cuda() for key, value in weights(*spec["shape"][1:], dtype).items()}
+        x = np.random.default_rng(1).standard_normal((m, k)).astype(numpy_dtype(dtype))
 
         def eager(x_gpu, w=w):
             return torch.relu(x_gpu @ w["W1"] + w["b1"]) @ w["W2"] + w["b2"]
 
         def torch_call(x=x, eager=eager):
-            return eager(torch.from_numpy(x).cuda()).cpu().numpy()
+            return to_numpy(eager(to_torch(x).cuda()).cpu())
 
-        tolerance = 1e-3 if dtype == "float32" else 1e-9
-        np.testing.assert_allclose(module.main(x), torch_call(), rtol=tolerance, atol=tolerance)
+        tolerance = {"float32": 1e-3, "float64": 1e-9, "bfloat16": 3e-2}[dtype]  # bf16: 8 bits, rounded twice
+        np.testing.assert_allclose(module.main(x).astype(np.float32), torch_call().astype(np.float32),
+                                   rtol=tolerance, atol=tolerance)
         ours, theirs = median_us(lambda x=x, module=module: module.main(x), repeats), median_us(torch_call, repeats)
         print(row(f"{spec['name']} numpy in/out", ours, theirs, "torch eager .cuda() ... .cpu().numpy()"), flush=True)
-        if (m, k, dtype) == (64, 784, "float32"):
-            resident(module, eager, x, repeats)
+        if (m, k, dtype) in RESIDENT:
+            resident(module, eager, x, repeats, spec["name"])
         module.close()
-    overhead(directory / "one_kernel.hxb", repeats, profile)
+    if (directory / "one_kernel.hxb").exists():  # (not in a --bf16 build)
+        overhead(directory / "one_kernel.hxb", repeats, profile)
 
 
-def resident(module, eager, x: np.ndarray, repeats: int) -> None:
+def resident(module, eager, x: np.ndarray, repeats: int, name: str) -> None:
     """Torch CUDA tensors in and out, through DLPack, each call synchronized."""
     import torch
 
-    x_gpu = torch.from_numpy(x).cuda()
+    x_gpu = to_torch(x).cuda()
 
     def ours():
         y = torch.from_dlpack(module.main(x_gpu, outputs="device"))
@@ -153,8 +189,9 @@ def resident(module, eager, x: np.ndarray, repeats: int) -> None:
         torch.cuda.synchronize()
         return y
 
-    torch.testing.assert_close(ours(), theirs(), rtol=1e-3, atol=1e-3)
-    print(row("64x784x512x10 float32 device-resident (DLPack in/out)", median_us(ours, repeats),
+    tolerance = 3e-2 if x_gpu.dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(ours().float(), theirs().float(), rtol=tolerance, atol=tolerance)
+    print(row(f"{name} device-resident (DLPack in/out)", median_us(ours, repeats),
               median_us(theirs, repeats), "torch eager on CUDA tensors"), flush=True)
 
 
@@ -243,9 +280,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--repeats", type=int, default=500)
     parser.add_argument("--profile", action="store_true", help="cProfile the one-kernel module's calls")
+    parser.add_argument("--bf16", action="store_true", help="build: the bfloat16 rows on cuda only (#26)")
     args = parser.parse_args()
     if args.command == "build":
-        return build(args.directory)
+        return build(args.directory, args.bf16)
     from linear import unpacked  # bench/linear.py, beside this script
     if args.device == "cuda":
         run_cuda(unpacked(args.directory), args.repeats, args.profile)
