@@ -41,6 +41,9 @@ def _dims(what: str, value: object) -> Dims:
     return (*items, 1, 1)[:3]
 
 
+#: What a custom kernel's C or CUDA code takes (float, double).
+CUSTOM_DTYPES = ("float32", "float64")
+
 class CustomKernel:
     """A kernel written by the user, callable on tensors inside @hexir.jit functions."""
 
@@ -71,7 +74,7 @@ class CustomKernel:
                              "checked: declare them, e.g. dtypes=(\"float32\", \"float32\") (inputs, then output)",
                              *where)
         if dtypes is not None and (not isinstance(dtypes, (tuple, list)) or len(dtypes) < 2
-                                   or any(d not in hx.DTYPES for d in dtypes)):
+                                   or any(d not in CUSTOM_DTYPES for d in dtypes)):
             raise TraceError(f"hexir.kernel {name}: dtypes= must list float32/float64 for each input and the "
                              f"output, got {dtypes!r}", *where)
         self.dtypes = tuple(dtypes) if dtypes is not None else None
@@ -130,6 +133,9 @@ class CustomKernel:
                     raise TraceError(f"custom kernel {self.name}: out= returned {result!r}; expected a "
                                      "hexir.TensorSpec")
                 called = tuple(spec.dtype for spec in (*specs, result))
+                if any(dtype not in CUSTOM_DTYPES for dtype in called):
+                    raise TraceError(f"custom kernel {self.name}: takes and makes float32 or float64 tensors; this "
+                                     f"call passes {', '.join(map(str, specs))} and makes {result} (cast them)")
                 if self.dtypes is not None and called != self.dtypes:
                     raise TraceError(f"custom kernel {self.name}: declared dtypes={self.dtypes}, but this call "
                                      f"passes {', '.join(map(str, specs))} and makes {result}")

@@ -374,7 +374,7 @@ def address(array: np.ndarray) -> int:
     faster than `array.ctypes.data`, which builds an object per call)."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except TypeError:  # read-only
+    except (TypeError, ValueError):  # read-only; a dtype with no buffer format (ml_dtypes' bfloat16)
         return array.ctypes.data
 
 

@@ -119,10 +119,11 @@ def tensor_of(obj: Any, stream: int | None = None, interface: bool = False) -> n
             return found
     device_type, device_id = obj.__dlpack_device__()
     if device_type in (CPU, CUDA_HOST):
-        try:
-            return np.from_dlpack(obj)
-        except RuntimeError:  # "Unsupported dtype in DLTensor": numpy has no bfloat16 (ml_dtypes has)
-            return _host_array(unpack(obj.__dlpack__()))
+        capsule = obj.__dlpack__()
+        address = _api.PyCapsule_GetPointer(capsule, b"dltensor")
+        if _DLTENSOR.unpack(ctypes.string_at(address, _DLTENSOR.size))[4] == BFLOAT:  # numpy has none (ml_dtypes has)
+            return _host_array(unpack(capsule))
+        return np.from_dlpack(_Capsule(capsule, (device_type, device_id)))
     if device_type == CUDA and interface:
         try:
             found = obj.__cuda_array_interface__
@@ -240,6 +241,19 @@ def unpack(capsule: Any) -> DeviceTensor:
     if dtype is None:
         result.dtype_text = f"code {code} bits {bits} lanes {lanes}"
     return result
+
+
+class _Capsule:
+    """A capsule already taken from its producer, for `np.from_dlpack`."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
+        self.capsule, self.device = capsule, device
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self.capsule
 
 
 def _bfloat16() -> np.dtype | None:

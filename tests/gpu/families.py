@@ -23,7 +23,12 @@ import math
 
 import numpy as np
 
-TOL = {"float32": 1e-5, "float64": 1e-12}
+TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 2**-7, "float16": 2**-10}
+#: The 16-bit dtypes (#26: computed in float32, each result rounded once to 16 bits, so TOL is
+#: about two of its ulps: 2^-8 and 2^-11 relative, one for the rounding of the result and one
+#: for an unfused op's rounded input; a contract's sums add atol TOL * sqrt(K)); their groups
+#: leave out the layout ops and the sequence chains (moving bits, and the float32 path's).
+HALVES = ("bfloat16", "float16")
 #: atol / TOL by op (n: the reduced length; a linear's K): sums grow as sqrt(n).
 ATOL = {"sum": math.sqrt, "mean": lambda n: 1 / math.sqrt(n), "softmax": lambda n: 1 / n,
         "log_softmax": lambda n: 1 + math.log(n), "layer_norm": lambda n: 1.0, "linear": math.sqrt,
@@ -196,7 +201,7 @@ def groups() -> list[dict]:
     from hexir import ops  # the registry: what the build covers
 
     found = []
-    for dtype in ("float32", "float64"):
+    for dtype in ("float32", "float64", *HALVES):
         unary = [n for n, d in sorted(ops.REGISTRY.items()) if d.family == "pointwise" and d.arity == 1]
         binary = [n for n, d in sorted(ops.REGISTRY.items()) if d.family == "pointwise" and d.arity == 2]
         other = [d for d in ops.REGISTRY.values() if d.family == "pointwise" and d.arity > 2]
@@ -228,13 +233,14 @@ def groups() -> list[dict]:
             names = [n for n, c in CHAINS.items() if n not in SEQUENCE_CHAINS and n not in LAYOUTS
                      and (c[2] if c[2] in ("pointwise", "linear", "matmul") else "reduce") == kind]
             found.append(_chains(names, dtype, "*=cuda"))
-        found.append({**_chains(list(SEQUENCE_CHAINS), dtype, "*=cuda"), "batches": SEQUENCES})
-        found.append({**_chains(list(LAYOUTS), dtype, "*=cuda"), "label": "layout ops"})
         for n, long_ops in LONG.items():
             found.append({"label": f"long rows of {n}", "dtype": dtype, "inputs": [("B", n), (n,), (n,)],
                           "batches": [1, 7, 129],
                           "outputs": [{"what": "long", "op": op, "tol_op": op, "n": n,
                                        "uses": [0, 1, 2] if op == "layer_norm" else [0]} for op in long_ops]})
+        if dtype not in HALVES:
+            found.append({**_chains(list(SEQUENCE_CHAINS), dtype, "*=cuda"), "batches": SEQUENCES})
+            found.append({**_chains(list(LAYOUTS), dtype, "*=cuda"), "label": "layout ops"})
     for name, placement in MIXES.items():
         found.append(_chains([name], "float64", placement))
     found.append({**_chains(["take_rows"], "float32", "*=cuda"), "label": "take, an id out of range", "bad_id": 1})
@@ -279,12 +285,12 @@ class _Traced:
         return getattr(self.hexir, name)
 
 
-def build(out, add_case) -> None:
-    """Compile every group into `out`: `add_case(record, function, specs, placement)`."""
+def build(out, add_case, dtypes=()) -> None:
+    """Compile every group (of `dtypes`, when given) into `out`: `add_case(record, function, specs, placement)`."""
     import hexir
 
     traced = _Traced()
-    for group in groups():
+    for group in (g for g in groups() if not dtypes or g["dtype"] in dtypes):
         specs = [hexir.TensorSpec(_dims(shape), _dtype_of(shape, group["dtype"])) for shape in group["inputs"]]
         model = _group(traced, group["outputs"])
         model.__signature__ = inspect.Signature([inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -324,7 +330,7 @@ class _Numpy(NUMPY):
 
 def expected(output, arrays):
     """float64 numpy's value of one output, or None where NUMPY does not know its op."""
-    wide = [arrays[i].astype(np.float64) if arrays[i].dtype.kind == "f" else arrays[i] for i in output["uses"]]
+    wide = [arrays[i].astype(np.float64) if arrays[i].dtype.kind not in "iu" else arrays[i] for i in output["uses"]]
     return function_of(_Numpy, output)(*wide)
 
 

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import families  # noqa: E402  (beside this file; imports hexir only to build)
 
 # Relative error bounds against the float64 reference, by dtype (summation order differs).
-TOLERANCE = {"float32": 1e-4, "float64": 1e-11}
+TOLERANCE = {"float32": 1e-4, "float64": 1e-11, "bfloat16": 2**-8, "float16": 2**-10}  # (16-bit: one rounding)
+HALVES = ("bfloat16", "float16")  # (#26: computed in float32; numpy needs ml_dtypes for bfloat16)
 CHAINS = ("linear", "linear_bias", "relu", "linear_relu")
 #: (linear, relu) devices for linear+relu: every combination that has a GPU op.
 SPLITS = (("cuda", "cuda"), ("cuda", "cpu"), ("cpu", "cuda"))
@@ -46,24 +47,25 @@ SPLITS = (("cuda", "cuda"), ("cuda", "cpu"), ("cpu", "cuda"))
 BATCHES = (0, 1, 2, 3, 31, 63, 64, 65, 127, 128, 129, 255, 1000, 2053)
 
 
-def build(out: Path, examples: int, part: str = "all") -> None:
+def build(out: Path, examples: int, part: str = "all", dtypes: tuple[str, ...] = ()) -> None:
+    """Compile the cases into `out` (only those of `dtypes`, when given)."""
     import hexir
 
     out.mkdir(parents=True, exist_ok=True)
     cases: list[dict] = []
     if part in ("all", "linear"):
-        cases += build_linear(out, examples)
+        cases += build_linear(out, examples, dtypes)
     if part in ("all", "families"):
         def add_family(record, function, specs, placement):
             name = f"fam{len(cases):03d}"
             hexir.export(function, out / f"{name}.hxb", *specs, placement=placement, target="cuda:sm_90")
             cases.append({**record, "kind": "family", "name": name, "placement": placement})
-        families.build(out, add_family)
+        families.build(out, add_family, dtypes)
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
     print(f"built {len(cases)} cases in {out}")
 
 
-def build_linear(out: Path, examples: int) -> list[dict]:
+def build_linear(out: Path, examples: int, dtypes: tuple[str, ...] = ()) -> list[dict]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
@@ -83,6 +85,8 @@ def build_linear(out: Path, examples: int) -> list[dict]:
         add(chain, dtype, dims["M"], dims["K"], dims["N"], split, symbolic)
 
     def add(chain, dtype, m, k, n, split, symbolic=False):
+        if dtypes and dtype not in dtypes:
+            return
         # single-op chains put their op on the GPU; linear+relu takes every split with a GPU op
         linear_device, relu_device = split if chain == "linear_relu" else ("cuda", "cuda")
         specs, fn = _case_function(chain, "batch" if symbolic else m, k, n, dtype)
@@ -106,6 +110,13 @@ def build_linear(out: Path, examples: int) -> list[dict]:
                     add(chain, dtype, 3001, 34, 2798, split)
                 add(chain, dtype, None, 257, 97, split, symbolic=True)
                 add(chain, dtype, None, 3, 1031, split, symbolic=True)
+    # bfloat16 and float16 (#26): the float32 GEMM between casts, or the 16-bit kernels where the
+    # cuda schedule takes them (native_16bit): the rows kernel, split-K, tiles, symbolic rows
+    for dtype in HALVES:
+        for chain in CHAINS:
+            for m, k, n in ((4, 300, 97), (33, 257, 97), (64, 784, 510), (3001, 34, 2798)):
+                add(chain, dtype, m, k, n, SPLITS[0])
+            add(chain, dtype, None, 257, 97, SPLITS[0], symbolic=True)
     # The rows kernel at its most rows (16 warps), K in 17 chunks, the last cut: every warp of
     # the K split has work, so a partial sum left out of the warps' total shows
     for dtype in ("float32", "float64"):
@@ -161,6 +172,10 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
 def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
     import hexir_runtime
 
+    try:
+        import ml_dtypes  # noqa: F401 - numpy's name "bfloat16"
+    except ImportError:
+        pass  # (the bfloat16 cases' modules then say what to install)
     every = json.loads((cases_dir / "cases.json").read_text())
     cases = [case for case in every if "kind" not in case]  # the linear cases; then the families'
     rng = np.random.default_rng(seed)
@@ -185,12 +200,12 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
                 continue
             error = relative_error(results[device], expected)
             worst[device] = max(worst[device], error)
-            if not error <= TOLERANCE[case["dtype"]] or np.isnan(results[device]).any():
+            if not error <= TOLERANCE[case["dtype"]] or np.isnan(results[device].astype(np.float64)).any():
                 failures.append(f"{case['name']} ({case['chain']} {case['dtype']} M={shapes[0][0]} K={case['k']} "
                                 f"N={case['n']} {case['placement']}) on {device}: relative error {error:.3e}")
         bound = TOLERANCE[case["dtype"]] * 10
         scale = max(1.0, float(np.abs(expected).max())) if expected.size else 1.0
-        if len(results) == 2 and not np.allclose(results[devices[0]], results[devices[1]],
+        if len(results) == 2 and not np.allclose(*(results[d].astype(np.float64) for d in devices),
                                                   rtol=bound, atol=bound * scale):
             failures.append(f"{case['name']}: {devices[0]} and {devices[1]} disagree")
     family_runs, family_failures, used = run_families(cases_dir, [c for c in every if "kind" in c], devices, rng)
@@ -198,7 +213,7 @@ def run(cases_dir: Path, devices: tuple[str, ...], seed: int) -> int:
     print(f"device        : {device_line or ', '.join(devices)}")
     counts = ", ".join(f"{chain}: {sum(c['chain'] == chain for c in cases)}" for chain in CHAINS)
     print(f"cases         : {len(cases)} ({counts})")
-    for dtype in ("float32", "float64"):
+    for dtype in TOLERANCE:
         print(f"{dtype:<14}: {sum(c['dtype'] == dtype for c in cases)} cases, tolerance {TOLERANCE[dtype]:.0e}")
     for device in devices:
         print(f"max rel error : {device} {worst[device]:.3e} (vs numpy float64)")
@@ -290,13 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     build_parser.add_argument("--examples", type=int, default=120)
     build_parser.add_argument("--part", choices=("all", "linear", "families"), default="all",
                               help="the linear cases, the op-family cases (families.py) or both")
+    build_parser.add_argument("--dtypes", default="", help="only the cases of these dtypes (comma separated)")
     run_parser = commands.add_parser("run", help="run the cases (needs only hexir_runtime)")
     run_parser.add_argument("cases", type=Path)
     run_parser.add_argument("--devices", default="cuda,cpu", help="devices to run and compare")
     run_parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out, args.examples, args.part)
+        build(args.out, args.examples, args.part, tuple(filter(None, args.dtypes.split(","))))
         return 0
     return run(args.cases, tuple(args.devices.split(",")), args.seed)
 

@@ -224,8 +224,9 @@ def test_a_torch_tensor_is_read_through_its_methods_and_follows_torchs_current_s
     assert tensor_of(Interfaced(face, (CUDA, 1)), 1, interface=True).stream is None  # not torch's
     torch._C._cuda_getCurrentRawStream = lambda device: torch.Stream(device).cuda_stream + 1  # where torch has it
     assert tensor_of(torch.Tensor(), 1, interface=True).stream == 0xBEEF + 1
+    assert tensor_of(torch.Tensor(dtype=torch.bfloat16), 1, interface=True).dtype.name == "bfloat16"  # (ml_dtypes')
     # a dtype the runtime does not read, or a tensor that requires grad: the general path (which says why)
-    for odd in (torch.Tensor(dtype=torch.bfloat16), torch.Tensor(requires_grad=True)):
+    for odd in (torch.Tensor(dtype="torch.complex64"), torch.Tensor(requires_grad=True)):
         with pytest.raises(BufferError, match="the general path"):
             tensor_of(odd, 1, interface=True)
     # another torch module (a test's stand-in, then the real one) has dtypes of its own: read as its

@@ -49,7 +49,7 @@ def check_args(op: str, specs: list[Any], path: str) -> tuple[TensorType, ...]:
         if not 2 <= len(args) <= 5:
             _fail(f"{path}.args", f"custom takes 2 to 5 args (1 to 4 inputs, then out), got {len(args)}")
         for j, arg in enumerate(args):
-            _choice(arg.dtype, f"{path}.args[{j}].dtype", FLOATS)
+            _choice(arg.dtype, f"{path}.args[{j}].dtype", FLOATS[:2])  # (float, double)
     return args
 
 

@@ -11,7 +11,7 @@ is its record, which says how each output element is found in the inputs:
 
 A slice's counts are its output's shape; take is numpy's `take(table, ids, axis=0)` (r: ids' rank).
 
-Every arg has one dtype (float32, float64, int32, int64), except take's ids (int32 or int64).
+Every arg has one dtype (any: float32, float64, bfloat16, float16, int32, int64), except take's ids (int32 or int64).
 A symbol may only stay where it is: a reshape keeps its inputs' symbols in order (the static
 dims between them regroup, each group's product unchanged), a slice takes a symbolic axis
 whole, a concat's axis is static. `check` holds a kernel to this (the compiler's shape rules
