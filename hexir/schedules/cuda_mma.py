@@ -36,6 +36,8 @@ MMA_TILING = (128, 128, 32, 2, 4)
 #: 16-bit inputs and for TF32: 16 bytes spread ldmatrix's rows over the banks; TF32's x loads (8
 #: rows x 4 k's a warp) need rows 4 banks apart, w's (4 k's x 8 columns) 8 apart.
 MMA_STAGES = 3
+#: Split-K (`mma_splits`): (blocks to reach, most parts, fewest k slices a part).
+MMA_SPLIT = (132, 8, 4)
 MMA_PAD = {16: (8, 8), 32: (4, 8)}
 SIXTEEN = ("bfloat16", "float16")
 #: mma.sync with 16-bit and TF32 operands exists from sm_80 on.
@@ -55,14 +57,18 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
     threads = 32 * warps_m * warps_n
     frags_m, frags_n = tile_m // warps_m // 16, tile_n // warps_n // 8
     mma_k = 8 if tf32 else 16
-    grid = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m), 1)
-    rows, columns, depth = ht.size_value(m, symbols), ht.index(n), ht.index(k_extent)
+    tiles = (exprs.ceildiv(n, tile_n), exprs.ceildiv(m, tile_m))
+    splits = mma_splits(tiles[0] * tiles[1], k_extent) if isinstance(m, int) else 1
+    grid = (*tiles, splits)
+    rows, columns = ht.size_value(m, symbols), ht.index(n)
     run = copy_elements(k_extent, n, bits)
     stages = MMA_STAGES if run else 2
     pad_x, pad_w = MMA_PAD[bits]
     ht.set_variant("tf32" if tf32 else "mma")
-    with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
+    with cuda._splits_loop(splits) as split, \
+            ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
+        k_length, k_first, depth = cuda._k_range(k_extent, step, splits, split)
         x_tile = ht.alloc_local([stages, tile_m, step + pad_x], element, "shared")
         w_tile = ht.alloc_local([stages, step, tile_n + pad_w], element, "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
@@ -99,30 +105,49 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                 bypass = run * bits == 128  # 16-byte copies past L1 (cp.async.cg)
 
                 def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
+                    k0 = k0 if split is None else cuda._plus(k_first, k0)
                     return (cuda._copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads,
                                              (row0, k0), (rows, depth), run, bypass)
                             + cuda._copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
                                                (k0, column0), (depth, columns), run, bypass))
-                cuda._pipeline_async(k_extent, step, stages, copy, compute)
+                cuda._pipeline_async(k_length, step, stages, copy, compute)
             else:
                 x_staged = ht.alloc_local([tile_m * step // threads], element)
                 w_staged = ht.alloc_local([tile_n * step // threads], element)
 
                 def fetch(k0: ir.Value) -> None:
+                    k0 = k0 if split is None else cuda._plus(k_first, k0)
                     cuda._fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), True)
                     cuda._fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), True)
 
                 def put(buffer: ir.Value) -> None:
                     cuda._put(x_staged, x_tile, buffer, thread, threads, step)
                     cuda._put(w_staged, w_tile, buffer, thread, threads, tile_n)
-                cuda._pipeline(k_extent, step, fetch, put, compute)
-            for fi, fj, h in itertools.product(range(frags_m), range(frags_n), (0, 2)):  # C: pairs of columns
+                cuda._pipeline(k_length, step, fetch, put, compute)
+
+            def place(fi: int, fj: int, h: int) -> tuple[ir.Value, ir.Value]:  # C: rows g, g + 8, columns 2t, 2t + 1
                 row = cuda._plus(row0, cuda._plus(warp_row, cuda._plus(ht.index(16 * fi + 8 * (h // 2)), group)))
-                column = cuda._plus(column0, cuda._plus(warp_column, cuda._plus(ht.index(8 * fj),
-                                                                                 cuda._times(in_group, 2))))
-                pair = [ht.load(sums, list(map(ht.index, (fi, fj, h + e)))) for e in range(2)]
-                store_pair(pair, out, (row, column), (rows, columns), bias, request)
+                return row, cuda._plus(column0, cuda._plus(warp_column, cuda._plus(ht.index(8 * fj + h % 2),
+                                                                                    cuda._times(in_group, 2))))
+            if split is None:
+                for fi, fj, h in itertools.product(range(frags_m), range(frags_n), (0, 2)):  # pairs of columns
+                    pair = [ht.load(sums, list(map(ht.index, (fi, fj, h + e)))) for e in range(2)]
+                    store_pair(pair, out, place(fi, fj, h), (rows, columns), bias, request)
+            else:  # the tile's last block adds the parts (cuda.py's split-K)
+                places = list(itertools.product(range(frags_m), range(frags_n), range(4)))
+                cuda._reduce_splits([lambda at=at: ht.load(sums, list(map(ht.index, at))) for at in places], f32,
+                                    lambda c, value: store_f32(value, out, place(*places[c]), (rows, columns), bias,
+                                                               request),
+                                    split, (block_row, block_column), grid, thread, threads)
     return ht.Launch(grid, (threads, 1, 1))
+
+
+def mma_splits(blocks: int, k: int) -> int:
+    """Split-K's parts for a static product of `blocks` tiles: enough to give the GPU MMA_SPLIT[0]
+    blocks, at most MMA_SPLIT[1], each part at least MMA_SPLIT[2] slices of K."""
+    fill, most, slices = MMA_SPLIT
+    splits = min(-(-fill // blocks), most, k // (slices * MMA_TILING[2]))
+    return 1 if splits <= 1 else -(-k // cuda.split_length(k, splits, MMA_TILING[2]))
 
 
 def copy_elements(k: int, n: int, bits: int) -> int:

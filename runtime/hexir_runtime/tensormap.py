@@ -43,9 +43,11 @@ class TensorMaps:
         d, check = self.driver, self.check
         kind, size = DTYPES[dtype]
         rows, columns = shape
+        wide, narrow = d.cuuint64_t, d.cuuint32_t  # (the bindings take no plain ints in these lists)
         encoded = check(d.cuTensorMapEncodeTiled(
-            getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), 2, address, [columns, rows],
-            [columns * size], list(box), [1, 1], d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), 2, address,
+            [wide(columns), wide(rows)], [wide(columns * size)], [narrow(b) for b in box], [narrow(1), narrow(1)],
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"{where}: cuTensorMapEncodeTiled")

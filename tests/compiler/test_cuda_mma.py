@@ -37,7 +37,7 @@ def ptx(m, k, n, dtype: str, arch: str = "sm_90", **fields) -> str:
 def test_16bit_linear_is_mma_m16n8k16_fed_by_ldmatrix_and_16_byte_copies(dtype, ptx_type, convert):
     # a 128x128 tile of 8 warps, 64x32 each: per k slice of 32, 2 x (4 A + 2 B ldmatrix x4, 16 mma);
     # a thread's two columns of C converted together and stored as one 4-byte word
-    filecheck(ptx(256, 256, 256, dtype), f"""
+    filecheck(ptx(2048, 256, 1152, dtype), f"""
         CHECK: .extern .shared .align 1024 .b8 __dynamic_shmem__0[];
         CHECK: .entry k(
         CHECK-NOT: .local
@@ -50,12 +50,12 @@ def test_16bit_linear_is_mma_m16n8k16_fed_by_ldmatrix_and_16_byte_copies(dtype, 
         CHECK: {convert}
         CHECK: st.global.b32
         """)
-    text = ptx(256, 256, 256, dtype)
+    text = ptx(2048, 256, 1152, dtype)  # (144 tiles: enough not to split K)
     assert text.count("mma.sync.aligned") == 32 and text.count("ldmatrix.sync") == 12
 
 
 def test_tf32_linear_rounds_its_inputs_to_nearest_away_and_is_mma_m16n8k8():
-    filecheck(ptx(256, 256, 256, "float32"), """
+    filecheck(ptx(2048, 256, 1152, "float32"), """
         CHECK: .entry k(
         CHECK-NOT: .local
         CHECK: cp.async.cg.shared.global [{{.*}}], [{{.*}}], 16, {{.*}};
@@ -163,3 +163,15 @@ def test_an_sm_90a_image_beside_the_sm_90_one_carries_the_wgmma_kernel_as_its_ow
     image = {arch: bytes(module.blob(blob)) for arch, blob in kernel["images"].items()}
     assert all(kernel["symbol"].encode() in data for data in image.values())
     assert [arch for arch, data in image.items() if variant["symbol"].encode() in data] == ["sm_90a"]
+
+
+def test_a_product_of_few_tiles_splits_k_and_its_last_block_adds_the_parts():
+    """1000 x 1024 x 33: 8 tiles; split-K (cuda.py's) gives the GPU 64 blocks, each walking 128 k's,
+    their f32 parts in a module global, the tile's last block (an atomic count) adding them."""
+    text = ptx(1000, 1024, 33, "bfloat16")
+    assert "atom.global.add.u32" in text and ".global .align 16 .b8 k_global0" in text
+    module, context = cuda_kernel(linear_mma, [(1000, 1024), (1024, 33), (1000, 33)], "bfloat16")
+    with context:
+        kernel = next(op for op in next(op for op in module.body.operations if op.operation.name == "gpu.module")
+                      .regions[0].blocks[0].operations if op.operation.name == "gpu.func")
+        assert ht.record_of(kernel.operation).grid == (1, 8, 8)

@@ -24,6 +24,8 @@ class Driver:
         self.CUtensorMapSwizzle = names("CU_TENSOR_MAP_SWIZZLE_128B")
         self.CUtensorMapL2promotion = names("CU_TENSOR_MAP_L2_PROMOTION_L2_128B")
         self.CUtensorMapFloatOOBfill = names("CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
+        self.cuuint64_t = lambda value: ("u64", value)  # the bindings' own integer types, as the real ones
+        self.cuuint32_t = lambda value: ("u32", value)
 
     def cuTensorMapEncodeTiled(self, *args):
         self.calls.append(("encode", *args))
@@ -58,8 +60,9 @@ def test_a_map_is_encoded_once_per_address_and_extents():
     first = maps.pointer((64, 128), 0x10000, (1000, 4096), "bfloat16", "s", "k")
     assert maps.pointer((64, 128), 0x10000, (1000, 4096), "bfloat16", "s", "k") == first
     encode = [c for c in driver.calls if c[0] == "encode"]
-    assert encode == [("encode", "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2, 0x10000, [4096, 1000], [8192], [64, 128],
-                       [1, 1], "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B",
+    assert encode == [("encode", "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2, 0x10000, [("u64", 4096), ("u64", 1000)],
+                       [("u64", 8192)], [("u32", 64), ("u32", 128)], [("u32", 1), ("u32", 1)],
+                       "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B",
                        "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")]
     assert ("copy", first, 0xABC, 128, "s") in driver.calls  # on the module's stream, before any launch
     assert maps.pointer((64, 128), 0x20000, (1000, 4096), "bfloat16", "s", "k") != first
