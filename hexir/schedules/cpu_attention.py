@@ -6,8 +6,9 @@ operand read at its own, broadcast, batch index: an axis of extent 1 at 0). The 
 items are (batch index, ROWS query rows). A row walks the keys KEYS at a time: the block's scores
 (a vector dot product each, the tree applied) go to a small buffer on the stack, their max
 raises the row's running max m, the row's sum l and its Dv sums (a vector in registers) are
-rescaled by exp(m_old - m), then each key's exp(s - m) is added to l and, times v's row, to the
-sums; out = sums / l. A row whose scores are all -inf keeps m = -inf (its exps taken against 0:
+rescaled by exp(m_old - m), the block's exp(s - m) are taken as one vector (mathlib's exp: a
+scalar exp per key cost as much as the dot products) and added to l, and each, times v's row,
+to the sums; out = sums / l. A row whose scores are all -inf keeps m = -inf (its exps taken against 0:
 all 0), so it ends 0 / 0 = NaN, as the unfused softmax gives.
 
     for item in [0, batches * ceil(Sq / ROWS)) parallel
@@ -74,6 +75,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     row_blocks = exprs.ceildiv(sq, ROWS)
     items = exprs.mul(product(batch), row_blocks)
     row_type, out_type = ir.VectorType.get([d], element), ir.VectorType.get([dv], element)
+    block_type = ir.VectorType.get([KEYS], element)
     with ht.loop(0, ht.size_value(items, symbols), "parallel") as item:
         blocks, rows, keys = (ht.size_value(e, symbols) for e in (row_blocks, sq, sk))
         at = batch_coordinates(arith.DivUIOp(item, blocks).result, [ht.size_value(e, symbols) for e in batch])
@@ -89,6 +91,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 m, total, sums = walk.inner_iter_args
                 j0 = arith.MulIOp(walk.induction_variable, ht.index(KEYS)).result
                 j1 = arith.MinUIOp(arith.AddIOp(j0, ht.index(KEYS)).result, keys).result
+                vector.StoreOp(constant(float("-inf"), block_type), scores, [zero])  # (past j1: exp gives 0)
                 first = _serial(j0, j1, [m])
                 with ir.InsertionPoint(first.body):
                     j = first.induction_variable
@@ -102,16 +105,19 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 top = first.results[0]
                 base = safe_max(top)
                 scale = math.ExpOp(arith.SubFOp(m, base).result).result
-                second = _serial(j0, j1, [arith.MulFOp(total, scale).result,
-                                          arith.MulFOp(sums, vector.BroadcastOp(out_type, scale).result).result])
+                weights = math.ExpOp(arith.SubFOp(vector.LoadOp(block_type, scores, [zero]).result,
+                                                  vector.BroadcastOp(block_type, base).result).result).result
+                vector.StoreOp(weights, scores, [zero])  # the block's exps as vectors (mathlib's exp)
+                total = arith.AddFOp(arith.MulFOp(total, scale).result,
+                                     vector.ReductionOp(element, vector.CombiningKind.ADD, weights).result).result
+                second = _serial(j0, j1, [arith.MulFOp(sums, vector.BroadcastOp(out_type, scale).result).result])
                 with ir.InsertionPoint(second.body):
                     j = second.induction_variable
-                    p = math.ExpOp(arith.SubFOp(ht.load(scores, [arith.SubIOp(j, j0).result]), base).result).result
+                    p = ht.load(scores, [arith.SubIOp(j, j0).result])
                     value = vector.LoadOp(out_type, v, broadcast_indices(v, [*at, j, zero])).result
-                    scf.YieldOp([arith.AddFOp(second.inner_iter_args[0], p).result,
-                                 vector.FMAOp(vector.BroadcastOp(out_type, p).result, value,
-                                              second.inner_iter_args[1]).result])
-                scf.YieldOp([top, *second.results])
+                    scf.YieldOp([vector.FMAOp(vector.BroadcastOp(out_type, p).result, value,
+                                              second.inner_iter_args[0]).result])
+                scf.YieldOp([top, total, second.results[0]])
             _, total, sums = walk.results
             result = arith.DivFOp(sums, vector.BroadcastOp(out_type, total).result).result
             vector.StoreOp(result, out, [*at, i, zero])
