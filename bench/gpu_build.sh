@@ -7,6 +7,9 @@
 #                                       the GEMMs before/after, the epilogue and ops modules
 #   ONLY=h24 bash bench/gpu_build.sh    what part h24 needs: runtime, its tests, the suite's cases (20 drawn),
 #                                       the transformer (tests/gpu/sequence.py), the ops and block benches
+#   ONLY=r7 bash bench/gpu_build.sh     what part r7 needs (round 7: #25, #26): runtime, its tests, the suite's cases
+#                                       (EXAMPLES drawn, 10), the transformer, the block, the MLP in bf16, the
+#                                       tensor-core linears, fused attention
 #   ONLY=h29 bash bench/gpu_build.sh    what part h29 needs (issue #29, ~1 MB): the runtime, bench/linear.py,
 #                                       the cpu linears with w an argument and their schedule variants
 #   EXAMPLES=N                          the linear cases hypothesis draws beside the fixed ones (60)
@@ -28,6 +31,19 @@ if [ "$ONLY" = h24 ]; then  # issue #24 (and #25's memory-bound ops and block): 
   python tests/gpu/sequence.py build .gpu/sequence
   python bench/ops.py build .gpu/ops
   python bench/block.py build .gpu/block
+  ls .gpu; du -sh .gpu; exit 0
+fi
+if [ "$ONLY" = r7 ]; then  # round 7: 16-bit dtypes and tensor cores (#26), fused attention and the block (#25)
+  rm -rf .gpu && mkdir -p .gpu/tests .gpu/bench .gpu/examples
+  cp -r runtime docs .gpu/ && cp -r tests/runtime tests/data tests/gpu .gpu/tests/ && cp examples/transformer.py .gpu/examples/
+  cp bench/block.py bench/mlp.py bench/linear.py bench/attention.py bench/gpu_run.sh .gpu/bench/
+  find .gpu -name __pycache__ -prune -exec rm -rf {} +
+  python tests/gpu/suite.py build .gpu/cases --examples "${EXAMPLES:-10}"
+  python tests/gpu/sequence.py build .gpu/sequence
+  python bench/block.py build .gpu/block
+  python bench/mlp.py build .gpu/bench/mlp_bf16 --bf16 && rm -rf .gpu/bench/mlp_bf16
+  python bench/linear.py build .gpu/tc --tensor-cores && rm -rf .gpu/tc
+  python bench/attention.py build .gpu/attention
   ls .gpu; du -sh .gpu; exit 0
 fi
 if [ "$ONLY" = h29 ]; then  # issue #29 alone: the runtime, bench/linear.py and the cpu linears (~1 MB)

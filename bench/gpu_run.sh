@@ -19,6 +19,10 @@
 #     transformer on cuda and cpu vs numpy and torch)             -> machine.txt, suite.txt, sequence.txt
 #   part h24b (#25, ~6 min): ops (memory-bound kernels vs copy, torch, torch.compile), block (a
 #     transformer block vs torch eager and torch.compile)        -> ops.txt, block.txt
+#   part r7 (round 7, ~6 min; `ONLY=r7 bash bench/gpu_build.sh`): machine, suite (16-bit cases, fused
+#     attention), sequence (the transformer, fused attention), block, the MLP in bf16 vs torch eager bf16,
+#     the tensor-core linears (bf16/f16/TF32) vs cuBLAS, fused attention vs SDPA
+#                                            -> machine.txt, suite.txt, sequence.txt, block.txt, r7.txt
 #   part h29 (issue #29, one call, ~6-8 min; `ONLY=h29 bash bench/gpu_build.sh` builds what it needs):
 #     the cpu linear with w an argument (512^3-2048^3, 64x784x512, f32 and f64) on the host's
 #     cores: the kernel vs np.matmul(out=) and the user's call vs x @ w, three passes side by side
@@ -71,7 +75,18 @@ run_h29() {
     python3 bench/linear.py run h29/variants.tar.xz --device cpu --interleave --aligned --passes 3 --repeats 7
   } 2>&1 | tee "$out/h29.txt" || status=1
 }
+run_r7() {
+  { echo "== #26: the MLP in bfloat16 (sm_90 + sm_90a images) vs torch eager in bfloat16"
+    python3 bench/mlp.py run bench/mlp_bf16.tar.gz --repeats 200
+    echo "== #26: tensor-core linears vs cuBLAS (torch.matmul in the same dtype; TF32 allowed for the TF32 rows)"
+    python3 bench/linear.py run tc.tar.xz --device cuda --repeats 10
+    echo "== #25: fused attention vs torch SDPA (f32, TF32 off)"
+    python3 bench/attention.py run attention --repeats 20
+  } 2>&1 | tee "$out/r7.txt" || status=1
+}
 case "$part" in
+  r7) run_machine; run_suite; run_sequence; run_block; run_r7
+      grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
   h29) run_h29; grep -l "FAIL\|WRONG" "$out"/h29.txt && status=1; exit $status ;;
   h24a) run_machine; run_suite; run_sequence
         grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
