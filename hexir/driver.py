@@ -7,7 +7,8 @@ stages up to and including that one and returns what it makes:
     mlir         the traced hexir graph (or the .mlir input), verified
     mlir-hetero  partitioned: every op has a device, transfers inserted
     mlir-tir     element-wise ops fused into their linears, then hextir kernels built by the
-                 schedules (loops with schedules, work/launch records); the graph calls them
+                 schedules (loops with schedules, work/launch records); the graph calls them,
+                 calls of identical kernels one kernel
     mlir-linalg  kernels lowered into upstream scf/memref/arith loops, with the .hxb calling
                  convention (the name is the original tool's)
     mlir-gpu     cuda kernels outlined into gpu.module / gpu.func (NVVM-ready)
@@ -36,6 +37,7 @@ from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.pack_weights import pack_weights
 from hexir.passes.partition import partition, placeable_ops
+from hexir.passes.share_kernels import share_kernels
 from hexir.passes.tir_to_loops import tir_to_loops
 from hexir.passes.to_gpu import cuda_kernels_to_gpu
 from hexir.passes.to_llvm import cpu_kernels_to_llvm
@@ -121,7 +123,8 @@ STAGES: list[tuple[str, Step]] = [
     ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
     ("mlir-tir", _passes(("hexir-fuse", lambda m, o: fuse(m)),
                          ("hexir-pack-weights", lambda m, o: pack_weights(m)),
-                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse")),
+                         ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target)), "cse",
+                         ("hexir-share-kernels", lambda m, o: share_kernels(m)))),
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
     ("mlir-gpu", _outline_gpu),
     ("llvm", _llvm),
