@@ -79,7 +79,8 @@ def test_a_constant_on_either_side_and_the_function_form():
     specs = [TensorSpec((4, 8), "float32"), TensorSpec((4, 4), "float32"), TensorSpec((2, 3, 8), "float32")]
     module, kernels = _compile(f, specs, "cpu")
     # x @ w (a 2-D constant on the right of a tensor of rank >= 2) is a linear; the rest are matmuls
-    assert sorted(k["op"] for k in kernels) == ["linear", "linear", "matmul", "matmul", "matmul", "matmul"]
+    # (left @ y and np.matmul(left, y) are one kernel, called twice: passes/share_kernels.py)
+    assert sorted(k["op"] for k in kernels) == ["linear", "linear", "matmul", "matmul", "matmul"]
     x, y, z = _inputs((4, 8), (4, 4), (2, 3, 8))
     expected = (x @ w, left @ y, y @ x, x @ stack, left @ y, z @ w)
     for value, reference in zip(module.main(x, y, z), expected, strict=True):
