@@ -27,7 +27,7 @@ from hexir.ops.scalar import (
     sqrt,
     tanh,
 )
-from hexir.schedules import cpu, cuda, cuda_tiles
+from hexir.schedules import cpu_matmul, cuda, cuda_tiles
 
 SQRT1_2 = 1 / math.sqrt(2)
 SQRT_2_PI = math.sqrt(2 / math.pi)
@@ -59,7 +59,8 @@ def linear_shape(x: tuple, w: tuple, bias: tuple | None = None) -> hx.Shape:
     return (*x_shape[:-1], w_shape[1])
 
 
-register(Contract("linear", ("x", "w", "bias?"), linear_shape, schedules={"cpu": cpu.linear, "cuda": cuda.linear},
+register(Contract("linear", ("x", "w", "bias?"), linear_shape,
+                  schedules={"cpu": cpu_matmul.linear, "cuda": cuda.linear},
                   variants={"cuda": cuda_tiles.linear_variants}, epilogue_inputs=4, weights=True, rows=True))
 
 # ---- pointwise ------------------------------------------------------------------------------

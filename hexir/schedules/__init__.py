@@ -55,7 +55,8 @@ class Request:
         if self.expr is None:
             return value
         inputs = list(self.args)[2 + self.bias:2 + self.bias + self.extras]
-        return emit(self.expr, [value, *(_read_like(value, e, at) for e in inputs)])
+        element = ir.VectorType(value.type).element_type if isinstance(value.type, ir.VectorType) else value.type
+        return emit(self.expr, [value, *(_read_like(value, e, at) for e in inputs)], type_=element)  # (16-bit: widened)
 
 
 Builder = Callable[[list[ir.Value], dict[str, ir.Value], Request], "ht.Work | ht.Launch"]
@@ -107,6 +108,8 @@ def _read_like(value: ir.Value, buffer: ir.Value, at: Sequence[ir.Value]) -> ir.
     if not isinstance(value.type, ir.VectorType):
         loaded = ht.load(buffer, indices)  # a 16-bit input of an f32 epilogue: widened
         return loaded if loaded.type == value.type else arith.ExtFOp(value.type, loaded).result
+    element = ir.MemRefType(buffer.type).element_type  # (a 16-bit one: emit widens it)
+    like = ir.VectorType.get(ir.VectorType(value.type).shape, element)
     if ir.MemRefType(buffer.type).shape[-1] == 1:
-        return vector.BroadcastOp(value.type, ht.load(buffer, indices)).result
-    return vector.LoadOp(value.type, buffer, indices).result
+        return vector.BroadcastOp(like, ht.load(buffer, indices)).result
+    return vector.LoadOp(like, buffer, indices).result

@@ -27,8 +27,9 @@ from mlir import ir
 from mlir.dialects import arith, scf, vector
 
 from hexir.dialects import hextir as ht
-from hexir.schedules import Request, extent
+from hexir.schedules import Request, cpu, extent
 from hexir.schedules.cpu import MICRO
+from hexir.schedules.emit import compute_type, convert
 
 #: A work item's rows: GROUPS micro-kernels of MR rows (a batch index of a few rows is one item).
 GROUPS = 4
@@ -96,10 +97,19 @@ def _static(e: exprs.Expr) -> int:
     return e if isinstance(e, int) else 1
 
 
+def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
+    """A linear: cpu.py's; on 16-bit operands (only the cpu twin of a cuda linear that takes them:
+    schedules/cuda.py native_16bit; widen gives the others float32) this file's micro-kernel
+    over x[rows, K] @ w[K, N], in float32, the bias added before the epilogue."""
+    if request.dtype in ("bfloat16", "float16"):
+        return matmul(args, symbols, request)
+    return cpu.linear(args, symbols, request)
+
+
 def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     request = request.with_args(args)
     layout = Layout.of(args, request)
-    mr, nr = MICRO[request.target.cpu, request.dtype]
+    mr, nr = MICRO[request.target.cpu, "float64" if request.dtype == "float64" else "float32"]
     rows = mr * GROUPS
     row_tiles = exprs.ceildiv(layout.m, rows)
     items = exprs.mul(layout.batches(), row_tiles)
@@ -135,7 +145,7 @@ def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 def _micro(layout: Layout, request: Request, batch: list[ir.Value], i0: ir.Value, rows: int, j0: ir.Value,
            width: int, k_extent: ir.Value) -> None:
     """out[.., i0:i0+rows, j0:j0+width] = epilogue(a[.., i0:i0+rows, :] @ b[.., :, j0:j0+width])."""
-    element = ir.MemRefType(layout.out.type).element_type
+    stored, element = ir.MemRefType(layout.out.type).element_type, compute_type(layout.out.type)  # (16-bit: f32)
     type_ = ir.VectorType.get([width], element)
     zero = arith.ConstantOp(type_, ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(element, 0.0))).result
     row_index = [arith.AddIOp(i0, ht.index(r)).result if r else i0 for r in range(rows)]
@@ -143,10 +153,15 @@ def _micro(layout: Layout, request: Request, batch: list[ir.Value], i0: ir.Value
     walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
     with ir.InsertionPoint(walk.body):
         k = walk.induction_variable
-        b = vector.LoadOp(type_, layout.b, layout.at_b(batch, k, j0)).result
-        sums = [vector.FMAOp(vector.BroadcastOp(type_, ht.load(layout.a, layout.at_a(batch, i, k))).result, b,
+        b = convert(vector.LoadOp(ir.VectorType.get([width], stored), layout.b, layout.at_b(batch, k, j0)).result,
+                    element)
+        sums = [vector.FMAOp(vector.BroadcastOp(type_, convert(ht.load(layout.a, layout.at_a(batch, i, k)),
+                                                                element)).result, b,
                              acc).result for i, acc in zip(row_index, walk.inner_iter_args, strict=True)]
         scf.YieldOp(sums)
     for i, value in zip(row_index, walk.results, strict=True):
         at = layout.at_out(batch, i, j0)
-        vector.StoreOp(request.epilogue(value, at), layout.out, at)
+        if request.bias:  # (a linear's, args[2]: the 16-bit twin's)
+            value = arith.AddFOp(value, convert(vector.LoadOp(ir.VectorType.get([width], stored), request.args[2],
+                                                              [j0]).result, element)).result
+        vector.StoreOp(convert(request.epilogue(value, at), stored), layout.out, at)

@@ -34,6 +34,7 @@ from hexir.dialects import hextir as ht
 from hexir.schedules import Request
 from hexir.schedules.cpu_matmul import Layout
 from hexir.schedules.cuda import _contract, _zeros
+from hexir.schedules.emit import compute_type, convert
 
 TILE = 64   # out's rows and columns per block
 STEP = 16   # k's per shared slice
@@ -54,12 +55,11 @@ def _times(a: ir.Value, b: int) -> ir.Value:
     return arith.MulIOp(a, ht.index(b)).result
 
 
-def _guarded(buffer: ir.Value, at: list[ir.Value], inside: ir.Value) -> ir.Value:
-    """buffer[at] where `inside`, else 0 (no load happens)."""
-    element = ir.MemRefType(buffer.type).element_type
+def _guarded(buffer: ir.Value, at: list[ir.Value], inside: ir.Value, element: ir.Type) -> ir.Value:
+    """buffer[at] as `element` where `inside`, else 0 (no load happens)."""
     choice = scf.IfOp(inside, [element], has_else=True)
     with ir.InsertionPoint(choice.then_block):
-        scf.YieldOp([ht.load(buffer, at)])
+        scf.YieldOp([convert(ht.load(buffer, at), element)])
     with ir.InsertionPoint(choice.else_block):
         scf.YieldOp([arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result])
     return choice.results[0]
@@ -72,13 +72,13 @@ def _slice(source: ir.Value, tile: ir.Value, thread: ir.Value, width: int, at, i
     for e in range(rows * columns // THREADS):
         position = _plus(thread, e * THREADS) if e else thread
         r, c = arith.DivUIOp(position, ht.index(width)).result, arith.RemUIOp(position, ht.index(width)).result
-        ht.store(_guarded(source, at(r, c), inside(r, c)), tile, [r, c])
+        ht.store(_guarded(source, at(r, c), inside(r, c), ir.MemRefType(tile.type).element_type), tile, [r, c])
 
 
 def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     request = request.with_args(args)
     layout = Layout.of(args, request)
-    element = ir.MemRefType(layout.out.type).element_type
+    element = compute_type(layout.out.type)  # (16-bit operands: tiles and sums in float32)
     row_tiles = exprs.ceildiv(layout.m, TILE)
     grid = (exprs.mul(layout.batches(), row_tiles), exprs.ceildiv(layout.n, TILE), 1)
     with ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_column, \
@@ -119,6 +119,7 @@ def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                     inside = scf.IfOp(arith.AndIOp(_less(out_row, m), _less(out_column, n)).result)
                     with ir.InsertionPoint(inside.then_block):
                         at = layout.at_out(batch, out_row, out_column)
-                        ht.store(request.epilogue(ht.load(sums, [ht.index(i), ht.index(j)]), at), layout.out, at)
+                        value = request.epilogue(ht.load(sums, [ht.index(i), ht.index(j)]), at)
+                        ht.store(convert(value, ir.MemRefType(layout.out.type).element_type), layout.out, at)
                         scf.YieldOp([])
     return ht.Launch(grid, (SIDE, SIDE, 1))

@@ -174,3 +174,39 @@ def test_the_command_line_takes_16_bit_specs_and_matmul_precision(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hexir.cli", f"{source}:f", "-spec=x=2x8xf16", "-spec=w=8x4xf16",
                              "-emit=mlir", "-matmul-precision=fast"], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice: 'fast'" in result.stderr
+
+
+@pytest.mark.parametrize("native", ["cpu", "cuda-matmul"])
+@pytest.mark.parametrize("half", HALVES, ids=lambda d: d.name)
+def test_16_bit_contract_kernels_compute_in_float32(half, native, monkeypatch):
+    """Where schedules/cuda.py's native_16bit lets a cuda contract take 16-bit operands, its cpu
+    twin takes them too (cpu_matmul's micro-kernel: products and sums in float32, the bias and
+    epilogue, a residual, in float32, stored in 16 bits), and so does the cuda matmul (built
+    here, run on the H200). "cpu": the widening turned off (the twins' kernels); "cuda-matmul":
+    native_16bit for matmul only. w and the residual are inputs, so that nothing packs them."""
+    from hexir import driver
+    from hexir.schedules import cuda
+
+    if native == "cpu":
+        monkeypatch.setattr(driver, "widen", lambda *args: None)
+    else:
+        monkeypatch.setattr(cuda, "native_16bit", lambda request: request.op == "matmul")
+    rng = np.random.default_rng(3)
+    x, w, r = (rng.standard_normal(s).astype(half) for s in ((5, 37), (37, 19), (5, 19)))
+    b = rng.standard_normal(19).astype(half)
+    f = hexir.jit(lambda x, w, r: (hexir.gelu(hexir.linear(x, w, b)) + r, x @ w), cache=False,
+                  placement=None if native == "cpu" else "*=cuda")
+    calls = {line.split("@")[1].split("_")[0]: line for line in _tir(f, *map(hexir.TensorSpec.of, (x, w, r)))
+             .splitlines() if "hexir.call" in line}
+    short = "bf16" if half == BF16 else "f16"
+    assert f"(tensor<5x37x{short}>, tensor<37x19x{short}>) -> tensor<5x19x{short}>" in calls["matmul"]
+    assert ("cast" in calls) == (native != "cpu") and ("xf32" in calls["linear"]) == (native != "cpu")
+    lin, mm = f(x, w, r)
+    wide = [a.astype(np.float64) for a in (x, w, b, r)]
+    s = wide[0] @ wide[1] + wide[2]
+    from math import erf, sqrt
+    want = np.vectorize(lambda v: 0.5 * v * (1 + erf(v / sqrt(2))))(s) + wide[3]
+    one_rounding = 2.0 ** -(8 if half == BF16 else 11)
+    assert lin.dtype == mm.dtype == half
+    np.testing.assert_allclose(lin.astype(np.float64), want, rtol=2 * one_rounding, atol=1e-3)
+    np.testing.assert_allclose(mm.astype(np.float64), wide[0] @ wide[1], rtol=2 * one_rounding, atol=1e-3)
