@@ -197,35 +197,12 @@ def _min(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.MinUIOp(a, b).result
 
 
-def _linear_halves(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
-    """A 16-bit linear: the cpu twin of a cuda kernel that takes 16 bits itself (schedules/cuda.py
-    native_16bit; a cpu-placed one is widened to float32 before lower-to-tir, passes/widen.py).
-    Each sum in float32 over the widened elements, the bias and epilogue in float32, the result
-    rounded once as it is stored; plain loops over rows (split across threads) and columns."""
-    x, w, out = args[0], args[1], args[-1]
-    f32, element = ir.F32Type.get(), ir.MemRefType(out.type).element_type
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)
-    with ht.loop(0, ht.size_value(m, symbols), "parallel") as row, ht.loop(0, n, "serial") as column:
-        sums = scf.ForOp(_i(0), _i(k_extent), _i(1), [arith.ConstantOp(f32, 0.0).result])
-        with ir.InsertionPoint(sums.body):
-            k = sums.induction_variable
-            a, b = (arith.ExtFOp(f32, ht.load(v, at)).result for v, at in ((x, [row, k]), (w, [k, column])))
-            scf.YieldOp([arith.AddFOp(sums.inner_iter_args[0], arith.MulFOp(a, b).result).result])
-        value = sums.results[0]
-        if request.bias:
-            value = arith.AddFOp(value, arith.ExtFOp(f32, ht.load(args[2], [column])).result).result
-        ht.store(arith.TruncFOp(element, request.epilogue(value, [row, column])).result, out, [row, column])
-    return ht.Work(m)
-
-
 def _i(value: int | ir.Value) -> ir.Value:
     return ht.index(value)
 
 
 def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     request = request.with_args(args)
-    if request.dtype in ("bfloat16", "float16"):
-        return _linear_halves(args, symbols, request)
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if request.bias else None
     m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(out, 1, request)

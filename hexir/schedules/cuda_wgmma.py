@@ -41,6 +41,10 @@ WG_TILE, WG_STAGES = (256, 128, 64), 4
 #: Tile rows walked together (GROUP_M x all tile columns) before the next group; blocks at most
 #: (one per SM of an H100/H200: each walks tiles block, block + WG_BLOCKS, ...).
 GROUP_M, WG_BLOCKS = 8, 132
+#: Registers a thread of the producer / of a consumer warpgroup keeps after setmaxnreg (384 threads
+#: start with 168): the consumers' 232 took 8192^3 bf16 from 0.81 to 0.93 of cuBLAS
+#: (docs/tuning.md, "CUDA tensor-core linear: wgmma").
+WG_REGISTERS = (40, 232)
 _WORKGROUP = "#gpu.address_space<workgroup>"
 
 
@@ -108,6 +112,8 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
             warpgroup = arith.DivUIOp(thread, _c(128)).result
             roles = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, _c(2)).result, has_else=True)
             with ir.InsertionPoint(roles.then_block):
+                # the producer warpgroup gives registers up to the consumers (setmaxnreg)
+                nvvm.SetMaxRegisterOp(WG_REGISTERS[0], nvvm.SetMaxRegisterAction.decrease)
                 producer = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(256)).result)
                 with ir.InsertionPoint(producer.then_block):
                     nvgpu.TmaPrefetchOp(tm_x)
@@ -117,6 +123,7 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
                     scf.YieldOp([])
                 scf.YieldOp([])
             with ir.InsertionPoint(roles.else_block):
+                nvvm.SetMaxRegisterOp(WG_REGISTERS[1], nvvm.SetMaxRegisterAction.increase)
                 with _tiles(block, shape) as (origin, done):
                     sums = _consume(tm_x, tm_w, full, empty, shared, warpgroup, thread, done, shape)
                     _epilogue(sums, origin, warpgroup, thread, args, symbols, request)

@@ -8,6 +8,7 @@ persistent 1-D grid over 256x128 tiles) and the manifest's `tensor_maps`; and pt
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def test_wgmma_linear_is_tma_and_mbarriers_feeding_wgmma(dtype, ptx_type):
         CHECK: mbarrier.init.shared.b64
         CHECK: bar.sync 0
         """)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer's registers to
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
     filecheck(ptx, f"""
         CHECK: mbarrier.try_wait.parity
         CHECK: wgmma.fence.sync.aligned
