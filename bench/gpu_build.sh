@@ -44,6 +44,7 @@ if [ "$ONLY" = r7 ]; then  # round 7: 16-bit dtypes and tensor cores (#26), fuse
   python bench/mlp.py build .gpu/bench/mlp_bf16 --bf16 && rm -rf .gpu/bench/mlp_bf16
   python bench/linear.py build .gpu/tc --tensor-cores && rm -rf .gpu/tc
   python bench/attention.py build .gpu/attention
+  (cd .gpu && tar cJf cases.tar.xz cases && rm -rf cases)  # (42 MB -> a few: the tree travels in 64 MiB)
   ls .gpu; du -sh .gpu; exit 0
 fi
 if [ "$ONLY" = h29 ]; then  # issue #29 alone: the runtime, bench/linear.py and the cpu linears (~1 MB)

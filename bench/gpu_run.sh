@@ -44,6 +44,7 @@ run_machine() {
   } 2>&1 | tee "$out/machine.txt"
 }
 run_suite() {
+  [ -f cases.tar.xz ] && [ ! -d cases ] && tar xJf cases.tar.xz  # (r7: the cases travel packed)
   echo "== GPU property suite: cuda vs cpu vs numpy (linear cases, then the op families)"
   python3 tests/gpu/suite.py run cases --devices cuda,cpu 2>&1 | tee "$out/suite.txt" | tail -60 || status=1
 }
