@@ -21,7 +21,8 @@
 #     transformer block vs torch eager and torch.compile)        -> ops.txt, block.txt
 #   part r7 (round 7, ~6 min; `ONLY=r7 bash bench/gpu_build.sh`): machine, suite (16-bit cases, fused
 #     attention), sequence (the transformer, fused attention), block, the MLP in bf16 vs torch eager bf16,
-#     the tensor-core linears (bf16/f16/TF32) vs cuBLAS, fused attention vs SDPA
+#     the tensor-core linears (bf16/f16/TF32) vs cuBLAS, fused attention vs SDPA (or as two calls:
+#     r7a = machine, suite, sequence; r7b = block and the rest)
 #                                            -> machine.txt, suite.txt, sequence.txt, block.txt, r7.txt
 #   part h29 (issue #29, one call, ~6-8 min; `ONLY=h29 bash bench/gpu_build.sh` builds what it needs):
 #     the cpu linear with w an argument (512^3-2048^3, 64x784x512, f32 and f64) on the host's
@@ -88,6 +89,10 @@ run_r7() {
 case "$part" in
   r7) run_machine; run_suite; run_sequence; run_block; run_r7
       grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
+  r7a) run_machine; run_suite; run_sequence  # (r7 in two calls of under 10 minutes)
+       grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
+  r7b) run_block; run_r7
+       grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
   h29) run_h29; grep -l "FAIL\|WRONG" "$out"/h29.txt && status=1; exit $status ;;
   h24a) run_machine; run_suite; run_sequence
         grep -l "FAIL\|WRONG" "$out"/*.txt && status=1; exit $status ;;
