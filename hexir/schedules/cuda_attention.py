@@ -1,10 +1,11 @@
 """cuda attention (ops/attention.py; the same algorithm as cpu_attention.py): out = softmax(
 tree(q @ kᵀ, mask)) @ v, one pass over the keys with a running max and sum per query row.
 
-A block of TX x TY threads (TY by the tiling) takes one batch index's `rows` query rows
-(blockIdx.x: batch index, row tile) and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to
-shared memory by cp.async (16 bytes a copy where D, Dv are multiples of 16 bytes; rows past the
-sequence and columns past D zero-filled); v's copy is in flight while the scores are computed,
+A block of TX x TY threads (TY by the tiling: 16 x 16 holding 128 query rows x 64 keys at d 64,
+64 x 64 at d 128) takes one batch index's `rows` query rows (blockIdx.x: batch index, row tile)
+and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to shared memory
+by cp.async (16 bytes a copy where D, Dv are multiples of 16 bytes; rows past the sequence and
+columns past D zero-filled); v's copy is in flight while the scores are computed,
 the next k's while the weights multiply v. Thread (ty, tx) holds query rows ty * RM + r and keys
 tx + TX * c of a tile: its scores are RM x CN dot products over D (128-bit shared loads; k's
 rows padded so 8 consecutive rows hit distinct banks), the tree applied (the mask read at its
@@ -43,7 +44,7 @@ from hexir.schedules.emit import constant, emit
 TX = 16  # threads of a block along the keys: a row's lanes, one half-warp
 #: (rows, keys a thread holds in a tile, threads along the rows): the first whose shared buffers
 #: fit SHARED_MOST bytes (docs/tuning.md, "CUDA attention")
-TILINGS = ((4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
+TILINGS = ((8, 4, 16), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
 SHARED_MOST = 160 * 1024
 #: The scores are kept times log2(e) and their exps taken as exp2 (libdevice's exp2f is one
 #: ex2.approx, 2 ulp; its expf a dozen instructions) (docs/tuning.md, "CUDA attention").

@@ -82,8 +82,8 @@ def test_the_kernel_records_q_k_v_the_mask_and_the_scores_tree(device):
     (kernel,) = kernels
     assert [a["shape"] for a in kernel["args"]] == [[2, 4, "seq", 16]] * 3 + [["seq", "seq"], [2, 4, "seq", 16]]
     assert kernel["expr"] == ["add", ["mul", ["arg", 0], ["const", 0.125]], ["arg", 1]]
-    if device == "cuda":  # a block of 16 x 16 threads per 64 query rows of a batch index
-        assert kernel["launch"]["grid"] == [["mul", 8, ["ceildiv", "seq", 64]], 1, 1]
+    if device == "cuda":  # a block of 16 x 16 threads per 128 query rows of a batch index (8 a thread)
+        assert kernel["launch"]["grid"] == [["mul", 8, ["ceildiv", "seq", 128]], 1, 1]
         assert kernel["launch"]["block"] == [16, 16, 1]
 
 
