@@ -90,6 +90,7 @@ def test_a_16_bit_linear_runs_the_float32_gemm_between_casts():
     assert 'name = "w.float32"' in text and "tensor<8x4xbf16>" not in text  # converted once, at compile time
     x = np.random.default_rng(2).standard_normal((3, 8)).astype(BF16)
     assert f(x).dtype == BF16
+    assert 'label="linear (w.float32)' in hexir.explain(f, hexir.TensorSpec((None, 8), "bf16"))  # the same picture
 
 
 def test_fusion_keeps_each_op_in_its_own_compute_dtype():
