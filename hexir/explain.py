@@ -25,6 +25,7 @@ from hexir.dialects import hexir as hx
 from hexir.driver import Options, run_stage
 from hexir.jit import with_options
 from hexir.passes.fuse import fuse
+from hexir.passes.widen import widen
 
 COLORS = {"cpu": "#cfe2f3", "cuda": "#c9e6b8"}
 TRANSFER = "#cc0000"
@@ -39,9 +40,10 @@ def explain(fn: Callable, *args: Any, placement: str | dict | None = None, targe
 
 
 def placed_dot(module: ir.Module, options: Options) -> str:
-    """Partition and fuse a traced module (in place), then draw it."""
+    """Partition, widen (16-bit contracts) and fuse a traced module (in place), then draw it."""
     run_stage(module, "mlir-hetero", options)
     with module.context, ir.Location.unknown():
+        widen(module, options.target, options.matmul_precision)
         fuse(module)
     return dot(module)
 

@@ -120,8 +120,9 @@ def _family_result(op: ir.Operation, definition: ops.OpDef, name: str, specs: li
         expr = hx.expr_of(op)
         if definition.family == "pointwise":
             scalars.check(expr, f"{name}: expr", len(specs))
-            result = hx.dtype_of(op.result.type)  # any float: computed as its operands, then converted (cast)
-            return ops.pointwise_shape(name, specs), result if result in hx.DTYPES else specs[0][1]
+            result = hx.dtype_of(op.result.type)  # a conversion (cast: the tree ["arg", 0]) to any float
+            converts = expr == ["arg", 0] and result in hx.DTYPES
+            return ops.pointwise_shape(name, specs), result if converts else specs[0][1]
         if definition.family == "layout":
             result = (hx.shape_of(op.result.type), hx.dtype_of(op.result.type))
             layouts.check(expr, tuple(TensorType(tuple(s), d) for s, d in [*specs, result]), f"{name}: expr")

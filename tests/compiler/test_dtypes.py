@@ -90,6 +90,7 @@ def test_a_16_bit_linear_runs_the_float32_gemm_between_casts():
     assert 'name = "w.float32"' in text and "tensor<8x4xbf16>" not in text  # converted once, at compile time
     x = np.random.default_rng(2).standard_normal((3, 8)).astype(BF16)
     assert f(x).dtype == BF16
+    assert 'label="linear (w.float32)' in hexir.explain(f, hexir.TensorSpec((None, 8), "bf16"))  # the same picture
 
 
 def test_fusion_keeps_each_op_in_its_own_compute_dtype():
@@ -210,3 +211,21 @@ def test_16_bit_contract_kernels_compute_in_float32(half, native, monkeypatch):
     assert lin.dtype == mm.dtype == half
     np.testing.assert_allclose(lin.astype(np.float64), want, rtol=2 * one_rounding, atol=1e-3)
     np.testing.assert_allclose(mm.astype(np.float64), wide[0] @ wide[1], rtol=2 * one_rounding, atol=1e-3)
+
+
+def test_a_mlir_input_may_convert_with_the_identity_tree_only(tmp_path):
+    """A pointwise op's result has its operands' dtype, except a conversion's (hexir.cast: the
+    tree ["arg", 0]); the runtime computes it in float32 and stores it as bfloat16."""
+    path = tmp_path / "cast.mlir"
+    op = '"hexir.{}"(%arg0) {{device = "cpu", expr = "{}", operandSegmentSizes = array<i32: 1, 0, 0, 0, 0, 0, 0, 0>}}'
+    body = ('func.func @main(%arg0: tensor<2xf32>) -> tensor<2xbf16> attributes {{hexir.arg_names = ["x"], '
+            'hexir.result_form = "single"}} {{\n  %0 = ' + op + ' : (tensor<2xf32>) -> tensor<2xbf16>\n'
+            '  return %0 : tensor<2xbf16>\n}}\n')
+    path.write_text(body.format("cast", '[\\"arg\\",0]'))
+    result = subprocess.run([sys.executable, "-m", "hexir.cli", str(path), "-emit=mlir-tir"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "memref<2xbf16>" in result.stdout, result.stderr
+    path.write_text(body.format("relu", '[\\"max\\",[\\"arg\\",0],[\\"const\\",0]]'))
+    result = subprocess.run([sys.executable, "-m", "hexir.cli", str(path), "-emit=mlir"], capture_output=True,
+                            text=True)
+    assert result.returncode == 1 and "relu: result type is bfloat16[2], expected float32[2]" in result.stderr

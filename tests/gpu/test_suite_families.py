@@ -88,10 +88,12 @@ def test_the_layout_groups_pass_on_the_cpu_and_an_id_out_of_range_is_refused(tmp
 def test_the_16_bit_groups_pass_on_the_cpu(tmp_path, monkeypatch):
     """#26: bfloat16 and float16, every registered op and the fused chains of each kind (the
     linears' and matmuls' between casts), computed in float32, within families.TOL."""
-    chosen = [g for g in families.groups() if g["dtype"] in families.HALVES and "long" not in g["label"]]
+    chosen = [{**g, "outputs": [o for o in g["outputs"] if o["what"] != "op" or hasattr(families.NUMPY, o["op"])]}
+              for g in families.groups() if g["dtype"] in families.HALVES and "long" not in g["label"]]
+    chosen = [g for g in chosen if g["outputs"]]  # (the built-in ops: other tests register ops of their own)
     assert {(o["op"], g["dtype"]) for g in chosen for o in g["outputs"] if o["what"] == "op"} >= {
         (name, dtype) for name, d in ops.REGISTRY.items() if d.family in ("pointwise", "reduce")
-        for dtype in families.HALVES}
+        and hasattr(families.NUMPY, name) for dtype in families.HALVES}
     monkeypatch.setattr(families, "groups", lambda: chosen)
     monkeypatch.setattr(families, "BATCHES", [0, 7])  # (the H200 runs 1, 129 and 1000 too)
     suite.build(tmp_path, 0, "families")
