@@ -476,13 +476,17 @@ class CudaProgram:
         def go(overrides: Sequence[tuple[int, Any]] = ()) -> None:
             for position, buffer in overrides:
                 values[position] = int(buffer.pointer)
-            for i, tmap in enumerate(maps):
-                matrix = buffers[tmap.arg]  # (its leading axes as rows: a kernel may read it as a view)
-                values[first_map + i] = self.tensor_maps.pointer(
-                    tmap.box, values[tmap.arg], (math.prod(matrix.shape[:-1]), matrix.shape[-1]),
-                    matrix.dtype.name, self.stream,
-                    f"kernels[{kernel}] ({spec.name}) tensor_maps[{i}]")
-            check(launch_kernel(*arguments), "cuLaunchKernel")
+            if maps:
+                with self.tensor_maps.lock:  # (no map freed between its fetch and this launch)
+                    self.tensor_maps.reserve(len(maps), self.stream)
+                    for i, tmap in enumerate(maps):
+                        matrix = buffers[tmap.arg]  # (its leading axes as rows: a kernel may read it as a view)
+                        values[first_map + i] = self.tensor_maps.pointer(
+                            tmap.box, values[tmap.arg], (math.prod(matrix.shape[:-1]), matrix.shape[-1]),
+                            matrix.dtype.name, self.stream, f"kernels[{kernel}] ({spec.name}) tensor_maps[{i}]")
+                    check(launch_kernel(*arguments), "cuLaunchKernel")
+            else:
+                check(launch_kernel(*arguments), "cuLaunchKernel")
             for position, _ in overrides:  # the plan's own buffers again, for calls without overrides
                 values[position] = base[position]
         go.params = params  # what the launch reads (for tests)

@@ -5,12 +5,15 @@ address and extents (innermost first), its row pitch, the box a copy moves, 128-
 and zeros for what lies outside the matrix. The driver encodes it on the host
 (cuTensorMapEncodeTiled); it is copied to device memory once, on the module's stream (so before
 any launch that reads it), and the kernel gets its address after its sizes. Maps are cached per
-(address, extents, dtype, box): calls on the same buffers encode nothing. A full cache is
-emptied after the stream drains (a launch in flight may still read a map).
+(address, extents, dtype, box): calls on the same buffers encode nothing. A cache without room
+for a launch's maps is emptied after the stream drains (a launch in flight may still read a map),
+before that launch fetches any (never between its own maps); a launch fetches its maps and is
+queued under the cache's lock, so another thread's emptying waits for it.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .errors import KernelError
@@ -27,6 +30,13 @@ class TensorMaps:
     def __init__(self, driver: Any, check: Any) -> None:
         self.driver, self.check = driver, check
         self.maps: dict[tuple, int] = {}
+        self.lock = threading.Lock()  # held from `reserve` through the launch that reads the maps
+
+    def reserve(self, count: int, stream: Any) -> None:
+        """Room for `count` maps more: a cache that lacks it is emptied once the stream drained."""
+        if len(self.maps) + count > CACHE_LIMIT:
+            self.check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            self.release()
 
     def pointer(self, box: tuple[int, ...], address: int, shape: tuple[int, ...], dtype: str, stream: Any,
                 where: str) -> int:
@@ -37,9 +47,6 @@ class TensorMaps:
             return found
         if address % 16:
             raise KernelError(f"{where}: the tensor copy engine needs a 16-byte aligned address, got {address:#x}")
-        if len(self.maps) >= CACHE_LIMIT:
-            self.check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
-            self.release()
         d, check = self.driver, self.check
         kind, size = DTYPES[dtype]
         rows, columns = shape

@@ -76,12 +76,19 @@ def test_a_misaligned_address_is_refused_naming_the_kernel():
                                             "kernels[3] (linear_0) tensor_maps[1]")
 
 
-def test_a_full_cache_is_emptied_after_the_stream_drains(monkeypatch):
+def test_a_full_cache_is_emptied_after_the_stream_drains_before_a_launch_fetches_its_maps(monkeypatch):
+    """Never between one launch's maps: its first map, cached, must not be freed by its second."""
     monkeypatch.setattr(tensormap, "CACHE_LIMIT", 2)
     driver = Driver()
     maps = TensorMaps(driver, check)
+    maps.reserve(2, "s")
     kept = [maps.pointer((64, 64), address, (64, 64), "float16", "s", "k") for address in (0x100, 0x200)]
-    maps.pointer((64, 64), 0x300, (64, 64), "float16", "s", "k")
+    assert not any(c[0] in ("sync", "free") for c in driver.calls)
+    maps.reserve(2, "s")  # a launch of two maps, one of them cached: room is made before either is fetched
     sync = driver.calls.index(("sync", "s"))
-    assert [c[1] for c in driver.calls[sync + 1:] if c[0] == "free"] == kept
-    assert len(maps.maps) == 1
+    assert [c[1] for c in driver.calls[sync + 1:] if c[0] == "free"] == kept and not maps.maps
+    x = maps.pointer((64, 64), 0x100, (64, 64), "float16", "s", "k")
+    w = maps.pointer((64, 64), 0x300, (64, 64), "float16", "s", "k")
+    assert x != w and len(maps.maps) == 2 and driver.calls.count(("sync", "s")) == 1
+    maps.reserve(1, "s")  # hits or not, a fetch never frees: only reserve does
+    assert driver.calls.count(("sync", "s")) == 2 and not maps.maps
