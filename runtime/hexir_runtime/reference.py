@@ -49,15 +49,19 @@ def _attention(tree: Any) -> Callable[..., None]:
     [Sq, Sk] buffer for a whole head: seq 4096 stays small)."""
     def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *rest: np.ndarray) -> None:
         out, masks = rest[-1], rest[:-1]
-        rows = q.shape[-2]
+        rows, dtype = q.shape[-2], compute_dtype([out.dtype.name])  # 16-bit: in float32, as the kernels
+        if k.shape[-2] == 0:  # no keys: 0 / 0, as the kernels' running sums give
+            out[...] = np.nan
+            return
+        q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
         full = [np.broadcast_to(m, (*out.shape[:-2], rows, k.shape[-2])) for m in masks]  # (views)
         for start in range(0, rows, 256):
             part = slice(start, min(start + 256, rows))
             mine = [m[..., part, :] for m in full]
-            scores = evaluate(tree, (np.matmul(q[..., part, :], np.swapaxes(k, -1, -2)), *mine), out.dtype.name)
+            scores = evaluate(tree, (np.matmul(q[..., part, :], np.swapaxes(k, -1, -2)), *mine), dtype)
             with np.errstate(invalid="ignore"):
                 weights = np.exp(scores - scores.max(-1, keepdims=True))
-                np.matmul(weights / weights.sum(-1, keepdims=True), v, out=out[..., part, :])
+                out[..., part, :] = np.matmul(weights / weights.sum(-1, keepdims=True), v)
     return attention
 
 

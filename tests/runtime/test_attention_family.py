@@ -53,6 +53,14 @@ def test_without_a_mask_the_tree_reads_the_product_only(modules):
     np.testing.assert_allclose(module.main(q, k, v), numpy_attention(q, k, v, 0, 0.5), rtol=1e-5, atol=1e-6)
 
 
+def test_no_keys_give_nan_rows_as_the_kernels_running_sums_do(modules):
+    """A sequence of keys bound to 0 at run time: 0 / 0 in every row, not numpy's empty-max error."""
+    module = reference(modules, "attention", ["mul", A0, ["const", 0.5]], [([2, 4], F32), (["s", 4], F32),
+                                                                         (["s", 3], F32)], ([2, 3], F32))
+    got = module.main(np.ones((2, 4), F32), np.ones((0, 4), F32), np.ones((0, 3), F32))
+    assert got.shape == (2, 3) and np.isnan(got).all()
+
+
 BASE = ([([2, 3, 4, 8], F32), ([3, 6, 8], F32), ([3, 6, 5], F32), ([4, 6], F32)], ([2, 3, 4, 5], F32))
 REFUSED = {  # the kernel's args (q, k, v, mask, out) edited -> (field, part of the message)
     "head sizes differ": ({1: [3, 6, 7]}, "kernels[0].args", "attention expects q[..., Sq, D]"),

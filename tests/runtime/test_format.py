@@ -386,6 +386,10 @@ CUDA_MUTATIONS = {  # mutation of cuda()'s manifest -> (field, part of the messa
     "variant arch": (lambda m: m["kernels"][0].update(variants=[{"symbol": "v", "launch": m["kernels"][0]["launch"],
                                                                   "arch": "sm_90a"}]),
                      "kernels[0].variants[0].arch", "architecture among the images"),
+    "images not an object, a variant's arch": (  # (checked before the variant looks its arch up in them)
+        lambda m: m["kernels"][0].update(images=5, variants=[{"symbol": "v", "launch": m["kernels"][0]["launch"],
+                                                              "arch": "sm_90"}]),
+        "kernels[0].images", "expected an object of sm_NN/compute_NN images, got 5"),
     "variant without a bound": (lambda m: m["kernels"][0].update(variants=[{"symbol": "v",
                                                                              "launch": m["kernels"][0]["launch"]}]),
                                 "kernels[0].variants[0].below", "(or an arch)"),

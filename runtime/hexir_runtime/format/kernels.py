@@ -67,6 +67,8 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
     if device == "cpu":
         return Kernel(name, op, device, args, meaning, integers, own, None, own.source, views)
     images = kernel["images"]
+    if not isinstance(images, dict) or not images:  # (before the variants, whose arch is looked up in it)
+        _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     variants = []
     for j, variant in enumerate(_list(kernel.get("variants", []), f"{path}.variants")):
         where = f"{path}.variants[{j}]"
@@ -82,8 +84,6 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
                                 {_below_key(key, f"{where}.below.{key}", symbols):
                                  _int(bound, f"{where}.below.{key}", 1) for key, bound in below.items()}, arch,
                                 _tensor_maps(variant.get("tensor_maps", []), f"{where}.tensor_maps", args)))
-    if not isinstance(images, dict) or not images:
-        _fail(f"{path}.images", f"expected an object of sm_NN/compute_NN images, got {_describe(images)}")
     for arch, blob in images.items():
         if not _IMAGE.fullmatch(arch):
             _fail(f"{path}.images.{arch}", "expected sm_<number> (CUBIN), compute_<number> (PTX), either with "

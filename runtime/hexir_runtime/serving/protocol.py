@@ -157,7 +157,7 @@ def _decode_input(item: dict[str, Any], expected: Any, body: bytes, offset: int)
             not isinstance(dim, str) and dim != size for dim, size in zip(expected.shape, shape, strict=True)):
         raise ProtocolError(f"{what}: shape is {shape}")
     count = math.prod(shape)
-    dtype = np.dtype(expected.dtype).newbyteorder("<")
+    dtype = numpy_dtype(expected.dtype).newbyteorder("<")
     parameters = item.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
     if size is not None:
