@@ -364,7 +364,8 @@ def jit(fn: Callable | None = None, *, placement: str | dict | None = None, targ
     symbolic (None: from the second leading size seen; True: always; False: never); `cache=False`
     keeps compiled modules out of the compile cache on disk (see `hexir/cache.py`);
     `matmul_precision` is "highest" (float32 linears and matmuls in float32) or "tf32" (on cuda,
-    their inputs rounded to TF32 for the tensor cores, as torch's; the cpu computes float32).
+    a linear's inputs rounded to TF32 for the tensor cores, as torch's; a matmul between
+    activations and the cpu compute float32).
     """
     options = Options(placement=parse_placement(placement), target=parse_target(target),
                       kernel_search_path=tuple(map(os.fspath, kernel_search_path)),
