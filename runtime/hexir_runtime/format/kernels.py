@@ -12,7 +12,7 @@ from .exprs import Expr, _expr, parse, to_json
 from .families import FAMILIES, check_args, check_family
 from .fields import _choice, _describe, _dim, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
 from .layouts import groups
-from .types import DEVICES, Code, GpuCode, Kernel, Launch, TensorMap, TensorType, Variant, Work
+from .types import DEVICES, DTYPES, Code, GpuCode, Kernel, Launch, TensorMap, TensorType, Variant, Work
 
 MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory a block can have (sm_90)
 _IMAGE = re.compile(r"(sm|compute)_[0-9]+a?|fatbin")
@@ -105,7 +105,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
 
 
 #: What a TMA tensor map may describe: element bytes by dtype (runtime/hexir_runtime/tensormap.py).
-_MAP_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+_MAP_BYTES = {dtype: DTYPES[dtype] for dtype in ("bfloat16", "float16", "float32", "float64")}
 
 
 def _tensor_maps(specs: Any, path: str, args: tuple[TensorType, ...]) -> tuple[TensorMap, ...]:
