@@ -9,6 +9,7 @@
     python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
     python bench/linear.py build DIR --device cpu --sizes 512x512x512,64x784x512  # a selection, in DIR.tar.xz
     python bench/linear.py run DIR.tar.xz --device cpu --interleave --passes 3     # three passes in one run
+    python bench/linear.py build DIR --device cpu --sizes 96x128x64x128  # the batched row (B x M x K x N)
     python bench/linear.py build DIR --tensor-cores       # issue #26's rows: bf16/f16 and TF32 (packed in DIR.tar.xz)
     python bench/linear.py run DIR.tar.xz --device cuda   # there: those against torch.matmul in the same dtype
 
@@ -24,8 +25,11 @@ GPU runs them back to back, so that the host's launch cost (some 5 µs through c
 through torch) is left out; for small products it is most of the first time. The baseline is
 timed the same way: numpy's `matmul` into a preallocated output, or `torch.matmul(out=...)`
 between CUDA events (TF32 off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time
-(above 1: hexir is faster). On the cpu the last three columns time the user's call: `m.main(x, w)`
-(numpy arrays in, a new array out) against numpy's `x @ w`. The `sym` rows run a module compiled
+(above 1: hexir is faster). On the cpu the last four columns time the user's call: `m.main(x, w)`
+(numpy arrays in, a new array out) against numpy's `x @ w`, and the call again on copies of x and w
+that start at a multiple of 64 bytes (`call@64B`; numpy's big arrays start 16 bytes into a page).
+The batched rows (`BATCHED`, cpu) time `a @ b` of rank-3 operands against numpy's batched matmul.
+The `sym` rows run a module compiled
 for a symbolic row count (`batch x K`) at the same size as the static row above them: their ratio
 to the static kernel is the cost of not knowing the batch when compiling. A cuda row whose output differs from cuBLAS's
 (relative to its largest element: 1e-4 in float32, 1e-10 in float64) is printed WRONG.
