@@ -572,6 +572,33 @@ def _calls(path: Path, inputs: list[np.ndarray], repeats: int, threads: int | No
     return f" {ours * 1e3:9.3f} {numpy * 1e3:9.3f} {numpy / ours:10.3f} {at_64 * 1e3:11.3f}"
 
 
+def turns(modules: Path, repeats: int, threads: int | None, sizes: list[str] | None) -> None:
+    """cpu (`--turns`): per module, its kernel (on the module's buffers, as the table's kernel
+    column), the user's call on numpy's arrays and the call on 64-byte aligned copies, timed in
+    turns (kernel, call, call@64B, kernel, ...: the host's drift falls on all three alike), medians."""
+    from hexir_runtime.device import aligned_empty
+
+    print(f"{'product':>22} {'dtype':>8} {'kernel ms':>10} {'call ms':>9} {'call@64B ms':>11} {'call/kernel':>11} "
+          f"{'call@64B/kernel':>15}  (in turns, median of {repeats})")
+    for row in json.loads((modules / "modules.json").read_text()):
+        if row["device"] != "cpu" or row.get("const") or row.get("fused") or (sizes and product(row) not in sizes):
+            continue
+        x, w, _ = operands(row, np.random.default_rng(0))
+        aligned = [aligned_empty(a.shape, a.dtype) for a in (x, w)]
+        for copy, array in zip(aligned, (x, w), strict=True):
+            copy[...] = array
+        path = modules / f"{row['name']}.hxb"
+        runners = [_kernel_runner(path, "cpu", [x, w], row["m"], threads), _call_runner(path, [x, w], threads),
+                   _call_runner(path, aligned, threads)]
+        seen: list[list[float]] = [[] for _ in runners]
+        for _ in range(repeats + 1):  # the first round: warm-up
+            for runner, times in zip(runners, seen, strict=True):
+                times.append(runner())
+        kernel, call, at_64 = (statistics.median(times[1:]) for times in seen)
+        print(f"{product(row):>22} {row['dtype']:>8} {kernel * 1e3:10.3f} {call * 1e3:9.3f} {at_64 * 1e3:11.3f} "
+              f"{call / kernel:11.3f} {at_64 / kernel:15.3f}", flush=True)
+
+
 #: Every row timed (label, dtype, kernel s, np.matmul(out=) s, call s, x @ w s), for `summary`;
 #: CALLS: the last rows' call timings (call s, x @ w s, call on 64-byte aligned inputs s), which _record takes.
 RESULTS: list[tuple[str, str, float, float, float | None, float | None, float | None]] = []
@@ -674,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--passes", type=int, default=1, help="run the table this many times")
     run_parser.add_argument("--aligned", action="store_true",
                             help="--interleave: each variant also on 64-byte aligned buffers (rows '@64B')")
+    run_parser.add_argument("--turns", action="store_true",
+                            help="cpu: each module's kernel, call and call on aligned inputs in turns (no numpy)")
     run_parser.add_argument("--cpu-time", action="store_true",
                             help="cpu, with --threads 1: time the process's CPU time rather than the wall clock")
     run_parser.add_argument("--fresh-outputs", action="store_true",
@@ -711,9 +740,12 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(args.passes):
             if args.passes > 1:
                 print(f"pass {number + 1} of {args.passes}", flush=True)
+            if args.turns:
+                turns(args.modules, args.repeats, args.threads, args.sizes.split(",") if args.sizes else None)
+                continue
             run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
                 args.sizes.split(",") if args.sizes else None, args.interleave, args.aligned)
-        if args.passes > 1:
+        if args.passes > 1 and not args.turns:
             summary(args.passes)
     return 0
 
