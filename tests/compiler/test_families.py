@@ -234,21 +234,25 @@ def test_the_cpu_softmax_walks_each_row_twice_then_writes_each_element():
 def test_cpu_sums_and_maxes_in_vectors_are_numpys_with_a_tail_and_nans(dtype):
     """Rows of 16 (one vector) and of 37 (two, then 5 elements one by one): softmax, layer_norm (its
     weight and bias read as vectors), sum and max as numpy's; a NaN in a row's vectors or in its
-    tail is its max, and its softmax's and layer_norm's (numpy's)."""
+    tail is its max, and its softmax's and layer_norm's (numpy's); a softmax of a fused prologue
+    reading a row (a vector) and a column (one element a row, broadcast)."""
     import hexir
-    function = hexir.jit(lambda x, w, b: (hexir.softmax(x), hexir.layer_norm(x, w, b), x.sum(axis=-1),
-                                          x.max(axis=-1)))
+    function = hexir.jit(lambda x, w, b, c: (hexir.softmax(x), hexir.layer_norm(x, w, b), x.sum(axis=-1),
+                                             x.max(axis=-1), hexir.softmax(x * 0.5 + c + w)))
     rng = np.random.default_rng(5)
     for n in (16, 37):
         x = (rng.standard_normal((4, n)) * 3).astype(dtype)
         w, b = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+        c = rng.standard_normal((4, 1)).astype(dtype)
         x[2, 5], x[3, n - 2] = np.nan, np.nan
         e = np.exp(x - x.max(-1, keepdims=True))
         centred = x - x.mean(-1, keepdims=True)
+        y = x * 0.5 + c + w
+        f = np.exp(y - y.max(-1, keepdims=True))
         wants = (e / e.sum(-1, keepdims=True), centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) * w + b,
-                 x.sum(-1), x.max(-1))
+                 x.sum(-1), x.max(-1), f / f.sum(-1, keepdims=True))
         tolerance = {"rtol": 2e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-12, "atol": 1e-12}
-        for got, want in zip(function(x, w, b), wants, strict=True):
+        for got, want in zip(function(x, w, b, c), wants, strict=True):
             np.testing.assert_allclose(got, want, **tolerance, err_msg=f"n={n}")
 
 
