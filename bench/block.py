@@ -1,9 +1,12 @@
-"""Benchmark (#25 target 3): one pre-LN transformer block (batch 8 x seq 512 x d 768, 12 heads of
-64, causal mask, gelu MLP of 3072, residuals) on the GPU: hexir against torch eager and
-torch.compile (default mode) computing the same block with the same weights (float32, TF32 off).
+"""Benchmark (#25 targets 3 and 4): one pre-LN transformer block (batch 8 x seq 512 x d 768, 12
+heads of 64, causal mask, gelu MLP of 3072, residuals) on the GPU: hexir against torch eager and
+torch.compile (default mode) computing the same block with the same weights (float32, TF32 off);
+on the cpu (`--device cpu`): hexir's cpu module against numpy computing the same block (its
+matmuls on numpy's BLAS, its element-wise ops one temporary each; erf: scipy's, else torch's).
 
     python bench/block.py build DIR     # here (hexir): DIR/block.hxb.xz (its weights 32-level: 4:1), the compile time
     python bench/block.py run DIR       # there (hexir_runtime, torch on cuda)
+    python bench/block.py build DIR --device cpu && python bench/block.py run DIR --device cpu  # DIR/block_cpu.hxb.xz
 
 Two columns: numpy in / numpy out (a user's call from host arrays, the time to a host result;
 wall clock, median) and device-resident (torch CUDA tensors in, outputs on the GPU: hexir via
@@ -72,17 +75,49 @@ def torch_block(torch, w):
     return forward
 
 
-def build(out: Path) -> None:
+def numpy_block(w):
+    """The block in numpy (float32; erf from scipy, else torch on the cpu: numpy has none)."""
+    try:
+        from scipy.special import erf
+    except ImportError:
+        import torch
+
+        def erf(y):
+            return torch.special.erf(torch.from_numpy(y)).numpy()
+
+    def layer_norm(x, g, b):
+        centred = x - x.mean(-1, keepdims=True)
+        return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + np.float32(1e-5)) * g + b
+
+    def forward(x, mask):
+        batch, seq, _ = x.shape
+        qkv = layer_norm(x, w["ln1_g"], w["ln1_b"]) @ w["qkv"] + w["qkv_b"]
+        q, k, v = (qkv[..., j * DIM:(j + 1) * DIM].reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3)
+                   for j in range(3))
+        scores = q @ k.transpose(0, 1, 3, 2) * np.float32(1 / math.sqrt(HEAD)) + mask
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        attended = (e / e.sum(-1, keepdims=True)) @ v
+        x = x + attended.transpose(0, 2, 1, 3).reshape(batch, seq, DIM) @ w["proj"] + w["proj_b"]
+        y = layer_norm(x, w["ln2_g"], w["ln2_b"]) @ w["fc"] + w["fc_b"]
+        return x + (np.float32(0.5) * y * (1 + erf(y * np.float32(1 / math.sqrt(2))))) @ w["fc2"] + w["fc2_b"]
+    return forward
+
+
+def _name(device: str) -> str:
+    return "block" if device == "cuda" else f"block_{device}"
+
+
+def build(out: Path, device: str = "cuda") -> None:
     import hexir
     out.mkdir(parents=True, exist_ok=True)
     specs = (hexir.TensorSpec((BATCH, SEQ, DIM), "float32"), hexir.TensorSpec((SEQ, SEQ), "float32"))
-    started = time.perf_counter()
-    hexir.export(block(hexir, weights()), out / "block.hxb", *specs, placement="*=cuda")
+    started, path = time.perf_counter(), out / f"{_name(device)}.hxb"
+    hexir.export(block(hexir, weights()), path, *specs, placement=f"*={device}")
     seconds = time.perf_counter() - started
-    (out / "block.hxb.xz").write_bytes(lzma.compress((out / "block.hxb").read_bytes(), preset=1))
-    (out / "block.hxb").unlink()
-    (out / "block.json").write_text(json.dumps({"compile_seconds": seconds}))
-    print(f"built {out / 'block.hxb'} in {seconds:.1f} s (this machine)")
+    (out / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes(), preset=1))
+    path.unlink()
+    (out / f"{_name(device)}.json").write_text(json.dumps({"compile_seconds": seconds}))
+    print(f"built {path} in {seconds:.1f} s (this machine)")
 
 
 def _wall(fn, repeats: int) -> float:
@@ -107,6 +142,31 @@ def _events(torch, fn, repeats: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
+
+
+def run_cpu(out: Path, repeats: int) -> int:
+    """hexir's cpu module against numpy, numpy in/out, wall clock (numpy first: its BLAS threads spin after a call)."""
+    import hexir_runtime
+    path = out / "block_cpu.hxb"
+    if not path.exists():
+        path.write_bytes(lzma.decompress((out / "block_cpu.hxb.xz").read_bytes()))
+    x = np.random.default_rng(1).standard_normal((BATCH, SEQ, DIM)).astype(np.float32)
+    mask = np.triu(np.full((SEQ, SEQ), -np.inf, np.float32), k=1)
+    theirs = numpy_block(weights())
+    module = hexir_runtime.load(path, "cpu")
+    want, got = theirs(x, mask), module.main(x, mask)
+    error = float(np.abs(got - want).max() / np.abs(want).max())
+    print(f"hexir cpu vs numpy: max error {error:.1e} relative to the largest" + ("  WRONG" if error > 1e-3 else ""))
+    compile_s = json.loads((out / "block_cpu.json").read_text())["compile_seconds"]
+    base = _wall(lambda: theirs(x, mask), repeats)
+    time.sleep(0.3)
+    ours = _wall(lambda: module.main(x, mask), repeats)
+    print(f"block on the cpu: batch {BATCH} x seq {SEQ} x d {DIM}, {HEADS} heads, float32; median of {repeats}; "
+          f"hexir compiled in {compile_s:.1f} s (build machine)")
+    print(f"{'':>16} {'hexir ms':>9} {'numpy ms':>9} {'numpy/hexir':>11}")
+    print(f"{'numpy in/out':>16} {ours * 1e3:9.2f} {base * 1e3:9.2f} {base / ours:11.2f}")
+    module.close()
+    return int(error > 1e-3)
 
 
 def run(out: Path, repeats: int) -> int:
@@ -160,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("build", "run"))
     parser.add_argument("dir", type=Path)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
     if args.action == "build":
-        build(args.dir)
+        build(args.dir, args.device)
         return 0
-    return run(args.dir, args.repeats)
+    return run_cpu(args.dir, args.repeats) if args.device == "cpu" else run(args.dir, args.repeats)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
     python bench/linear.py run DIR.tar.xz --device cpu    # there: those against numpy
     python bench/linear.py build DIR --device cpu --sizes 512x512x512,64x784x512  # a selection, in DIR.tar.xz
     python bench/linear.py run DIR.tar.xz --device cpu --interleave --passes 3     # three passes in one run
+    python bench/linear.py build DIR --device cpu --sizes 96x128x64x128  # the batched row (B x M x K x N)
     python bench/linear.py build DIR --tensor-cores       # issue #26's rows: bf16/f16 and TF32 (packed in DIR.tar.xz)
     python bench/linear.py run DIR.tar.xz --device cuda   # there: those against torch.matmul in the same dtype
 
@@ -24,8 +25,11 @@ GPU runs them back to back, so that the host's launch cost (some 5 µs through c
 through torch) is left out; for small products it is most of the first time. The baseline is
 timed the same way: numpy's `matmul` into a preallocated output, or `torch.matmul(out=...)`
 between CUDA events (TF32 off: the same fp32 FMAs as hexir). Ratio = baseline time / hexir time
-(above 1: hexir is faster). On the cpu the last three columns time the user's call: `m.main(x, w)`
-(numpy arrays in, a new array out) against numpy's `x @ w`. The `sym` rows run a module compiled
+(above 1: hexir is faster). On the cpu the last four columns time the user's call: `m.main(x, w)`
+(numpy arrays in, a new array out) against numpy's `x @ w`, and the call again on copies of x and w
+that start at a multiple of 64 bytes (`call@64B`; numpy's big arrays start 16 bytes into a page).
+The batched rows (`BATCHED`, cpu) time `a @ b` of rank-3 operands against numpy's batched matmul.
+The `sym` rows run a module compiled
 for a symbolic row count (`batch x K`) at the same size as the static row above them: their ratio
 to the static kernel is the cost of not knowing the batch when compiling. A cuda row whose output differs from cuBLAS's
 (relative to its largest element: 1e-4 in float32, 1e-10 in float64) is printed WRONG.
@@ -51,6 +55,23 @@ SIZES = [(128, 128, 128), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048
 SYMBOLIC = [(64, 1024, 1024), (256, 1024, 1024), (4096, 1024, 1024)]
 #: Rows also compiled as linear + bias + relu (one kernel: the epilogue should cost nothing).
 FUSED = [(4096, 4096, 4096)]
+#: cpu: batched products `a @ b` of rank-3 activations (batch, M, K, N; issue #29's row: attention's
+#: q @ kᵀ at seq 128, d 64), timed against numpy's batched matmul; `--sizes` names them BxMxKxN.
+BATCHED = [(96, 128, 64, 128)]
+
+
+def product(row: dict) -> str:
+    """A row's product as `--sizes` names it: MxKxN, or BxMxKxN (batched)."""
+    return ("{batch}x" if row.get("batch") else "").format(**row) + f"{row['m']}x{row['k']}x{row['n']}"
+
+
+def operands(row: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """A row's x and w, drawn from `rng`, and its output's shape."""
+    m, k, n, dtype, batch = row["m"], row["k"], row["n"], row["dtype"], row.get("batch")
+    lead = (batch,) if batch else ()
+    x = rng.standard_normal((*lead, m, k)).astype(dtype)
+    w = const_weight(k, n, dtype) if row.get("const") else rng.standard_normal((*lead, k, n)).astype(dtype)
+    return x, w, (*lead, m, n)
 
 
 #: `build --tensor-cores`: issue #26's rows, (M, K, N, dtype, precision, target): bf16 and f16 at
@@ -194,6 +215,15 @@ def build(out: Path, const: bool = False, devices: tuple[str, ...] = ("cpu", "cu
                                  placement={"hexir.linear": device, "hexir.relu": device})
                     rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": device,
                                  "symbolic": False, "variant": "+bias+relu", "fused": True})
+    for batch, m, k, n in BATCHED if "cpu" in devices else ():
+        if sizes and f"{batch}x{m}x{k}x{n}" not in sizes:
+            continue
+        for dtype in ("float32", "float64"):
+            name = f"matmul_{batch}x{m}x{k}x{n}_{dtype}_cpu"
+            hexir.export(lambda a, b: a @ b, out / f"{name}.hxb", hexir.TensorSpec((batch, m, k), dtype),
+                         hexir.TensorSpec((batch, k, n), dtype), placement="*=cpu")
+            rows.append({"name": name, "batch": batch, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cpu",
+                         "symbolic": False})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
     if sizes or variants or devices != ("cpu", "cuda"):  # a selection: packed to travel
@@ -209,6 +239,9 @@ VARIANTS = {
     "packed_x": {"PACK_ROWS": {"float32": 17, "float64": 17}, "PACK_X": {"float32": True, "float64": True}},
     "packed_kc128": {"PACK_ROWS": {"float32": 17, "float64": 17}, "KC": 128},  # w's KC x NR slice: half the L1
     "stream64": {"STREAM_ROWS": 64},  # up to 64 rows stream w's rows (its rows 4 KiB apart at 64x784x512 f64)
+    # no 12-row tiles: 24 rows, each tile packing its block of w (w read in place by 12-row tiles is
+    # the caller's array, 16 bytes into a page: every vector of it spans two cache lines)
+    "mc24": {"MC_CHOICES": (192, 96, 48, 24)},
 }
 #: The variants that only differ from the rule for products of at most so many rows.
 VARIANT_ROWS = {"stream64": 64}
@@ -309,11 +342,16 @@ def _median_seconds(fn, repeats: int, budget: float = 2.0) -> float:
     return statistics.median(times)
 
 
+#: The clock of host timings: wall time, or (`--cpu-time`, with `--threads 1`) the process's CPU
+#: time, which a machine shared with other work inflates far less than wall time.
+CLOCK = time.perf_counter
+
+
 def _host_timed(fn):
     def timed() -> float:
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        return time.perf_counter() - start
+        return CLOCK() - start
     return timed
 
 
@@ -430,8 +468,8 @@ def _call_runner(path: Path, arrays: list[np.ndarray], threads: int | None = Non
 def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int | None = None,
         sizes: list[str] | None = None, interleave: bool = False, aligned: bool = False) -> None:
     rows = [r for r in json.loads((modules / "modules.json").read_text())
-            if r["device"] == device and 2 * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
-            and (not sizes or f"{r['m']}x{r['k']}x{r['n']}" in sizes)]
+            if r["device"] == device and 2 * r.get("batch", 1) * r["m"] * r["k"] * r["n"] <= max_gflop * 1e9
+            and (not sizes or product(r) in sizes)]
     if rows and all(r.get("tensor_cores") for r in rows):
         return run_tensor_cores(modules, rows, repeats)
     if threads and device == "cpu":  # numpy on as many threads (its BLAS's), for a scaling table
@@ -461,15 +499,14 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
     print(f"device: {where}; baseline: {baseline_name}; median of up to {repeats} runs")
     queued = f" {'hexir q ms':>10} {'base q ms':>10} {'q ratio':>7}" if device == "cuda" else ""
     queued += f" {'twins':>7}" if interleave else ""
-    queued += f" {'call ms':>9} {'x@w ms':>9} {'call ratio':>10}" if device == "cpu" else ""
+    queued += f" {'call ms':>9} {'x@w ms':>9} {'call ratio':>10} {'call@64B ms':>11}" if device == "cpu" else ""
     print(f"{'M x K x N':>22} {'dtype':>8} {'hexir ms':>10} {'base ms':>10} {'hexir GF/s':>11} {'base GF/s':>10} "
           f"{'ratio':>7}{queued}")
     if interleave:
         return _interleaved(rows, modules, repeats, threads, aligned)
     for row in rows:
         m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
-        x = rng.standard_normal((m, k)).astype(dtype)
-        w = const_weight(k, n, dtype) if row.get("const") else rng.standard_normal((k, n)).astype(dtype)
+        x, w, shape = operands(row, rng)
         inputs = [x, w, rng.standard_normal(n).astype(dtype)] if row.get("fused") else [x, w]
         runner = _kernel_runner(modules / f"{row['name']}.hxb", device, inputs, m, threads)
         if device == "cpu":  # OpenBLAS's threads spin for a while after each call (~0.1 s): the last
@@ -489,21 +526,21 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
                 end.synchronize()
                 return start.elapsed_time(end) / 1e3
         else:
-            out = np.empty((m, n), dtype)
+            out = np.empty(shape, dtype)
             baseline = _host_timed(lambda x=x, w=w, out=out: np.matmul(x, w, out=out))
         base_time = _median_seconds(baseline, repeats)
         if device == "cpu":  # ours against numpy's, relative to the largest
             error = float(np.abs(runner.result() - out).max() / max(np.abs(out).max(), 1e-30))
             if not error < (1e-4 if dtype == "float32" else 1e-10):
                 print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
-        flops = 2.0 * m * k * n
+        flops = 2.0 * row.get("batch", 1) * m * k * n
         if device == "cuda" and not row.get("fused"):  # ours against cuBLAS's, relative to the largest
             ours, theirs = runner.result(), tout.cpu().numpy()
             error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-30))
             if not error < (1e-4 if dtype == "float32" else 1e-10):
                 print(f"{m} x {k} x {n} {dtype} {row.get('variant', '')}: WRONG, relative error {error:.2e}")
-        label = f"{m} x {k} x {n}" + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}"
-                                                                              if "variant" in row else "")
+        label = (f"{row['batch']} x " if row.get("batch") else "") + f"{m} x {k} x {n}" \
+            + (" sym" if row.get("symbolic") else "") + (f" {row['variant']}" if "variant" in row else "")
         queued = _calls(modules / f"{row['name']}.hxb", inputs, repeats, threads) if device == "cpu" else ""
         _record(label, dtype, hexir_time, base_time)
         if device == "cuda" and flops <= QUEUED_FLOPS:  # the kernels' own times (beyond: as the first)
@@ -517,43 +554,80 @@ def run(modules: Path, device: str, repeats: int, max_gflop: float, threads: int
 
 def _calls(path: Path, inputs: list[np.ndarray], repeats: int, threads: int | None) -> str:
     """The user's call against numpy's: `m.main(x, w)` and `x @ w` (numpy arrays in, a new array
-    out), numpy first (its threads spin after a call), as the row's last columns."""
+    out), numpy first (its threads spin after a call), as the row's last columns; then the call
+    on copies of the inputs that start at a multiple of 64 bytes (`call@64B`: numpy puts a big
+    array 16 bytes into a page, so each 64-byte vector a kernel reads of it in place spans two
+    cache lines; the kernel columns run on the module's own buffers, which are aligned)."""
+    from hexir_runtime.device import aligned_empty
+
     time.sleep(0.3)
     numpy = _median_seconds(_host_timed(lambda: inputs[0] @ inputs[1]), repeats)
     time.sleep(0.3)
     ours = _median_seconds(_call_runner(path, inputs, threads), repeats)
-    CALLS.append((ours, numpy))
-    return f" {ours * 1e3:9.3f} {numpy * 1e3:9.3f} {numpy / ours:10.3f}"
+    aligned = [aligned_empty(array.shape, array.dtype) for array in inputs]
+    for copy, array in zip(aligned, inputs, strict=True):
+        copy[...] = array
+    at_64 = _median_seconds(_call_runner(path, aligned, threads), repeats)
+    CALLS.append((ours, numpy, at_64))
+    return f" {ours * 1e3:9.3f} {numpy * 1e3:9.3f} {numpy / ours:10.3f} {at_64 * 1e3:11.3f}"
+
+
+def turns(modules: Path, repeats: int, threads: int | None, sizes: list[str] | None) -> None:
+    """cpu (`--turns`): per module, its kernel (on the module's buffers, as the table's kernel
+    column), the user's call on numpy's arrays and the call on 64-byte aligned copies, timed in
+    turns (kernel, call, call@64B, kernel, ...: the host's drift falls on all three alike), medians."""
+    from hexir_runtime.device import aligned_empty
+
+    print(f"{'product':>22} {'dtype':>8} {'kernel ms':>10} {'call ms':>9} {'call@64B ms':>11} {'call/kernel':>11} "
+          f"{'call@64B/kernel':>15}  (in turns, median of {repeats})")
+    for row in json.loads((modules / "modules.json").read_text()):
+        if row["device"] != "cpu" or row.get("const") or row.get("fused") or (sizes and product(row) not in sizes):
+            continue
+        x, w, _ = operands(row, np.random.default_rng(0))
+        aligned = [aligned_empty(a.shape, a.dtype) for a in (x, w)]
+        for copy, array in zip(aligned, (x, w), strict=True):
+            copy[...] = array
+        path = modules / f"{row['name']}.hxb"
+        runners = [_kernel_runner(path, "cpu", [x, w], row["m"], threads), _call_runner(path, [x, w], threads),
+                   _call_runner(path, aligned, threads)]
+        seen: list[list[float]] = [[] for _ in runners]
+        for _ in range(repeats + 1):  # the first round: warm-up
+            for runner, times in zip(runners, seen, strict=True):
+                times.append(runner())
+        kernel, call, at_64 = (statistics.median(times[1:]) for times in seen)
+        print(f"{product(row):>22} {row['dtype']:>8} {kernel * 1e3:10.3f} {call * 1e3:9.3f} {at_64 * 1e3:11.3f} "
+              f"{call / kernel:11.3f} {at_64 / kernel:15.3f}", flush=True)
 
 
 #: Every row timed (label, dtype, kernel s, np.matmul(out=) s, call s, x @ w s), for `summary`;
-#: CALLS: the last rows' call timings (call s, x @ w s), which _record takes.
-RESULTS: list[tuple[str, str, float, float, float | None, float | None]] = []
-CALLS: list[tuple[float, float]] = []
+#: CALLS: the last rows' call timings (call s, x @ w s, call on 64-byte aligned inputs s), which _record takes.
+RESULTS: list[tuple[str, str, float, float, float | None, float | None, float | None]] = []
+CALLS: list[tuple[float, float, float]] = []
 
 
 def _record(label: str, dtype: str, kernel: float, base: float) -> None:
-    call, numpy = CALLS.pop() if CALLS else (None, None)
-    RESULTS.append((label, dtype, kernel, base, call, numpy))
+    call, numpy, aligned = CALLS.pop() if CALLS else (None, None, None)
+    RESULTS.append((label, dtype, kernel, base, call, numpy, aligned))
 
 
 def summary(passes: int) -> None:
     """The passes side by side, as issue #29's table: per product, numpy's time over hexir's
-    (the kernel against np.matmul(out=); the user's call against x @ w) and the call's time over
-    the kernel's, a figure a pass, f32 and f64."""
+    (the kernel against np.matmul(out=); the user's call against x @ w), the call's time over
+    the kernel's, and the call's on 64-byte aligned inputs over the kernel's, a figure a pass."""
     rows: dict[tuple[str, str], list[tuple]] = {}
-    for label, dtype, kernel, base, call, numpy in RESULTS:
-        rows.setdefault((label.strip(), dtype), []).append((kernel, base, call, numpy))
+    for label, dtype, kernel, base, call, numpy, aligned in RESULTS:
+        rows.setdefault((label.strip(), dtype), []).append((kernel, base, call, numpy, aligned))
     print(f"\nsummary, {passes} passes (a figure a pass; ratio = numpy's time / hexir's, above 1: hexir faster)")
-    print(f"{'product':>28} {'dtype':>8}  {'kernel / np.matmul(out=)':>26}  {'call / x @ w':>26}  "
-          f"{'call ms / kernel ms':>26}")
+    print(f"{'product':>28} {'dtype':>8}  {'kernel / np.matmul(out=)':>24}  {'call / x @ w':>20}  "
+          f"{'call ms / kernel ms':>20}  {'call@64B / kernel':>20}")
 
     def figures(values: list[float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
     for (label, dtype), timed in rows.items():
-        print(f"{label:>28} {dtype:>8}  {figures([b / k for k, b, _, _ in timed]):>26}  "
-              f"{figures([n / c if c else None for _, _, c, n in timed]):>26}  "
-              f"{figures([c / k if c else None for k, _, c, _ in timed]):>26}")
+        print(f"{label:>28} {dtype:>8}  {figures([b / k for k, b, *_ in timed]):>24}  "
+              f"{figures([n / c if c else None for _, _, c, n, _ in timed]):>20}  "
+              f"{figures([c / k if c else None for k, _, c, _, _ in timed]):>20}  "
+              f"{figures([a / k if a else None for k, *_, a in timed]):>20}")
 
 
 def _interleaved(rows: list[dict], modules: Path, repeats: int, threads: int | None, aligned: bool = False) -> None:
@@ -608,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="only the CPU rows with w a compile-time constant, packed in OUT.tar.xz")
     build_parser.add_argument("--device", choices=("cpu", "cuda"),
                               help="only this device's modules (packed in OUT.tar.xz)")
-    build_parser.add_argument("--sizes", help="only these products, e.g. 512x512x512,64x784x512 (packed in OUT.tar.xz)")
+    build_parser.add_argument("--sizes", help="only these products, e.g. 512x512x512,64x784x512,96x128x64x128 "
+                                              "(packed in OUT.tar.xz)")
     build_parser.add_argument("--symbolic", action="store_true",
                               help="also each product (and its variants) with a symbolic row count")
     build_parser.add_argument("--tensor-cores", action="store_true",
@@ -626,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--passes", type=int, default=1, help="run the table this many times")
     run_parser.add_argument("--aligned", action="store_true",
                             help="--interleave: each variant also on 64-byte aligned buffers (rows '@64B')")
+    run_parser.add_argument("--turns", action="store_true",
+                            help="cpu: each module's kernel, call and call on aligned inputs in turns (no numpy)")
+    run_parser.add_argument("--cpu-time", action="store_true",
+                            help="cpu, with --threads 1: time the process's CPU time rather than the wall clock")
     run_parser.add_argument("--fresh-outputs", action="store_true",
                             help="cpu: the user's call makes each output anew (the runtime's RECYCLE off)")
     run_parser.add_argument("--max-gflop", type=float, default=float("inf"),
@@ -645,20 +724,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.interleave and args.device != "cpu":
             parser.error("--interleave times cpu variants (bench/cpu_tilings.py); use it with --device cpu")
         if args.sizes:
-            listed = {f"{r['m']}x{r['k']}x{r['n']}" for r in json.loads((args.modules / "modules.json").read_text())}
+            listed = {product(r) for r in json.loads((args.modules / "modules.json").read_text())}
             unknown = sorted(set(args.sizes.split(",")) - listed)
             if unknown:
                 parser.error(f"--sizes: {', '.join(unknown)} not among the modules' products "
                              f"({', '.join(sorted(listed))})")
+        if args.cpu_time:
+            if args.threads != 1:
+                parser.error("--cpu-time measures one thread's work: use it with --threads 1")
+            global CLOCK
+            CLOCK = time.process_time
         if args.fresh_outputs:
             from hexir_runtime import executor
             executor.RECYCLE = False
         for number in range(args.passes):
             if args.passes > 1:
                 print(f"pass {number + 1} of {args.passes}", flush=True)
+            if args.turns:
+                turns(args.modules, args.repeats, args.threads, args.sizes.split(",") if args.sizes else None)
+                continue
             run(args.modules, args.device, args.repeats, args.max_gflop, args.threads,
                 args.sizes.split(",") if args.sizes else None, args.interleave, args.aligned)
-        if args.passes > 1:
+        if args.passes > 1 and not args.turns:
             summary(args.passes)
     return 0
 

@@ -15,7 +15,7 @@ of its size (torch), the same bytes read and written as the kernel's x in and y 
 torch eager and torch.compile (inductor, static shapes, TF32 off) are timed the same way;
 "ratio" columns are torch's time / hexir's (above 1: hexir is faster). cpu: host clock around
 one call of the kernels; numpy computes the same formula with temporaries, on one thread as its
-ufuncs do (erf: scipy's). A result off torch's (or numpy's) by more than 1e-4 (float32) or 1e-10
+ufuncs do (erf: scipy's, else torch's). A result off torch's (or numpy's) by more than 1e-4 (float32) or 1e-10
 (float64) relative to the largest is printed WRONG.
 """
 
@@ -78,11 +78,21 @@ def _numpy(op: str, x, w=None, b=None):
         centred = x - mean
         return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * w + b
     y = x * w + b
+    return 0.5 * y * (1 + _erf(y / math.sqrt(2)))
+
+
+def _erf(y: np.ndarray) -> np.ndarray:
+    """numpy has no erf: scipy's ufunc, else torch's on the cpu (no copy), else math.erf per element."""
     try:
-        from scipy.special import erf  # numpy has no erf; scipy's is a ufunc
+        from scipy.special import erf
+        return erf(y)
     except ImportError:
-        erf = np.vectorize(math.erf, otypes=[x.dtype])
-    return 0.5 * y * (1 + erf(y / math.sqrt(2)))
+        pass
+    try:
+        import torch
+        return torch.special.erf(torch.from_numpy(y)).numpy()
+    except ImportError:
+        return np.vectorize(math.erf, otypes=[y.dtype])(y)
 
 
 def _torch(op: str):

@@ -10,6 +10,9 @@ loop), each reduction of the program is one pass along the row, its tree compute
 element and accumulated (sum, max, argmax); then the output: one element per row (sum, argmax:
 keepdims or not alike, the same memory) or one per element (softmax, layer_norm), the tree
 given the row's reductions. float32 sums accumulate in float64 (one pass, no pairwise tree).
+Along the last axis a sum or max runs LANES elements at a time first (a vector accumulator:
+the tree's math vectorised, which LLVM cannot do across a scalar loop-carried sum without
+reassociating it), its lanes added up at the end, then the elements left one by one.
 Both compute in `emit.compute_type` of their buffers: 16-bit inputs are widened to float32
 after each load and the output narrowed before each store.
 
@@ -24,13 +27,16 @@ from collections.abc import Callable, Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
 from hexir.schedules.emit import compute_type, constant, convert, emit
 
 CHUNK_ELEMENTS = 16384  # the least a thread's chunk holds: smaller chunks cost more to hand out than to compute
+#: The lanes of a vectorised reduction (sum, max) along the last axis: 4 independent AVX2 sums in
+#: float64 for float32 (at 4 ns per element, a softmax's scalar sum of exps was 0.5x numpy's).
+LANES = 16
 
 
 def _grain(inner: int) -> int:
@@ -129,6 +135,7 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     others = [a for a in range(rank) if a != axis]
     length = ht.size_value(extent(x, axis, request), symbols)
     length_value = arith.UIToFPOp(element, arith.IndexCastOp(ir.IntegerType.get_signless(64), length).result).result
+    in_lanes = axis == rank - 1 and all(kind != "argmax" for kind, _ in program.reductions)  # (floats only)
 
     def row(indices: dict[int, ir.Value]) -> None:
         def at(position: ir.Value) -> list[ir.Value]:
@@ -137,8 +144,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 
         reds: list[ir.Value] = []
         for kind, tree in program.reductions:
-            start = _initial(kind, accumulator(kind, element))
-            walk = scf.ForOp(ht.index(0), length, ht.index(1), start)
+            start, begin = _initial(kind, accumulator(kind, element)), ht.index(0)
+            if in_lanes:
+                start, begin = _lanes(kind, tree, inputs, [indices[a] for a in others], reds, length_value,
+                                      element, length)
+            walk = scf.ForOp(begin, length, ht.index(1), start)
             walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
             with ir.InsertionPoint(walk.body):
                 j = walk.induction_variable
@@ -163,3 +173,30 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     with ht.loop(0, ht.size_value(rows, symbols), "parallel") as position:
         row(dict(zip(others, unflatten(position), strict=True)))
     return ht.Work(rows, _grain(_static_product(x, [axis]) * len(program.reductions)))
+
+
+def _lanes(kind: str, tree, inputs: Sequence[ir.Value], lead: list[ir.Value], reds: list[ir.Value],
+           length_value: ir.Value, element: ir.Type, length: ir.Value) -> tuple[list[ir.Value], ir.Value]:
+    """A sum or max along a row's last axis over its first LANES-multiple elements, a vector of
+    LANES at a time (an input with one element on the axis read once and broadcast): the
+    reduction so far and where the scalar loop takes over."""
+    acc_type = ir.VectorType.get([LANES], accumulator(kind, element))
+    end = arith.SubIOp(length, arith.RemUIOp(length, ht.index(LANES)).result).result
+    walk = scf.ForOp(ht.index(0), end, ht.index(LANES), [constant(0.0 if kind == "sum" else float("-inf"), acc_type)])
+    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
+    with ir.InsertionPoint(walk.body):
+        values = []
+        for v in inputs:
+            at = broadcast_indices(v, [*lead, walk.induction_variable])
+            memory = ir.MemRefType(v.type)
+            if memory.rank and memory.shape[-1] != 1:
+                values.append(vector.LoadOp(ir.VectorType.get([LANES], memory.element_type), v, at).result)
+            else:
+                values.append(vector.BroadcastOp(ir.VectorType.get([LANES], memory.element_type),
+                                                 ht.load(v, at)).result)
+        spread = ir.VectorType.get([LANES], element)
+        value = emit(tree, values, [vector.BroadcastOp(spread, r).result for r in reds],
+                     vector.BroadcastOp(spread, length_value).result, element)
+        scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, None))
+    combined = vector.CombiningKind.ADD if kind == "sum" else vector.CombiningKind.MAXIMUMF
+    return [vector.ReductionOp(acc_type.element_type, combined, walk.results[0]).result], end

@@ -193,14 +193,26 @@ func.func @main(%x: {X}) -> {OUT} {{
 
 
 def test_the_cpu_softmax_walks_each_row_twice_then_writes_each_element():
+    """Each reduction takes 16 elements at a time (a vector, its lanes combined at the end),
+    then the rest of the row (here all 6) one by one."""
     filecheck(lower(SOFTMAX, "mlir-tir", **CPU), """
         CHECK:      func.func public @[[K:softmax_[0-9]+]](%arg0: memref<4x6xf32>, %arg1: memref<4x6xf32>)
         CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "reduce">
         CHECK:      scf.for %[[ROW:arg[0-9]+]] = %c0 to %c4 step %c1 {
-        CHECK:        %[[TOP:[0-9]+]] = scf.for %{{.+}} = %c0 to %c6 step %c1 iter_args(%{{.+}}) -> (f32) {
+        CHECK:        %[[END:[0-9]+]] = arith.subi %c6, %{{.+}} : index
+        CHECK:        %[[LANES:[0-9]+]] = scf.for %{{.+}} = %c0 to %[[END]] step %c16 iter_args(%{{.+}}) -> (vector<16xf32>) {
+        CHECK-NEXT:     vector.load %arg0[%[[ROW]], %{{.+}}] : memref<4x6xf32>, vector<16xf32>
+        CHECK-NEXT:     arith.maximumf %{{.+}} : vector<16xf32>
+        CHECK:        } {hextir.schedule = #hextir.loop<"serial", "">}
+        CHECK-NEXT:   %[[TOPS:[0-9]+]] = vector.reduction <maximumf>, %[[LANES]] : vector<16xf32> into f32
+        CHECK-NEXT:   %[[TOP:[0-9]+]] = scf.for %{{.+}} = %[[END]] to %c6 step %c1 iter_args(%{{.+}} = %[[TOPS]]) -> (f32) {
         CHECK:          arith.maximumf
         CHECK:        } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK:        %[[SUM:[0-9]+]] = scf.for %{{.+}} = %c0 to %c6 step %c1 iter_args(%{{.+}}) -> (f64) {
+        CHECK:        scf.for %{{.+}} = %c0 to %[[END]] step %c16 iter_args(%{{.+}}) -> (vector<16xf64>) {
+        CHECK:          math.exp %{{.+}} : vector<16xf32>
+        CHECK:          arith.addf %{{.+}} : vector<16xf64>
+        CHECK:        vector.reduction <add>
+        CHECK-NEXT:   %[[SUM:[0-9]+]] = scf.for %{{.+}} = %[[END]] to %c6 step %c1 iter_args(%{{.+}}) -> (f64) {
         CHECK:          %[[SHIFTED:[0-9]+]] = arith.subf %{{.+}}, %[[TOP]] : f32
         CHECK-NEXT:     %[[E:[0-9]+]] = math.exp %[[SHIFTED]] : f32
         CHECK-NEXT:     %[[WIDE:[0-9]+]] = arith.extf %[[E]] : f32 to f64
@@ -216,6 +228,32 @@ def test_the_cpu_softmax_walks_each_row_twice_then_writes_each_element():
         CHECK-LABEL: func.func @main
         CHECK-NEXT: "hexir.call"(%arg0) {callee = @[[K]], device = "cpu"
     """)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cpu_sums_and_maxes_in_vectors_are_numpys_with_a_tail_and_nans(dtype):
+    """Rows of 16 (one vector) and of 37 (two, then 5 elements one by one): softmax, layer_norm (its
+    weight and bias read as vectors), sum and max as numpy's; a NaN in a row's vectors or in its
+    tail is its max, and its softmax's and layer_norm's (numpy's); a softmax of a fused prologue
+    reading a row (a vector) and a column (one element a row, broadcast)."""
+    import hexir
+    function = hexir.jit(lambda x, w, b, c: (hexir.softmax(x), hexir.layer_norm(x, w, b), x.sum(axis=-1),
+                                             x.max(axis=-1), hexir.softmax(x * 0.5 + c + w)))
+    rng = np.random.default_rng(5)
+    for n in (16, 37):
+        x = (rng.standard_normal((4, n)) * 3).astype(dtype)
+        w, b = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+        c = rng.standard_normal((4, 1)).astype(dtype)
+        x[2, 5], x[3, n - 2] = np.nan, np.nan
+        e = np.exp(x - x.max(-1, keepdims=True))
+        centred = x - x.mean(-1, keepdims=True)
+        y = x * 0.5 + c + w
+        f = np.exp(y - y.max(-1, keepdims=True))
+        wants = (e / e.sum(-1, keepdims=True), centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) * w + b,
+                 x.sum(-1), x.max(-1), f / f.sum(-1, keepdims=True))
+        tolerance = {"rtol": 2e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-12, "atol": 1e-12}
+        for got, want in zip(function(x, w, b, c), wants, strict=True):
+            np.testing.assert_allclose(got, want, **tolerance, err_msg=f"n={n}")
 
 
 def test_the_cuda_softmax_combines_each_reduction_by_warp_shuffles():
@@ -315,7 +353,9 @@ def test_a_pointwise_prologue_is_part_of_every_pass_of_its_reduction():
     tir = lower(text, "mlir-tir", **CPU)
     assert tir.count('"hexir.call"') == 1 and tir.count("func.func public") == 1
     kernel = tir[:tir.index("func.func @main")]
-    assert kernel.count("arith.mulf") == 3 and kernel.count('"hextir.load"(%arg0') == 3  # each pass reads x
+    # each pass reads x; each reduction twice (16 elements at a time, then the rest one by one)
+    assert kernel.count("arith.mulf") == 5 and kernel.count('"hextir.load"(%arg0') == 3
+    assert kernel.count("vector.load %arg0") == 2
 
 
 # ---- contract: the linear's epilogue ------------------------------------------------------------
