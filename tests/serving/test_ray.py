@@ -87,13 +87,13 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(b"".join(host[i:i + 4][::-1] for i in range(0, len(host), 4)))
 
 
-def sockets_of(pids) -> list[tuple[int, str, str, str]]:
-    """(pid, kind, local, remote address) of every TCP and UDP socket the processes hold."""
+def sockets_of(pids) -> list[tuple[int, str, str, str, int]]:
+    """(pid, kind, local address, remote address, local port) of every TCP and UDP socket the processes hold."""
     table = {}
     for kind in ("tcp", "tcp6", "udp", "udp6"):
         for line in Path(f"/proc/net/{kind}").read_text().splitlines()[1:]:
             fields = line.split()
-            table[fields[9]] = (kind, _address(fields[1]), _address(fields[2]))
+            table[fields[9]] = (kind, _address(fields[1]), _address(fields[2]), int(fields[1].split(":")[1], 16))
     found = []
     for pid in pids:
         try:
@@ -103,8 +103,7 @@ def sockets_of(pids) -> list[tuple[int, str, str, str]]:
         for link in links:
             inode = link[len("socket:["):-1] if link.startswith("socket:[") else None
             if inode in table:
-                kind, local, remote = table[inode]
-                found.append((pid, kind, local, remote))
+                found.append((pid, *table[inode]))
     return found
 
 
@@ -223,6 +222,40 @@ def test_applications_for_ray_configs(mlp_model):
     assert engine.replica_device("auto", 0, 1) == "cuda"
 
 
+def test_a_request_ray_fails_gets_the_protocols_json_error():
+    import asyncio
+
+    from hexir_runtime.serving.ray import ProtocolErrors
+
+    async def failing(scope, receive, send):  # as Ray's proxy when the replica died: returns, nothing sent
+        pass
+
+    async def answering(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    def run(app) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+        asyncio.run(ProtocolErrors(app)({"type": "http", "path": "/v2/models/mlp/infer"}, None, send))
+        return sent
+
+    start, body = run(failing)
+    assert start["status"] == 500 and (b"content-type", b"application/json") in start["headers"]
+    assert json.loads(body["body"])["error"].startswith("/v2/models/mlp/infer: Ray Serve failed the request before")
+    assert [message["type"] for message in run(answering)] == ["http.response.start", "http.response.body"]
+    # what Ray's proxy does with the variable hexir-run serve gives a cluster it starts
+    from hexir_runtime.serving.command import CLUSTER_ENVIRONMENT
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    from ray.serve._private.utils import call_function_from_import_path
+
+    (middleware,) = validate_http_proxy_callback_return(call_function_from_import_path(
+        CLUSTER_ENVIRONMENT["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"]))
+    assert middleware.cls is ProtocolErrors
+
+
 def test_serves_checks_and_batches(server):
     assert get(f"{server.base}/v2/health/live") == (200, {"live": True})
     assert get(f"{server.base}/v2/health/ready") == (200, {"ready": True})
@@ -259,14 +292,21 @@ def test_serves_checks_and_batches(server):
         np.testing.assert_allclose(decode_response(body, int(header))["output0"], static_reference(x), rtol=1e-12)
 
 
-def test_every_socket_stays_on_loopback(server):
+def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
+    from ray._private import ray_constants
+    from ray.serve._private import constants as serve_constants
+
     tree = server.tree()
     found = sockets_of(tree)
-    listening = [local for _, _, local, remote in found if remote.is_unspecified]
+    listening = [port for _, _, local, remote, port in found if remote.is_unspecified]
     assert len(listening) >= 5, found  # the check saw the cluster: gcs, raylet, proxy, replicas...
-    outside = [(pid, command_line(pid)[:60], kind, str(local), str(remote)) for pid, kind, local, remote in found
+    outside = [(pid, command_line(pid)[:60], kind, str(local), str(remote)) for pid, kind, local, remote, _ in found
                if not loopback(local) or not (remote.is_unspecified or loopback(remote))]
     assert not outside
+    # none on a port Ray fixes by default (a second cluster on the machine would collide there)
+    fixed = {ray_constants.DEFAULT_PORT, ray_constants.DEFAULT_DASHBOARD_PORT, serve_constants.DEFAULT_HTTP_PORT,
+             ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, serve_constants.DEFAULT_GRPC_PORT}
+    assert server.port in listening and not fixed & set(listening), sorted(listening)
 
 
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(server):
@@ -308,6 +348,8 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(server):
     failed = [outcome for outcome in outcomes if outcome != "ok"]
     assert "WRONG ANSWER" not in failed
     assert len(failed) <= IN_FLIGHT, failed  # at most what the dead replica had in flight
+    # an HTTP answer to a failed request is the protocol's JSON error, even where Ray failed it
+    assert all(re.match(r"\d{3} b'\{\"error\": ", outcome) for outcome in failed if outcome[:1].isdigit()), failed
     with ThreadPoolExecutor(8) as pool:  # the replacement and the survivor serve
         assert list(pool.map(lambda i: infer_mlp(server, inputs[i % 8], True), range(16))) == ["ok"] * 16
 
