@@ -294,6 +294,8 @@ def test_serves_checks_and_batches(server):
 
 def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
     from ray._private import ray_constants
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+    from ray.dashboard.consts import DASHBOARD_METRIC_PORT
     from ray.serve._private import constants as serve_constants
 
     tree = server.tree()
@@ -305,7 +307,8 @@ def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
     assert not outside
     # none on a port Ray fixes by default (a second cluster on the machine would collide there)
     fixed = {ray_constants.DEFAULT_PORT, ray_constants.DEFAULT_DASHBOARD_PORT, serve_constants.DEFAULT_HTTP_PORT,
-             ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, serve_constants.DEFAULT_GRPC_PORT}
+             ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, serve_constants.DEFAULT_GRPC_PORT,
+             AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT}
     assert server.port in listening and not fixed & set(listening), sorted(listening)
 
 

@@ -230,9 +230,9 @@ def server_app(args: dict[str, Any]) -> Application:
 
 def init_local() -> None:
     """ray.init of a new one-node cluster on 127.0.0.1 (with command.CLUSTER_ENVIRONMENT set before
-    Ray was imported) on ports the OS picks: ray.init leaves all to it but the dashboard agent's
-    HTTP port, 52365 (two clusters on one machine would collide); None picks one, as Ray's own
-    test clusters do."""
+    Ray was imported) on ports the OS picks: ray.init leaves all to it but two metrics servers'
+    (CLUSTER_ENVIRONMENT's) and the dashboard agent's HTTP port, 52365 (two clusters on one
+    machine would collide); None picks one, as Ray's own test clusters do."""
     parameter = ray._private.parameter
     original = parameter.RayParams
     parameter.RayParams = functools.partial(original, dashboard_agent_listen_port=None)
