@@ -18,6 +18,8 @@ raylet, gcs...) over the run, per request.
 `--wide` adds rows, reported apart: a 784 -> 4096 -> 4096 -> 10 float32 MLP (an 80 MB module)
 whose 1-row call costs about what Ray's own work for a request does (10-25 ms of CPU here), served
 as w1 and w32 by the same cluster, 1-row binary requests from 1 and 32 clients: where batching pays.
+Ray then counts each of the four replicas as half a CPU (else two would wait for a core for ever);
+each still runs one kernel thread.
 """
 
 from __future__ import annotations
@@ -98,11 +100,12 @@ engine.init_local()
 access_log = os.environ.get("HEXIR_BENCH_ACCESS_LOG") == "1"  # bench/serve_cpu.py's switch
 engine.start("127.0.0.1", int(sys.argv[1]), access_log)
 names = []
+cpus = 2 / (2 * len(sys.argv[2:]))  # Ray's accounting: 2 or 4 replicas on 2 cores; one kernel thread each
 for prefix, path in zip("bw", sys.argv[2:], strict=False):  # b: the small MLP, w: --wide's
     data = open(path, "rb").read()
     for max_batch in (1, 32):
         names.append(f"{prefix}{max_batch}")
-        engine.deploy_model(names[-1], data, replicas=1, num_cpus=1, max_batch=max_batch, batch_wait_ms=2,
+        engine.deploy_model(names[-1], data, replicas=1, num_cpus=cpus, max_batch=max_batch, batch_wait_ms=2,
                             access_log=access_log)
 engine.deploy_server(names)
 signal.signal(signal.SIGTERM, lambda number, frame: None)  # pause() returns on it

@@ -40,6 +40,7 @@ START_S, STOP_S, REQUEST_S, REPLACE_S = 600, 300, 180, 420
 MAX_BATCH = 8
 IN_FLIGHT = max(2 * MAX_BATCH, 16)  # a replica's max_ongoing_requests (serving/ray.py)
 PRINTED_ROW = re.compile(r"^(-?\d+\.\d{6} ){10}$", re.M)  # a row of the mlp's output as hexir.print writes it
+ACCESS_LINE = re.compile(r" -- POST /v2/models/\w+ \d{3} [\d.]+ms$", re.M)  # Ray's access log, as Ray 2.60 writes it
 
 
 def free_loopback_port() -> int:
@@ -371,3 +372,6 @@ def test_stops_cleanly_on_sigterm(server):
     logs = [log for log in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/worker-*.out")
             if int(log.stem.rpartition("-")[2]) in replicas]
     assert logs and not [log for log in logs if PRINTED_ROW.search(log.read_text())]
+    # Ray's access log is off by default: no line per request in the proxy's or the replicas' logs
+    serve_logs = list(Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/serve/*.log"))
+    assert serve_logs and not [log for log in serve_logs if ACCESS_LINE.search(log.read_text())]
