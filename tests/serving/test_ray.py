@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -295,8 +294,6 @@ def test_serves_checks_and_batches(server):
 
 def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
     from ray._private import ray_constants
-    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
-    from ray.dashboard.consts import DASHBOARD_METRIC_PORT
     from ray.serve._private import constants as serve_constants
 
     tree = server.tree()
@@ -306,11 +303,18 @@ def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
     outside = [(pid, command_line(pid)[:60], kind, str(local), str(remote)) for pid, kind, local, remote, _ in found
                if not loopback(local) or not (remote.is_unspecified or loopback(remote))]
     assert not outside
-    # none on a port Ray fixes by default (a second cluster on the machine would collide there)
+    # none on a port Ray fixes by default (a second cluster on the machine would collide there)...
     fixed = {ray_constants.DEFAULT_PORT, ray_constants.DEFAULT_DASHBOARD_PORT, serve_constants.DEFAULT_HTTP_PORT,
-             ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, serve_constants.DEFAULT_GRPC_PORT,
-             AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT}
+             serve_constants.DEFAULT_GRPC_PORT}
     assert server.port in listening and not fixed & set(listening), sorted(listening)
+    # ...nor asked for one inside the OS's ephemeral range (where a port's number alone cannot tell):
+    # the dashboard agent is told port 0 (not 52365: the raylet starts it, and its command line
+    # holds the agent's), the two metrics servers read 0 (not 44217, 44227)
+    raylets = [pid for pid in tree if "--listen-port=" in command_line(pid)]
+    assert raylets and all("--listen-port=0 " in command_line(pid) + " " for pid in raylets)
+    monitors = [pid for pid in tree if "autoscaler/_private/monitor.py" in command_line(pid)]
+    assert monitors and {b"AUTOSCALER_METRIC_PORT=0", b"DASHBOARD_METRIC_PORT=0"} <= set(
+        Path(f"/proc/{monitors[0]}/environ").read_bytes().split(b"\0"))
 
 
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(server):
@@ -367,11 +371,12 @@ def test_stops_cleanly_on_sigterm(server):
         time.sleep(0.5)  # polling: processes exit in their own time after the cluster stops
     started = " ".join(line for _, line in server.seen.values())
     assert "raylet" in started and "gcs_server" in started and "ServeReplica:static:" in started
+    # this cluster's logs (the GCS's command line names its session: an older one may end in the same pid)
+    (session,) = {match.group(1) for match in re.finditer(r"--session-dir=(\S*session_[\d_-]+)", started)}
     # hexir.print (mlp has one) is left out of served calls: no row of it in a replica's log
     replicas = {pid for pid, (_, line) in server.seen.items() if "ServeReplica:mlp:" in line}
-    logs = [log for log in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/worker-*.out")
-            if int(log.stem.rpartition("-")[2]) in replicas]
+    logs = [log for log in Path(session, "logs").glob("worker-*.out") if int(log.stem.rpartition("-")[2]) in replicas]
     assert logs and not [log for log in logs if PRINTED_ROW.search(log.read_text())]
     # Ray's access log is off by default: no line per request in the proxy's or the replicas' logs
-    serve_logs = list(Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/serve/*.log"))
+    serve_logs = list(Path(session, "logs", "serve").glob("*.log"))
     assert serve_logs and not [log for log in serve_logs if ACCESS_LINE.search(log.read_text())]
