@@ -29,7 +29,7 @@ INSTALL = "hexir-run serve needs Ray Serve: pip install 'hexir-runtime[serve]'"
 # Set before Ray is imported, inherited by every process of a cluster this command starts:
 # what keeps its sockets on 127.0.0.1 (with ray.init's _node_ip_address; Ray otherwise takes the
 # host's interface address as the node's) on ports the OS picks (two metrics servers' are fixed
-# otherwise; ray.init_local for the last one), no usage reports, the proxy's JSON errors, and
+# otherwise; ray.py's init_local frees the third), no usage reports, the proxy's JSON errors, and
 # requests from the proxy to replicas over gRPC, not actor calls (a fifth less CPU per request,
 # bench/results/2026-12-02-serve.md), with gRPC's 4 MB cap on a response lifted.
 CLUSTER_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
