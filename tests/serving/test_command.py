@@ -84,12 +84,13 @@ def test_bad_arguments_exit_2(capsys, option):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray 2.60's own, on pydantic's API
 def test_a_local_cluster_is_new_and_on_loopback(monkeypatch, capsys, mlp_model):
     """Without --address: address="local" (ray.init() would join a cluster that `ray start` left on
-    this machine, and the stop would shut down its Serve), node address 127.0.0.1, no dashboard."""
+    this machine, and the stop would shut down its Serve), node address 127.0.0.1, no dashboard,
+    and the dashboard agent's port (52365 by default) left to the OS, as every other port."""
     ray = pytest.importorskip("ray")
     calls = []
 
     def init(**options):
-        calls.append(options)
+        calls.append({**options, "agent_port": ray._private.parameter.RayParams().dashboard_agent_listen_port})
         raise RuntimeError("no cluster in this test")
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the loopback variables stay in this test
@@ -98,7 +99,9 @@ def test_a_local_cluster_is_new_and_on_loopback(monkeypatch, capsys, mlp_model):
     (options,) = calls
     assert (options["address"], options["_node_ip_address"], options["include_dashboard"]) == ("local", "127.0.0.1",
                                                                                               False)
+    assert options["agent_port"] is None and ray._private.parameter.RayParams().dashboard_agent_listen_port == 52365
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "hexir_runtime.serving.ray.proxy_middlewares"
 
 
 def test_a_signal_inside_a_call_into_ray_waits_for_it_and_a_second_one_does_not():

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -40,6 +39,7 @@ START_S, STOP_S, REQUEST_S, REPLACE_S = 600, 300, 180, 420
 MAX_BATCH = 8
 IN_FLIGHT = max(2 * MAX_BATCH, 16)  # a replica's max_ongoing_requests (serving/ray.py)
 PRINTED_ROW = re.compile(r"^(-?\d+\.\d{6} ){10}$", re.M)  # a row of the mlp's output as hexir.print writes it
+ACCESS_LINE = re.compile(r" -- POST /v2/models/\w+ \d{3} [\d.]+ms$", re.M)  # Ray's access log, as Ray 2.60 writes it
 
 
 def free_loopback_port() -> int:
@@ -87,13 +87,13 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(b"".join(host[i:i + 4][::-1] for i in range(0, len(host), 4)))
 
 
-def sockets_of(pids) -> list[tuple[int, str, str, str]]:
-    """(pid, kind, local, remote address) of every TCP and UDP socket the processes hold."""
+def sockets_of(pids) -> list[tuple[int, str, str, str, int]]:
+    """(pid, kind, local address, remote address, local port) of every TCP and UDP socket the processes hold."""
     table = {}
     for kind in ("tcp", "tcp6", "udp", "udp6"):
         for line in Path(f"/proc/net/{kind}").read_text().splitlines()[1:]:
             fields = line.split()
-            table[fields[9]] = (kind, _address(fields[1]), _address(fields[2]))
+            table[fields[9]] = (kind, _address(fields[1]), _address(fields[2]), int(fields[1].split(":")[1], 16))
     found = []
     for pid in pids:
         try:
@@ -103,8 +103,7 @@ def sockets_of(pids) -> list[tuple[int, str, str, str]]:
         for link in links:
             inode = link[len("socket:["):-1] if link.startswith("socket:[") else None
             if inode in table:
-                kind, local, remote = table[inode]
-                found.append((pid, kind, local, remote))
+                found.append((pid, *table[inode]))
     return found
 
 
@@ -223,6 +222,40 @@ def test_applications_for_ray_configs(mlp_model):
     assert engine.replica_device("auto", 0, 1) == "cuda"
 
 
+def test_a_request_ray_fails_gets_the_protocols_json_error():
+    import asyncio
+
+    from hexir_runtime.serving.ray import ProtocolErrors
+
+    async def failing(scope, receive, send):  # as Ray's proxy when the replica died: returns, nothing sent
+        pass
+
+    async def answering(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    def run(app) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+        asyncio.run(ProtocolErrors(app)({"type": "http", "path": "/v2/models/mlp/infer"}, None, send))
+        return sent
+
+    start, body = run(failing)
+    assert start["status"] == 500 and (b"content-type", b"application/json") in start["headers"]
+    assert json.loads(body["body"])["error"].startswith("/v2/models/mlp/infer: Ray Serve failed the request before")
+    assert [message["type"] for message in run(answering)] == ["http.response.start", "http.response.body"]
+    # what Ray's proxy does with the variable hexir-run serve gives a cluster it starts
+    from hexir_runtime.serving.command import CLUSTER_ENVIRONMENT
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    from ray.serve._private.utils import call_function_from_import_path
+
+    (middleware,) = validate_http_proxy_callback_return(call_function_from_import_path(
+        CLUSTER_ENVIRONMENT["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"]))
+    assert middleware.cls is ProtocolErrors
+
+
 def test_serves_checks_and_batches(server):
     assert get(f"{server.base}/v2/health/live") == (200, {"live": True})
     assert get(f"{server.base}/v2/health/ready") == (200, {"ready": True})
@@ -259,14 +292,29 @@ def test_serves_checks_and_batches(server):
         np.testing.assert_allclose(decode_response(body, int(header))["output0"], static_reference(x), rtol=1e-12)
 
 
-def test_every_socket_stays_on_loopback(server):
+def test_every_socket_stays_on_loopback_on_a_port_the_os_picked(server):
+    from ray._private import ray_constants
+    from ray.serve._private import constants as serve_constants
+
     tree = server.tree()
     found = sockets_of(tree)
-    listening = [local for _, _, local, remote in found if remote.is_unspecified]
+    listening = [port for _, _, local, remote, port in found if remote.is_unspecified]
     assert len(listening) >= 5, found  # the check saw the cluster: gcs, raylet, proxy, replicas...
-    outside = [(pid, command_line(pid)[:60], kind, str(local), str(remote)) for pid, kind, local, remote in found
+    outside = [(pid, command_line(pid)[:60], kind, str(local), str(remote)) for pid, kind, local, remote, _ in found
                if not loopback(local) or not (remote.is_unspecified or loopback(remote))]
     assert not outside
+    # none on a port Ray fixes by default (a second cluster on the machine would collide there)...
+    fixed = {ray_constants.DEFAULT_PORT, ray_constants.DEFAULT_DASHBOARD_PORT, serve_constants.DEFAULT_HTTP_PORT,
+             serve_constants.DEFAULT_GRPC_PORT}
+    assert server.port in listening and not fixed & set(listening), sorted(listening)
+    # ...nor asked for one inside the OS's ephemeral range (where a port's number alone cannot tell):
+    # the dashboard agent is told port 0 (not 52365: the raylet starts it, and its command line
+    # holds the agent's), the two metrics servers read 0 (not 44217, 44227)
+    raylets = [pid for pid in tree if "--listen-port=" in command_line(pid)]
+    assert raylets and all("--listen-port=0 " in command_line(pid) + " " for pid in raylets)
+    monitors = [pid for pid in tree if "autoscaler/_private/monitor.py" in command_line(pid)]
+    assert monitors and {b"AUTOSCALER_METRIC_PORT=0", b"DASHBOARD_METRIC_PORT=0"} <= set(
+        Path(f"/proc/{monitors[0]}/environ").read_bytes().split(b"\0"))
 
 
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(server):
@@ -308,6 +356,8 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(server):
     failed = [outcome for outcome in outcomes if outcome != "ok"]
     assert "WRONG ANSWER" not in failed
     assert len(failed) <= IN_FLIGHT, failed  # at most what the dead replica had in flight
+    # an HTTP answer to a failed request is the protocol's JSON error, even where Ray failed it
+    assert all(re.match(r"\d{3} b'\{\"error\": ", outcome) for outcome in failed if outcome[:1].isdigit()), failed
     with ThreadPoolExecutor(8) as pool:  # the replacement and the survivor serve
         assert list(pool.map(lambda i: infer_mlp(server, inputs[i % 8], True), range(16))) == ["ok"] * 16
 
@@ -321,8 +371,12 @@ def test_stops_cleanly_on_sigterm(server):
         time.sleep(0.5)  # polling: processes exit in their own time after the cluster stops
     started = " ".join(line for _, line in server.seen.values())
     assert "raylet" in started and "gcs_server" in started and "ServeReplica:static:" in started
+    # this cluster's logs (the GCS's command line names its session: an older one may end in the same pid)
+    (session,) = {match.group(1) for match in re.finditer(r"--session-dir=(\S*session_[\d_-]+)", started)}
     # hexir.print (mlp has one) is left out of served calls: no row of it in a replica's log
     replicas = {pid for pid, (_, line) in server.seen.items() if "ServeReplica:mlp:" in line}
-    logs = [log for log in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{server.process.pid}/logs/worker-*.out")
-            if int(log.stem.rpartition("-")[2]) in replicas]
+    logs = [log for log in Path(session, "logs").glob("worker-*.out") if int(log.stem.rpartition("-")[2]) in replicas]
     assert logs and not [log for log in logs if PRINTED_ROW.search(log.read_text())]
+    # Ray's access log is off by default: no line per request in the proxy's or the replicas' logs
+    serve_logs = list(Path(session, "logs", "serve").glob("*.log"))
+    assert serve_logs and not [log for log in serve_logs if ACCESS_LINE.search(log.read_text())]

@@ -26,10 +26,16 @@ from ..errors import HexirRuntimeError, HxbFormatError, KeyFileError
 from ..format import decode
 
 INSTALL = "hexir-run serve needs Ray Serve: pip install 'hexir-runtime[serve]'"
-# What keeps a one-node cluster's sockets on 127.0.0.1 (with ray.init's _node_ip_address): Ray
-# otherwise takes the host's interface address as the node's. Read when Ray is imported, so set
-# before; and no usage reports.
-LOOPBACK_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# Set before Ray is imported, inherited by every process of a cluster this command starts:
+# what keeps its sockets on 127.0.0.1 (with ray.init's _node_ip_address; Ray otherwise takes the
+# host's interface address as the node's) on ports the OS picks (two metrics servers' are fixed
+# otherwise; ray.py's init_local frees the third), no usage reports, the proxy's JSON errors, and
+# requests from the proxy to replicas over gRPC, not actor calls (a fifth less CPU per request,
+# bench/results/2026-12-02-serve.md), with gRPC's 4 MB cap on a response lifted.
+CLUSTER_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                       "AUTOSCALER_METRIC_PORT": "0", "DASHBOARD_METRIC_PORT": "0",
+                       "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hexir_runtime.serving.ray.proxy_middlewares",
+                       "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31-1)}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a model's name is one URL path segment
 
 
@@ -100,7 +106,7 @@ def _checked_serve(args: argparse.Namespace) -> int:
                                     "or --num-cpus, or join a cluster with --address")
         _check_port(args.host, args.port)  # Ray's proxy would retry a port in use for ever
         if args.address is None:
-            os.environ.update(LOOPBACK_ENVIRONMENT)  # inherited by every process of the cluster
+            os.environ.update(CLUSTER_ENVIRONMENT)  # inherited by every process of the cluster
         try:
             from . import ray as engine
         except ImportError as error:
@@ -111,7 +117,7 @@ def _checked_serve(args: argparse.Namespace) -> int:
         return 0
     options = {"replicas": replicas, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus,
                "max_batch": args.max_batch, "batch_wait_ms": args.batch_wait_ms, "device": args.device,
-               "prints": args.prints}
+               "prints": args.prints, "access_log": args.access_log}
     return _serve(engine, models, args, options)
 
 
@@ -127,14 +133,13 @@ def _serve(engine: Any, models: dict[str, bytes], args: argparse.Namespace, opti
             started = True
             # "local": a new cluster even where `ray start` left one on this machine, which
             # ray.init() would otherwise join (and whose Serve the stop would shut down)
-            _in_ray(ray.init, address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                    log_to_driver=False, configure_logging=False)
+            _in_ray(engine.init_local)
         else:
             _in_ray(ray.init, address=args.address, log_to_driver=False, configure_logging=False)
         signal.signal(signal.SIGINT, _stop)  # ray.init sets its own SIGTERM handler
         signal.signal(signal.SIGTERM, _stop)
         deployed = True
-        _in_ray(serve.start, http_options={"host": args.host, "port": args.port})
+        _in_ray(engine.start, args.host, args.port, args.access_log)
         for name, source in models.items():
             _in_ray(engine.deploy_model, name, source, **options)
         _in_ray(engine.deploy_server, list(models))
@@ -254,4 +259,6 @@ def _parser() -> argparse.ArgumentParser:
                         "starting a one-node one on loopback")
     parser.add_argument("--prints", action="store_true", help="let hexir.print write to the replicas' logs "
                         "(off: it slows every call)")
+    parser.add_argument("--access-log", action="store_true", help="let Ray log a line per request (proxy and "
+                        "replica; off: it costs CPU on every request)")
     return parser

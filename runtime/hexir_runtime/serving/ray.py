@@ -25,6 +25,7 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve import Application
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
@@ -43,6 +44,29 @@ def _json(status: int, document: dict[str, Any]) -> Response:
 
 def _error(status: int, message: str) -> Response:
     return _json(status, {"error": message})
+
+
+class ProtocolErrors:
+    """ASGI middleware for Ray's HTTP proxy: a request that Ray fails before its replica answered
+    (the replica died with it in flight) gets the protocol's JSON error, not uvicorn's plain-text 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        started = False
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        await self.app(scope, receive, watched)
+        if scope["type"] == "http" and not started:
+            body = json.dumps({"error": f"{scope.get('path')}: Ray Serve failed the request before a replica answered "
+                                        "(one died or stopped with it in flight; Ray's log says why): retry"}).encode()
+            await send({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
 
 
 def _bind_replica_grpc_to_node_address() -> None:
@@ -163,13 +187,15 @@ async def _awaited(response: Any) -> Any:
 
 def model_application(source: bytes | str, name: str, *, replicas: int | str = 1, num_cpus: float = 1.0,
                       num_gpus: float = 0.0, max_batch: int = 32, batch_wait_ms: float = 2.0,
-                      device: str = "auto", prints: bool = False) -> Application:
+                      device: str = "auto", prints: bool = False, access_log: bool = False) -> Application:
     """The application serving one module (`source`: its bytes, or a path every node can read)
     as `name`, to be run at route prefix `/v2/models/{name}`. `replicas` is a count or "auto"
-    (Ray's autoscaling, aiming at `max_batch` requests in flight per replica)."""
+    (Ray's autoscaling, aiming at `max_batch` requests in flight per replica); `access_log`:
+    Ray's line per request in the replica's log."""
     replica_device(device, num_cpus, num_gpus)  # a contradiction fails here, not in every replica
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
+        "logging_config": {"enable_access_log": access_log},
         # Serve's default of 5 in flight per replica would cap every batch at 5 requests
         "max_ongoing_requests": max(2 * max_batch, 16),
     }
@@ -200,6 +226,34 @@ def server_app(args: dict[str, Any]) -> Application:
     """Builder for Ray's config files: `import_path: hexir_runtime.serving.ray:server_app`,
     `args: {models: [mlp, ...]}`, route prefix `/`."""
     return server_application(list(args["models"]))
+
+
+def init_local() -> None:
+    """ray.init of a new one-node cluster on 127.0.0.1 (with command.CLUSTER_ENVIRONMENT set before
+    Ray was imported) on ports the OS picks: ray.init leaves all to it but two metrics servers'
+    (CLUSTER_ENVIRONMENT's) and the dashboard agent's HTTP port, 52365 (two clusters on one
+    machine would collide); None picks one, as Ray's own test clusters do."""
+    parameter = ray._private.parameter
+    original = parameter.RayParams
+    parameter.RayParams = functools.partial(original, dashboard_agent_listen_port=None)
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    finally:
+        parameter.RayParams = original
+
+
+def proxy_middlewares() -> list[Middleware]:
+    """What Ray's HTTP proxy wraps its app in, where the cluster's environment has
+    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=hexir_runtime.serving.ray.proxy_middlewares
+    (command.CLUSTER_ENVIRONMENT; Ray 2.60 takes no middleware from serve.start)."""
+    return [Middleware(ProtocolErrors)]
+
+
+def start(host: str, port: int, access_log: bool = False) -> None:
+    """Start Serve on the connected cluster, its HTTP proxy at host:port; `access_log`: the
+    proxy's line per request in its log."""
+    serve.start(http_options={"host": host, "port": port}, logging_config={"enable_access_log": access_log})
 
 
 def deploy(models: dict[str, bytes | str], **options: Any) -> None:
