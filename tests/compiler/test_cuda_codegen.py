@@ -217,7 +217,7 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
 
         CHECK:      func.func public @[[LINEAR]]_cpu(
         CHECK-SAME: hextir.expr = "[\\22arg\\22,0]", hextir.fallback_of = @[[LINEAR]]
-        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
         CHECK-NOT:  Idx
         CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return
@@ -441,16 +441,46 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
 
 
 def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):
-    manifest, module = read(build("linear_relu_apart", "float32", 9, 4, 5))
+    manifest, module = read(build("linear_relu_apart", "float32", 9, 4, 5, target="cpu:x86-64-v3,cpu:x86-64,cuda:sm_90"))
     names = [kernel["name"] for kernel in manifest["kernels"]]
-    assert manifest["cpu"]["libraries"]
-    for entry in manifest["cpu"]["libraries"]:  # one library per x86-64 level
+    (entry,) = manifest["cpu"]["libraries"]  # fallbacks alone: the lowest level's library
+    assert entry["cpu"] == "x86-64"
+    symbols = _symbols(tmp_path, module, entry)
+    assert {f"{name}_cpu" for name in names} <= set(symbols)
+    assert not set(names) & set(symbols)  # the GPU kernels live only in the CUBIN/PTX
+
+
+def _symbols(tmp_path: Path, module, entry: dict, *options: str) -> str:
+    library = tmp_path / f"{entry['cpu']}.so"
+    library.write_bytes(bytes(module.blob(entry["library"])))
+    return subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", *options, str(library)],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_each_level_links_the_one_baseline_build_of_the_fallbacks(build, tmp_path):
+    """The cpu relu is built per level; the cuda linear's twin once, for the lowest level, and
+    every library holds that code: the same bytes in each, none of them AVX."""
+    path = build("linear_relu_apart", "float32", 9, 4, 5, relu="cpu", target="cpu:x86-64-v3,cpu:x86-64,cuda:sm_90")
+    manifest, module = read(path)
+    linear = next(k for k in manifest["kernels"] if k["device"] == "cuda")
+    twin = linear["cpu_fallback"]["symbol"]
+    code = {}
+    for entry in manifest["cpu"]["libraries"]:
+        sizes = _symbols(tmp_path, module, entry, "--print-size")
+        assert twin in sizes, entry["cpu"]
         library = tmp_path / f"{entry['cpu']}.so"
-        library.write_bytes(bytes(module.blob(entry["library"])))
-        symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", str(library)],
-                                 capture_output=True, text=True, check=True).stdout.split()
-        assert {f"{name}_cpu" for name in names} <= set(symbols), entry["cpu"]
-        assert not set(names) & set(symbols)  # the GPU kernels live only in the CUBIN/PTX
+        listing = subprocess.run([str(LLVM_BIN / "llvm-objdump"), "-d", f"--disassemble-symbols={twin}",
+                                  "--no-show-raw-insn", "--no-leading-addr", str(library)],
+                                 capture_output=True, text=True, check=True).stdout
+        code[entry["cpu"]] = [re.sub("0x[0-9a-f]+", "ADDRESS", line.split("#")[0].strip())  # (where it was linked)
+                              for line in listing.splitlines() if line.startswith(" ")]
+    assert list(code) == ["x86-64-v3", "x86-64"]
+    assert code["x86-64-v3"] == code["x86-64"] and code["x86-64"]
+    assert not any("ymm" in line or line.startswith("v") for line in code["x86-64"])  # SSE2, no VEX
+    x, w = (np.random.default_rng(seed).standard_normal(shape).astype(np.float32) for seed, shape in ((0, (9, 4)),
+                                                                                                   (1, (4, 5))))
+    got = hexir_runtime.load(path, "cpu").main(x, w)
+    np.testing.assert_allclose(got, numpy_of("linear_relu", [x, w]), rtol=1e-5, atol=1e-5)
 
 
 # ---- the CUBIN and the PTX ---------------------------------------------------------------------
