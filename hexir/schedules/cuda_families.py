@@ -30,6 +30,8 @@ REGISTER_THREADS = 256   # the most threads of a block holding a row in register
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
 REGISTER_MOST = 16       # and the most it holds under that cap (32 doubles a thread were slower, run 114)
+REGISTER_HELD = 64       # the vectors a thread keeps in registers; the rest of its row is staged in shared memory
+REGISTER_GROUP = 4       # staged vectors a trip of the loops that walk them
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -206,31 +208,76 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
 
 def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dict[str, ir.Value],
                          request: Request, rows: exprs.Expr, threads: int) -> ht.Launch:
-    """A row over the last axis read once, 16 bytes a load, into registers (thread t holds vectors
-    t, t + T, ...): each reduction from registers then across the block, then the output from
-    registers, 16 bytes a store. Memory sees the row once each way (the strided kernel reads it
-    once per reduction and once more for a per-element output)."""
+    """A row over the last axis read once, 16 bytes a load (thread t reads vectors t, t + T, ...):
+    a thread's first REGISTER_HELD vectors kept in registers (straight-line code), the rest staged
+    in shared memory (each thread re-reads only its own), walked by loops of REGISTER_GROUP
+    vectors a trip so that few registers hold them; each reduction from there then across the
+    block, then the output, 16 bytes a store. Memory sees the row once each way (the strided
+    kernel reads it once per reduction and once more for a per-element output). The other inputs
+    (layer_norm's weight and bias) are read where a tree uses them."""
     program: scalars.Program = request.expr
     x = inputs[0]
     rank, element = ir.MemRefType(x.type).rank, compute_type(*(a.type for a in (*inputs, out)))
     stored = ir.MemRefType(out.type).element_type
     length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
     chunks = length // lanes // threads
+    held = min(chunks, REGISTER_HELD)
+    group = max(g for g in (1, 2, 4, 8, 16) if g <= REGISTER_GROUP and (chunks - held) % g == 0)
     with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length_value = arith.ConstantOp(element, float(length)).result
         kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
             if rank > 1 else []
-        starts = [arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result, ht.index(lanes)).result
-                  for c in range(chunks)]
-        columns = [[_read(v, broadcast_indices(v, [*kept, start]), lanes) for v in inputs] for start in starts]
-        elements = [([c[i] for c in column], arith.AddIOp(start, ht.index(i)).result if i else start)
-                    for column, start in zip(columns, starts, strict=True) for i in range(lanes)]
+        stage = ht.alloc_local([(chunks - held) * threads * lanes], ir.MemRefType(x.type).element_type, "shared") \
+            if held < chunks else None
+
+        def start(c: ir.Value) -> ir.Value:  # the row's element where the thread's vector c starts
+            return arith.MulIOp(arith.AddIOp(thread, arith.MulIOp(c, ht.index(threads)).result).result,
+                                ht.index(lanes)).result
+
+        def elements(tree: scalars.Tree, c: ir.Value, xs: list[ir.Value]) -> list[tuple[list[ir.Value], ir.Value]]:
+            """The vector's elements' inputs for `tree` (one it does not use stands in as x) and positions."""
+            at = start(c)
+            others = [_read(v, broadcast_indices(v, [*kept, at]), lanes) if scalars.uses(tree, "arg", i) else xs
+                      for i, v in enumerate(inputs) if i]
+            return [([xs[i], *(o[i] for o in others)], arith.AddIOp(at, ht.index(i)).result if i else at)
+                    for i in range(lanes)]
+
+        def staged(c: ir.Value, first: bool) -> list[ir.Value]:
+            """x's vector c (c >= held) of this thread: read and staged (first), or re-read from the stage."""
+            slot = [arith.MulIOp(arith.AddIOp(thread, arith.MulIOp(arith.SubIOp(c, ht.index(held)).result,
+                                                                         ht.index(threads)).result).result,
+                                 ht.index(lanes)).result]  # (s * T + t) * lanes: no bank conflicts
+            if not first:
+                return _read(stage, slot, lanes)
+            xs = _read(x, broadcast_indices(x, [*kept, start(c)]), lanes)
+            _write(xs, stage, slot)
+            return xs
+
+        def walk(tree: scalars.Tree, first: bool, initial: list[ir.Value], body) -> list[ir.Value]:
+            """`body(values, position, carried)` over the row's elements: held vectors, then a loop."""
+            carried = initial
+            for c in range(held):
+                for values, position in elements(tree, ht.index(c), loaded[c]):
+                    carried = body(values, position, carried)
+            if held == chunks:
+                return carried
+            loop = _strided(ht.index(held), ht.index(chunks), group, carried)
+            with ir.InsertionPoint(loop.body):
+                inner = list(loop.inner_iter_args)
+                for g in range(group):
+                    c = arith.AddIOp(loop.induction_variable, ht.index(g)).result
+                    for values, position in elements(tree, c, staged(c, first)):
+                        inner = body(values, position, inner)
+                scf.YieldOp(inner)
+            return list(loop.results)
+
+        loaded = [_read(x, broadcast_indices(x, [*kept, start(ht.index(c))]), lanes) for c in range(held)]
         reds: list[ir.Value] = []
-        for kind, tree in program.reductions:
-            acc = _initial(kind, accumulator(kind, element))
-            for values, position in elements:
-                acc = combine(kind, acc, emit(tree, values, reds, length_value, element), position)
+        for number, (kind, tree) in enumerate(program.reductions):
+            acc = walk(tree, number == 0, _initial(kind, accumulator(kind, element)),
+                       lambda values, position, acc, kind=kind, tree=tree:
+                       combine(kind, acc, emit(tree, values, reds, length_value, element), position))
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads), element))
         if program.rows:
             first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
@@ -239,9 +286,15 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
         else:
-            for c, start in enumerate(starts):
-                _write([emit(program.out, values, reds, length_value, element)
-                        for values, _ in elements[c * lanes:(c + 1) * lanes]], out, [*kept, start])
+            pending: list[ir.Value] = []
+
+            def write(values: list[ir.Value], position: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+                pending.append(emit(program.out, values, reds, length_value, element))
+                if len(pending) == lanes:  # a vector's elements: one 16-byte store where the first one is
+                    _write(pending, out, [*kept, arith.SubIOp(position, ht.index(lanes - 1)).result])
+                    pending.clear()
+                return carried
+            walk(program.out, False, [], write)
     return ht.Launch((rows, 1, 1), (threads, 1, 1))
 
 
