@@ -29,9 +29,7 @@ REDUCE_BLOCK = 256
 REGISTER_THREADS = 256   # the most threads of a block holding a row in registers
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
-REGISTER_MOST = 16       # and the most it holds under that cap (32 doubles a thread were slower, run 114)
-REGISTER_HELD = 64       # the vectors a thread keeps in registers; the rest of its row is staged in shared memory
-REGISTER_GROUP = 4       # staged vectors a trip of the loops that walk them
+REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (run 116b)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -193,14 +191,15 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
     """The threads of a block that holds a row in registers, 16 bytes a load (0: it cannot): a
     power of two from 32 to REGISTER_THREADS dividing the row's vectors, about REGISTER_VECTORS
     of them a thread, at most REGISTER_THREADS unless that leaves a thread more than REGISTER_MOST
-    (then 1024) (docs/tuning.md, "CUDA memory-bound kernels": runs 111, 113, 114)."""
+    (then enough for REGISTER_MOST each, up to 1024) (docs/tuning.md, "CUDA memory-bound kernels"
+    and "CUDA reduce: long rows")."""
     if not isinstance(length, int) or length % lanes or length > REGISTER_ROW:
         return 0
     vectors = length // lanes
     threads = 1 << max(5, (max(vectors // REGISTER_VECTORS, 1)).bit_length() - 1)  # ~REGISTER_VECTORS each
     threads = min(threads, REGISTER_THREADS)
-    if vectors > threads * REGISTER_MOST:  # (f64 rows of 16384: 1024 threads of 8, as run 113 measured)
-        threads = 1024
+    if vectors > threads * REGISTER_MOST:  # rows of 64 KiB: 512 threads of 8; of 128 KiB (f64 16384): 1024
+        threads = min(1024, 1 << (-(-vectors // REGISTER_MOST) - 1).bit_length())
     while threads >= 32 and vectors % threads:
         threads //= 2
     return threads if threads >= 32 else 0
@@ -208,76 +207,40 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
 
 def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dict[str, ir.Value],
                          request: Request, rows: exprs.Expr, threads: int) -> ht.Launch:
-    """A row over the last axis read once, 16 bytes a load (thread t reads vectors t, t + T, ...):
-    a thread's first REGISTER_HELD vectors kept in registers (straight-line code), the rest staged
-    in shared memory (each thread re-reads only its own), walked by loops of REGISTER_GROUP
-    vectors a trip so that few registers hold them; each reduction from there then across the
-    block, then the output, 16 bytes a store. Memory sees the row once each way (the strided
-    kernel reads it once per reduction and once more for a per-element output). The other inputs
-    (layer_norm's weight and bias) are read where a tree uses them."""
+    """A row over the last axis read once, 16 bytes a load, into registers (thread t holds vectors
+    t, t + T, ...): each reduction from registers then across the block, then the output from
+    registers, 16 bytes a store. Memory sees the row once each way (the strided kernel reads it
+    once per reduction and once more for a per-element output). The other inputs (layer_norm's
+    weight and bias) are read where a tree uses them: loaded with x, they held as many registers
+    again across the reductions (docs/tuning.md, "CUDA reduce: long rows")."""
     program: scalars.Program = request.expr
     x = inputs[0]
     rank, element = ir.MemRefType(x.type).rank, compute_type(*(a.type for a in (*inputs, out)))
     stored = ir.MemRefType(out.type).element_type
     length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
     chunks = length // lanes // threads
-    held = min(chunks, REGISTER_HELD)
-    group = max(g for g in (1, 2, 4, 8, 16) if g <= REGISTER_GROUP and (chunks - held) % g == 0)
     with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length_value = arith.ConstantOp(element, float(length)).result
         kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
             if rank > 1 else []
-        stage = ht.alloc_local([(chunks - held) * threads * lanes], ir.MemRefType(x.type).element_type, "shared") \
-            if held < chunks else None
+        starts = [arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result, ht.index(lanes)).result
+                  for c in range(chunks)]
+        held = [_read(x, broadcast_indices(x, [*kept, start]), lanes) for start in starts]
 
-        def start(c: ir.Value) -> ir.Value:  # the row's element where the thread's vector c starts
-            return arith.MulIOp(arith.AddIOp(thread, arith.MulIOp(c, ht.index(threads)).result).result,
-                                ht.index(lanes)).result
+        def elements(tree: scalars.Tree, c: int) -> list[tuple[list[ir.Value], ir.Value]]:
+            """The inputs of each element of the thread's vector c for `tree` (x's from registers;
+            one the tree does not use stands in as x) and its position in the row."""
+            others = [_read(v, broadcast_indices(v, [*kept, starts[c]]), lanes) if scalars.uses(tree, "arg", i)
+                      else held[c] for i, v in enumerate(inputs) if i]
+            return [([held[c][i], *(o[i] for o in others)], arith.AddIOp(starts[c], ht.index(i)).result if i
+                     else starts[c]) for i in range(lanes)]
 
-        def elements(tree: scalars.Tree, c: ir.Value, xs: list[ir.Value]) -> list[tuple[list[ir.Value], ir.Value]]:
-            """The vector's elements' inputs for `tree` (one it does not use stands in as x) and positions."""
-            at = start(c)
-            others = [_read(v, broadcast_indices(v, [*kept, at]), lanes) if scalars.uses(tree, "arg", i) else xs
-                      for i, v in enumerate(inputs) if i]
-            return [([xs[i], *(o[i] for o in others)], arith.AddIOp(at, ht.index(i)).result if i else at)
-                    for i in range(lanes)]
-
-        def staged(c: ir.Value, first: bool) -> list[ir.Value]:
-            """x's vector c (c >= held) of this thread: read and staged (first), or re-read from the stage."""
-            slot = [arith.MulIOp(arith.AddIOp(thread, arith.MulIOp(arith.SubIOp(c, ht.index(held)).result,
-                                                                         ht.index(threads)).result).result,
-                                 ht.index(lanes)).result]  # (s * T + t) * lanes: no bank conflicts
-            if not first:
-                return _read(stage, slot, lanes)
-            xs = _read(x, broadcast_indices(x, [*kept, start(c)]), lanes)
-            _write(xs, stage, slot)
-            return xs
-
-        def walk(tree: scalars.Tree, first: bool, initial: list[ir.Value], body) -> list[ir.Value]:
-            """`body(values, position, carried)` over the row's elements: held vectors, then a loop."""
-            carried = initial
-            for c in range(held):
-                for values, position in elements(tree, ht.index(c), loaded[c]):
-                    carried = body(values, position, carried)
-            if held == chunks:
-                return carried
-            loop = _strided(ht.index(held), ht.index(chunks), group, carried)
-            with ir.InsertionPoint(loop.body):
-                inner = list(loop.inner_iter_args)
-                for g in range(group):
-                    c = arith.AddIOp(loop.induction_variable, ht.index(g)).result
-                    for values, position in elements(tree, c, staged(c, first)):
-                        inner = body(values, position, inner)
-                scf.YieldOp(inner)
-            return list(loop.results)
-
-        loaded = [_read(x, broadcast_indices(x, [*kept, start(ht.index(c))]), lanes) for c in range(held)]
         reds: list[ir.Value] = []
-        for number, (kind, tree) in enumerate(program.reductions):
-            acc = walk(tree, number == 0, _initial(kind, accumulator(kind, element)),
-                       lambda values, position, acc, kind=kind, tree=tree:
-                       combine(kind, acc, emit(tree, values, reds, length_value, element), position))
+        for kind, tree in program.reductions:
+            acc = _initial(kind, accumulator(kind, element))
+            for values, position in (e for c in range(chunks) for e in elements(tree, c)):
+                acc = combine(kind, acc, emit(tree, values, reds, length_value, element), position)
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads), element))
         if program.rows:
             first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
@@ -286,15 +249,9 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
         else:
-            pending: list[ir.Value] = []
-
-            def write(values: list[ir.Value], position: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
-                pending.append(emit(program.out, values, reds, length_value, element))
-                if len(pending) == lanes:  # a vector's elements: one 16-byte store where the first one is
-                    _write(pending, out, [*kept, arith.SubIOp(position, ht.index(lanes - 1)).result])
-                    pending.clear()
-                return carried
-            walk(program.out, False, [], write)
+            for c, start in enumerate(starts):
+                _write([emit(program.out, v, reds, length_value, element) for v, _ in elements(program.out, c)], out,
+                       [*kept, start])
     return ht.Launch((rows, 1, 1), (threads, 1, 1))
 
 

@@ -32,7 +32,6 @@ from hexir import ops
 from hexir.driver import Options, run_stage
 from hexir.errors import TraceError
 from hexir.passes.fuse import fuse
-from hexir.schedules import cuda_families
 from hexir.target import parse_target
 
 from .conftest import family_attrs, filecheck, lower, manifest, parse
@@ -274,40 +273,32 @@ def test_a_block_of_warps_meets_once_in_shared_memory():
     """)
 
 
-def test_a_long_row_is_read_once_its_vectors_past_the_held_ones_staged_in_shared_memory(monkeypatch):
-    """A row of 4096 f32: 256 threads of 4 vectors; with one held in registers, the other three
-    are read from x in a loop that stages them in shared memory, (s * 256 + t) * 4 for the
-    thread's s-th; the second reduction and the output re-read them from there, not from x."""
-    monkeypatch.setattr(cuda_families, "REGISTER_HELD", 1)
-    text = lower(SOFTMAX.replace("4x6", "4x4096"), "mlir-tir", **CUDA)
-    kernel = text[:text.index("_cpu(")]
+def test_a_long_row_s_layer_norm_reads_its_weight_and_bias_only_for_the_output():
+    """A row of 16384 f32 in registers: 512 threads of 8 vectors (128 bytes each, REGISTER_MOST);
+    x's vectors are loaded first, the weight's and bias's only after both reductions' barriers,
+    where the output uses them (loaded with x they held as many registers again: 212 in all)."""
+    x, row = "tensor<2x16384xf32>", "tensor<16384xf32>"
+    text = f"""
+    func.func @main(%x: {x}, %w: {row}, %b: {row}) -> {x} {{
+      %0 = "hexir.layer_norm"(%x, %w, %b) {{device = "auto", {family_attrs("layer_norm", operands=3)}}} : ({x}, {row}, {row}) -> {x}
+      return %0 : {x}
+    }}"""
+    kernel = lower(text, "mlir-tir", **CUDA)
+    kernel = kernel[:kernel.index("_cpu(")]
     filecheck(kernel, """
-        CHECK:      block = array<i64: 256, 1, 1>
-        CHECK:      scf.for %[[T:arg[0-9]+]] = %c0 to %c256 step %c1 {
-        CHECK:        %[[STAGE:[0-9]+]] = "hextir.alloc_local"() {space = "shared"} : () -> memref<3072xf32, #gpu.address_space<workgroup>>
-        CHECK:        vector.load %arg0[%{{.+}}, %{{.+}}] {alignment = 16 : i64} : memref<4x4096xf32>, vector<4xf32>
-        CHECK:        scf.for %[[C:arg[0-9]+]] = %c1 to %c4 step %c1 iter_args(
-        CHECK:          %[[S:[0-9]+]] = arith.subi %{{.+}}, %c1 : index
-        CHECK-NEXT:     %[[AT:[0-9]+]] = arith.muli %[[S]], %c256 : index
-        CHECK-NEXT:     %[[SLOT:[0-9]+]] = arith.addi %[[T]], %[[AT]] : index
-        CHECK-NEXT:     %[[SLOT4:[0-9]+]] = arith.muli %[[SLOT]], %c4 : index
-        CHECK:          vector.load %arg0
-        CHECK:          vector.store %{{.+}}, %[[STAGE]][%[[SLOT4]]] {alignment = 16 : i64}
-        CHECK:        } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK:        "hextir.barrier"()
-        CHECK:        scf.for
-        CHECK:          vector.load %[[STAGE]]
-        CHECK:          math.exp
-        CHECK:        } {hextir.schedule = #hextir.loop<"serial", "">}
-        CHECK:        "hextir.barrier"()
-        CHECK:        vector.store %{{.+}}, %arg1
-        CHECK:        scf.for
-        CHECK:          vector.load %[[STAGE]]
-        CHECK:          arith.divf
-        CHECK:          vector.store %{{.+}}, %arg1
-        CHECK:        } {hextir.schedule = #hextir.loop<"serial", "">}
+        CHECK:          block = array<i64: 512, 1, 1>
+        CHECK-COUNT-8:  vector.load %arg0
+        CHECK-NOT:      vector.load
+        CHECK:          "hextir.barrier"()
+        CHECK-NOT:      vector.load
+        CHECK:          "hextir.barrier"()
+        CHECK-NOT:      vector.load %arg0
+        CHECK:          vector.load %arg1
+        CHECK-NEXT:     vector.extract
+        CHECK:          vector.load %arg2
+        CHECK:          vector.store %{{.+}}, %arg3
     """)
-    assert kernel.count("vector.load %arg0") == 2  # each of x's vectors once: the held one, then the loop's
+    assert kernel.count("vector.load %arg1") == kernel.count("vector.load %arg2") == 8
 
 
 def test_argmax_writes_the_first_largest_index_as_i64():
