@@ -29,7 +29,7 @@ REDUCE_BLOCK = 256
 REGISTER_THREADS = 256   # the most threads of a block holding a row in registers
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
-REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (run 116b)
+REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (round 8)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
