@@ -37,9 +37,12 @@ from hexir.dialects.hextir import ARCH, GPU_MODULE
 from hexir.errors import CompileError, TargetError
 from hexir.target import PTX_FEATURES, arch_number
 
+#: (No canonicalize or cse after the conversion: LLVM's -O3 does that work again, and without
+#: them the block's PTX, the bf16/f16 tensor-core and f64 DMMA kernels' came out byte-identical
+#: for a quarter less of this pipeline's time: docs/tuning.md, "Compile time".)
 _DEVICE_PASSES = ("gpu.module(expand-strided-metadata, lower-affine, convert-nvgpu-to-nvvm, convert-scf-to-cf, "
-                  "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, convert-nvvm-to-llvm, canonicalize, "
-                  "cse, reconcile-unrealized-casts)")
+                  "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, convert-nvvm-to-llvm, "
+                  "reconcile-unrealized-casts)")
 #: Dynamic shared memory's alignment: TMA boxes with 128-byte swizzling want 1024 bytes.
 DYNAMIC_SHARED_ALIGN = 1024
 
