@@ -157,13 +157,14 @@ def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
         {puts("%c0")}
         CHECK-NEXT: "hextir.barrier"() : () -> ()
 
-        each slice: the next one's loads, the FMAs on this one's buffer (KS % 2), the next one
-        stored into the other buffer (1 - KS % 2), a barrier
+        each slice: the next one's loads, the sum read (PER = 1), the FMAs on this one's buffer
+        (KS % 2), the sum written, the next one stored into the other buffer (1 - KS % 2), a barrier
         CHECK-NEXT: scf.for %[[KS:arg[0-9]+]] = %c0 to %c1 step %c1 {{
         CHECK-NEXT:   %[[NEXT:[0-9]+]] = arith.addi %[[KS]], %c1 : index
         CHECK-NEXT:   %[[K0:[0-9]+]] = arith.muli %[[NEXT]], %c{STEP} : index
         {fetches("%[[K0]]")}
         CHECK-NEXT:   %[[BUF:[0-9]+]] = arith.remui %[[KS]], %c2 : index
+        CHECK-NEXT:   %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0)
         CHECK-NEXT:   %[[TYW:[0-9]+]] = arith.muli %[[TY]], %c{WIDTH} : index
         CHECK-NEXT:   %[[XAT:[0-9]+]] = arith.addi %[[TYW]], %c0 : index
         CHECK-NEXT:   %[[A:[0-9]+]] = vector.load %[[XTILE]][%[[BUF]], %c0, %[[XAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE + WIDTH}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
@@ -173,11 +174,11 @@ def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
         CHECK-NEXT:   %[[B:[0-9]+]] = vector.load %[[WTILE]][%[[BUF]], %c0, %[[WAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
         CHECK-NEXT:   %[[B0:[0-9]+]] = vector.extract %[[B]][0] : f32 from vector<{WIDTH}xf32>
         CHECK-NEXT:   %[[P:[0-9]+]] = arith.mulf %[[A0]], %[[B0]] fastmath<contract> : f32
-        CHECK-NEXT:   %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0)
-        CHECK-NEXT:   %[[NEW:[0-9]+]] = arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
-        CHECK-NEXT:   "hextir.store"(%[[NEW]], %[[SUMS]], %c0, %c0)
+        CHECK-NEXT:   arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
         CHECK-COUNT-{STEP * PER * PER - 1}: arith.mulf
-        CHECK:        %[[OTHER:[0-9]+]] = arith.subi %c1, %[[BUF]] : index
+        CHECK-NOT:    "hextir.store"
+        CHECK:        "hextir.store"(%{{{{.+}}}}, %[[SUMS]], %c0, %c0)
+        CHECK-NEXT:   %[[OTHER:[0-9]+]] = arith.subi %c1, %[[BUF]] : index
         {puts("%[[OTHER]]")}
         CHECK-NEXT:   "hextir.barrier"() : () -> ()
         CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"serial", "">}}
