@@ -4,8 +4,9 @@
     python bench/compile_time.py [--before-ref main] [--before /work/wt/compile-before] [--repeats 1]
 
 Three modules: bench/block.py's transformer block (batch 8 x seq 512 x d 768, 12 heads, every op
-on cuda: 17 kernels, each with a cpu twin built for the 3 default x86-64 levels), the same with
-the twins built for one level (`block-v1`: target cpu:x86-64,cuda:sm_90), and
+on cuda: 17 ops, each kernel with a cpu twin; compilers before h25-rows built the twins for the 3
+default x86-64 levels, later ones for the lowest alone), the same with one level in the target
+(`block-v1`: target cpu:x86-64,cuda:sm_90; since h25-rows the same module as `block`), and
 examples/transformer.py's 2-block decoder (on the cpu, symbolic batch and sequence), each
 compiled to .hxb by `hexir.export` with HEXIR_CACHE_DIR= (nothing cached). Each compile runs in
 a fresh process (imports not counted) with that compiler's own PYTHONPATH, before and after in

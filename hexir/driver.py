@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,21 +111,32 @@ def _ptx(module: ir.Module, options: Options) -> str:
 def _hxb(module: ir.Module, options: Options) -> bytes:
     target = options.target
     cpu_table = kernel_tables(module)[0]
-    generated = bool(ht.generated_kernels(module, "cpu"))
+    twins = [ht.identity_of(k).twin for k in ht.generated_kernels(module, "cpu")]
+    own, lowest = not all(twins), target.cpu_levels[-1]
     with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch, \
-            ThreadPoolExecutor(len(target.cpu_levels) + 1) as tools:
+            ThreadPoolExecutor(len(target.cpu_levels) + 2) as tools:
         custom = build_custom(module, target.cpu_levels, target.cuda_archs, Path(scratch))
         # MLIR lowers one piece after another here (it holds the GIL); each piece's tools (opt,
-        # llc, cc, ptxas: processes of their own) start in the pool as soon as it is made
-        libraries = [tools.submit(cpu_backend.compile_kernels,
-                                  cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level)) if generated else None,
-                                  level, custom.cpu_objects[level], cpu_table)
-                     for level in target.cpu_levels if generated or custom.cpu_objects[level]]  # best first
+        # llc, cc, ptxas: processes of their own) start in the pool as soon as it is made. The
+        # cpu twins are one object (the lowest level's code) that every level's library links.
+        twin_object = tools.submit(cpu_backend.compile_object,
+                                   cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, lowest, twins=True)),
+                                   lowest, Path(scratch) / "twins.o") if any(twins) else None
+        libraries = [tools.submit(_library, cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level, twins=False))
+                                  if own else None, level, custom.cpu_objects[level], cpu_table, twin_object)
+                     for level in target.cpu_levels  # best first; a module of twins alone: the lowest level's
+                     if own or custom.cpu_objects[level] or (twin_object and level == lowest)]
         cuda_binary = tools.submit(cuda_backend.assemble, cuda_backend.ptx(module, target.cuda_archs)) \
             if ht.generated_kernels(module, "cuda") else None
         libraries = [library.result() for library in libraries]
         cuda_binary = cuda_binary.result() if cuda_binary else None
     return package(module, libraries, cuda_binary, custom)
+
+
+def _library(llvm_text: str | None, level: str, objects: list[str], table: bytes,
+             twin_object: Future | None) -> cpu_backend.CpuLibrary:
+    return cpu_backend.compile_kernels(llvm_text, level, objects, table,
+                                       [twin_object.result()] if twin_object else ())
 
 
 #: The stages in order; each transforms the module in place, the last ones make text or bytes.

@@ -90,17 +90,31 @@ def pool_object() -> str:
         return _pool[0]
 
 
-def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
-                    extra_objects: Sequence[str] = (), table: bytes | None = None) -> CpuLibrary:
-    """Optimise and compile the cpu kernels (a module of the LLVM dialect, or its LLVM IR text),
-    link them with `extra_objects` (custom kernels' objects) and the kernel `table` (JSON bytes),
-    into one position-independent shared library. Only the tools run here, no MLIR, so several
-    levels can compile at once."""
+def compile_object(llvm_module: ir.Module | str, cpu: str, path: Path) -> str:
+    """Optimise and compile cpu kernels (a module of the LLVM dialect, or its LLVM IR text) for
+    the x86-64 level `cpu` into the PIC object `path` (returned as a string)."""
     check_cpu(cpu)
     target = ["-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={cpu}"]
+    source, bitcode = path.with_suffix(".ll"), path.with_suffix(".bc")
+    source.write_text(llvm_module if isinstance(llvm_module, str) else llvm_ir(llvm_module))
+    run_tool([llvm_tool("opt"), "-O3", *target, str(source), "-o", str(bitcode)], "opt (LLVM optimiser)")
+    run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj", str(bitcode),
+              "-o", str(path)], "llc (LLVM code generator)")
+    return str(path)
+
+
+def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
+                    extra_objects: Sequence[str] = (), table: bytes | None = None,
+                    generated_objects: Sequence[str] = ()) -> CpuLibrary:
+    """Optimise and compile the cpu kernels (a module of the LLVM dialect, or its LLVM IR text),
+    link them with `generated_objects` (generated kernels compiled apart: the cuda kernels' cpu
+    twins, built once at the lowest level), `extra_objects` (custom kernels' objects) and the
+    kernel `table` (JSON bytes), into one position-independent shared library. Only the tools run
+    here, no MLIR, so several levels can compile at once."""
+    check_cpu(cpu)
     with tempfile.TemporaryDirectory(prefix="hexir-cpu-") as scratch:
         work = Path(scratch)
-        objects = list(extra_objects)
+        objects = list(generated_objects) + list(extra_objects)
         if table is not None:  # bytes, not a string literal: no escaping to get wrong
             record = {**json.loads(table), "cpu": cpu, "features": list(CPU_LEVELS[cpu])}  # what the code needs
             data = ", ".join(str(byte) for byte in json.dumps(record, separators=(",", ":")).encode() + b"\0")
@@ -109,13 +123,8 @@ def compile_kernels(llvm_module: ir.Module | str | None, cpu: str = "x86-64",
                      "compiling the kernel table")
             objects.append(str(work / "table.o"))
         if llvm_module is not None:
-            (work / "kernels.ll").write_text(llvm_module if isinstance(llvm_module, str) else llvm_ir(llvm_module))
-            run_tool([llvm_tool("opt"), "-O3", *target, str(work / "kernels.ll"),
-                      "-o", str(work / "kernels.bc")], "opt (LLVM optimiser)")
-            run_tool([llvm_tool("llc"), "-O3", *target, "--relocation-model=pic", "-filetype=obj",
-                      str(work / "kernels.bc"), "-o", str(work / "kernels.o")], "llc (LLVM code generator)")
-            objects.insert(0, str(work / "kernels.o"))
-        if llvm_module is not None:
+            objects.insert(0, compile_object(llvm_module, cpu, work / "kernels.o"))
+        if llvm_module is not None or generated_objects:
             objects.append(pool_object())
         # -lm: float64 math calls glibc's libm (docs/math.md); linked only where a kernel needs it
         run_tool([c_compiler(), "-shared", "-nostartfiles", "-Wl,--as-needed", "-o", str(work / "kernels.so"),

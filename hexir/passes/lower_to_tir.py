@@ -18,7 +18,8 @@ module still runs on a machine without one. A custom kernel becomes a declaratio
 `hextir.custom = {symbol, file}` and its launch record: the user's file is the body.
 A cpu kernel is built once per x86-64 level of the target (`hextir.level`), the best level's
 under the kernel's own name and the others' as `<name>@<level>`: each level's set becomes one
-library of the module, its kernels under their own names.
+library of the module, its kernels under their own names. A cpu twin is built for the lowest
+level alone (a fallback: the backend links its one build into every level's library).
 
     %y = "hexir.linear"(%x, %w) {device = "cpu"}     (x: tensor<?x8xf32, "batch">)
   =>
@@ -213,11 +214,13 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
 
 def _cpu_kernels(name: str, twin: bool, arg_types: list[ir.Type], build: Builder, request: Request,
                  record: object = None) -> list[ir.Operation]:
-    """A cpu kernel per x86-64 level of the target (the cpu `twin` of the cuda kernel `name`)."""
+    """A cpu kernel per x86-64 level of the target; the cpu `twin` of the cuda kernel `name` at its
+    baseline (lowest) level alone: a fallback, built once and linked into every level's library."""
     kernels = []
-    for level in request.target.cpu_levels:
+    levels = request.target.cpu_levels[-1:] if twin else request.target.cpu_levels
+    for level in levels:
         at_level = replace(request, target=replace(request.target, cpu_levels=(level,)))
-        identity = ht.KernelId(name, "cpu", level, level == request.target.cpu, twin=twin)
+        identity = ht.KernelId(name, "cpu", level, twin or level == request.target.cpu, twin=twin)
         kernels.append(_kernel(identity, arg_types, build, at_level, record))
     return kernels
 

@@ -38,13 +38,15 @@ UPSTREAM = ("builtin.module(canonicalize, cse, convert-math-to-llvm, convert-mat
             "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, reconcile-unrealized-casts)")
 
 
-def cpu_kernels_to_llvm(module: ir.Module, level: str | None = None) -> ir.Module:
+def cpu_kernels_to_llvm(module: ir.Module, level: str | None = None, twins: bool | None = None) -> ir.Module:
     """Clone the cpu kernels of one x86-64 level (default: the best one, whose kernels carry
-    their own names) into a fresh module, under their own names, and lower it to LLVM."""
+    their own names) into a fresh module, under their own names, and lower it to LLVM; `twins`
+    True or False: only the cuda kernels' cpu twins (built at the lowest level), or none of them."""
     with module.context, ir.Location.unknown():
         lowered = ir.Module.create()
-        kernels = ht.generated_kernels(module, "cpu")
-        level = level or next((ht.level_of(k) for k in kernels if ht.identity_of(k).best), None)
+        kernels = [k for k in ht.generated_kernels(module, "cpu") if twins is None or ht.identity_of(k).twin == twins]
+        level = level or next((ht.level_of(k) for k in sorted(kernels, key=lambda k: ht.identity_of(k).twin)
+                               if ht.identity_of(k).best), None)  # the best level's; a twins' module: theirs
         with ir.InsertionPoint(lowered.body):
             for kernel in (k for k in kernels if ht.level_of(k) == level):
                 clone = kernel.clone()

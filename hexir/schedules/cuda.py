@@ -376,14 +376,17 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 _put(w_staged, w_tile, buffer, thread, threads * threads, tile)
 
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
+                # the sums read once and written once a slice, SSA values between (the same code
+                # after LLVM's mem2reg, a third of the ops for MLIR to convert: compile time)
+                at = [[ht.index(i), ht.index(j)] for i in range(per) for j in range(per)]
+                running = [ht.load(sums, index) for index in at]
                 for kk in map(ht.index, range(step)):  # unrolled here: constant shared offsets
                     a = _vector_run(x_tile, buffer, kk, ty, threads, width, per)
                     b = _vector_run(w_tile, buffer, kk, tx, threads, width, per)
-                    for i in range(per):
-                        for j in range(per):
-                            at = [ht.index(i), ht.index(j)]
-                            product = arith.MulFOp(a[i], b[j], fastmath=_contract()).result
-                            ht.store(arith.AddFOp(ht.load(sums, at), product, fastmath=_contract()).result, sums, at)
+                    running = [arith.AddFOp(total, arith.MulFOp(a[c // per], b[c % per], fastmath=_contract()).result,
+                                            fastmath=_contract()).result for c, total in enumerate(running)]
+                for total, index in zip(running, at, strict=True):
+                    ht.store(total, sums, index)
             _pipeline(k_length, step, fetch, put, compute)
 
             def finish(c: int, value: Callable[[], ir.Value]) -> None:

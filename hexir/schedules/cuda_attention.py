@@ -221,6 +221,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 ht.barrier()
                 _group(copy_k(_index_math(k0, keys)))
                 row_type = ir.VectorType.get([min(width, rm)], element)
+                # the sums read once and written once a tile, SSA values between (the same code
+                # after LLVM's mem2reg, far fewer ops for MLIR to convert: compile time)
+                running = {(r, c): ht.load(acc, [ht.index(r), ht.index(c)])
+                           for r, c in itertools.product(range(rm), range(dvt))}
                 for key in range(keys):
                     weights = []
                     for r0 in range(0, rm, width):
@@ -232,10 +236,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         loaded = vector.LoadOp(vtype, v_s, [ht.index(key), column]).result
                         values += [vector.ExtractOp(loaded, [], [w]).result for w in range(width)]
                     for r, c in itertools.product(range(rm), range(dvt)):
-                        at_acc = [ht.index(r), ht.index(c)]
                         product_ = arith.MulFOp(weights[r], values[c], fastmath=_contract()).result
-                        total_ = arith.AddFOp(ht.load(acc, at_acc), product_, fastmath=_contract()).result
-                        ht.store(total_, acc, at_acc)
+                        running[r, c] = arith.AddFOp(running[r, c], product_, fastmath=_contract()).result
+                for (r, c), total_ in running.items():
+                    ht.store(total_, acc, [ht.index(r), ht.index(c)])
             nvgpu.DeviceAsyncWaitOp(first, numGroups=0)  # (the last tile's k copies: none left in flight)
             for r, row in enumerate(my_rows):
                 global_row = arith.AddIOp(q0, row).result

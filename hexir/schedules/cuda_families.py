@@ -29,7 +29,7 @@ REDUCE_BLOCK = 256
 REGISTER_THREADS = 256   # the most threads of a block holding a row in registers
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
-REGISTER_MOST = 16       # and the most it holds under that cap (32 doubles a thread were slower, run 114)
+REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (round 8)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -191,14 +191,15 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
     """The threads of a block that holds a row in registers, 16 bytes a load (0: it cannot): a
     power of two from 32 to REGISTER_THREADS dividing the row's vectors, about REGISTER_VECTORS
     of them a thread, at most REGISTER_THREADS unless that leaves a thread more than REGISTER_MOST
-    (then 1024) (docs/tuning.md, "CUDA memory-bound kernels": runs 111, 113, 114)."""
+    (then enough for REGISTER_MOST each, up to 1024) (docs/tuning.md, "CUDA memory-bound kernels"
+    and "CUDA reduce: long rows")."""
     if not isinstance(length, int) or length % lanes or length > REGISTER_ROW:
         return 0
     vectors = length // lanes
     threads = 1 << max(5, (max(vectors // REGISTER_VECTORS, 1)).bit_length() - 1)  # ~REGISTER_VECTORS each
     threads = min(threads, REGISTER_THREADS)
-    if vectors > threads * REGISTER_MOST:  # (f64 rows of 16384: 1024 threads of 8, as run 113 measured)
-        threads = 1024
+    if vectors > threads * REGISTER_MOST:  # rows of 64 KiB: 512 threads of 8; of 128 KiB (f64 16384): 1024
+        threads = min(1024, 1 << (-(-vectors // REGISTER_MOST) - 1).bit_length())
     while threads >= 32 and vectors % threads:
         threads //= 2
     return threads if threads >= 32 else 0
@@ -209,7 +210,10 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
     """A row over the last axis read once, 16 bytes a load, into registers (thread t holds vectors
     t, t + T, ...): each reduction from registers then across the block, then the output from
     registers, 16 bytes a store. Memory sees the row once each way (the strided kernel reads it
-    once per reduction and once more for a per-element output)."""
+    once per reduction and once more for a per-element output). In a block of more than
+    REGISTER_THREADS the other inputs (layer_norm's weight and bias) are read where a tree uses
+    them: loaded with x, they held as many registers again across the reductions (docs/tuning.md,
+    "CUDA reduce: long rows")."""
     program: scalars.Program = request.expr
     x = inputs[0]
     rank, element = ir.MemRefType(x.type).rank, compute_type(*(a.type for a in (*inputs, out)))
@@ -223,13 +227,26 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
             if rank > 1 else []
         starts = [arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result, ht.index(lanes)).result
                   for c in range(chunks)]
-        columns = [[_read(v, broadcast_indices(v, [*kept, start]), lanes) for v in inputs] for start in starts]
-        elements = [([c[i] for c in column], arith.AddIOp(start, ht.index(i)).result if i else start)
-                    for column, start in zip(columns, starts, strict=True) for i in range(lanes)]
+        # past REGISTER_THREADS a thread's registers are few (65536 / threads): the other inputs
+        # are read late; below, with x (2-5% faster there on the H200: round 8)
+        early = threads <= REGISTER_THREADS
+        loaded = [[_read(v, broadcast_indices(v, [*kept, start]), lanes) for v in (inputs if early else inputs[:1])]
+                  for start in starts]
+        held = [columns[0] for columns in loaded]
+
+        def elements(tree: scalars.Tree, c: int) -> list[tuple[list[ir.Value], ir.Value]]:
+            """The inputs of each element of the thread's vector c for `tree` (x's from registers;
+            one the tree does not use stands in as x) and its position in the row."""
+            others = loaded[c][1:] if early else [
+                _read(v, broadcast_indices(v, [*kept, starts[c]]), lanes) if scalars.uses(tree, "arg", i)
+                else held[c] for i, v in enumerate(inputs) if i]
+            return [([held[c][i], *(o[i] for o in others)], arith.AddIOp(starts[c], ht.index(i)).result if i
+                     else starts[c]) for i in range(lanes)]
+
         reds: list[ir.Value] = []
         for kind, tree in program.reductions:
             acc = _initial(kind, accumulator(kind, element))
-            for values, position in elements:
+            for values, position in (e for c in range(chunks) for e in elements(tree, c)):
                 acc = combine(kind, acc, emit(tree, values, reds, length_value, element), position)
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads), element))
         if program.rows:
@@ -240,8 +257,8 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 scf.YieldOp([])
         else:
             for c, start in enumerate(starts):
-                _write([emit(program.out, values, reds, length_value, element)
-                        for values, _ in elements[c * lanes:(c + 1) * lanes]], out, [*kept, start])
+                _write([emit(program.out, v, reds, length_value, element) for v, _ in elements(program.out, c)], out,
+                       [*kept, start])
     return ht.Launch((rows, 1, 1), (threads, 1, 1))
 
 

@@ -157,13 +157,14 @@ def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
         {puts("%c0")}
         CHECK-NEXT: "hextir.barrier"() : () -> ()
 
-        each slice: the next one's loads, the FMAs on this one's buffer (KS % 2), the next one
-        stored into the other buffer (1 - KS % 2), a barrier
+        each slice: the next one's loads, the sum read (PER = 1), the FMAs on this one's buffer
+        (KS % 2), the sum written, the next one stored into the other buffer (1 - KS % 2), a barrier
         CHECK-NEXT: scf.for %[[KS:arg[0-9]+]] = %c0 to %c1 step %c1 {{
         CHECK-NEXT:   %[[NEXT:[0-9]+]] = arith.addi %[[KS]], %c1 : index
         CHECK-NEXT:   %[[K0:[0-9]+]] = arith.muli %[[NEXT]], %c{STEP} : index
         {fetches("%[[K0]]")}
         CHECK-NEXT:   %[[BUF:[0-9]+]] = arith.remui %[[KS]], %c2 : index
+        CHECK-NEXT:   %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0)
         CHECK-NEXT:   %[[TYW:[0-9]+]] = arith.muli %[[TY]], %c{WIDTH} : index
         CHECK-NEXT:   %[[XAT:[0-9]+]] = arith.addi %[[TYW]], %c0 : index
         CHECK-NEXT:   %[[A:[0-9]+]] = vector.load %[[XTILE]][%[[BUF]], %c0, %[[XAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE + WIDTH}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
@@ -173,11 +174,11 @@ def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
         CHECK-NEXT:   %[[B:[0-9]+]] = vector.load %[[WTILE]][%[[BUF]], %c0, %[[WAT]]] {{alignment = {4 * WIDTH} : i64}} : memref<2x{STEP}x{TILE}xf32, #gpu.address_space<workgroup>>, vector<{WIDTH}xf32>
         CHECK-NEXT:   %[[B0:[0-9]+]] = vector.extract %[[B]][0] : f32 from vector<{WIDTH}xf32>
         CHECK-NEXT:   %[[P:[0-9]+]] = arith.mulf %[[A0]], %[[B0]] fastmath<contract> : f32
-        CHECK-NEXT:   %[[OLD:[0-9]+]] = "hextir.load"(%[[SUMS]], %c0, %c0)
-        CHECK-NEXT:   %[[NEW:[0-9]+]] = arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
-        CHECK-NEXT:   "hextir.store"(%[[NEW]], %[[SUMS]], %c0, %c0)
+        CHECK-NEXT:   arith.addf %[[OLD]], %[[P]] fastmath<contract> : f32
         CHECK-COUNT-{STEP * PER * PER - 1}: arith.mulf
-        CHECK:        %[[OTHER:[0-9]+]] = arith.subi %c1, %[[BUF]] : index
+        CHECK-NOT:    "hextir.store"
+        CHECK:        "hextir.store"(%{{{{.+}}}}, %[[SUMS]], %c0, %c0)
+        CHECK-NEXT:   %[[OTHER:[0-9]+]] = arith.subi %c1, %[[BUF]] : index
         {puts("%[[OTHER]]")}
         CHECK-NEXT:   "hextir.barrier"() : () -> ()
         CHECK-NEXT: }} {{hextir.schedule = #hextir.loop<"serial", "">}}
@@ -217,7 +218,7 @@ def test_tir_binds_the_cuda_loops_and_guards_the_shapes():
 
         CHECK:      func.func public @[[LINEAR]]_cpu(
         CHECK-SAME: hextir.expr = "[\\22arg\\22,0]", hextir.fallback_of = @[[LINEAR]]
-        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64-v4", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
+        CHECK-SAME: hextir.kernel = #hextir.kernel<"cpu", "linear">, hextir.level = "x86-64", hextir.sizes = [], hextir.work = {{extent = "{cpu_linear_tiles(17, 7, "float32")}", grain = 1 : i64}}
         CHECK-NOT:  Idx
         CHECK:      #hextir.loop<"parallel", "">
         CHECK-NEXT: return
@@ -441,16 +442,46 @@ def test_cuda_kernels_carry_images_and_a_cpu_fallback(build):
 
 
 def test_the_cpu_library_exports_the_fallbacks(build, tmp_path):
-    manifest, module = read(build("linear_relu_apart", "float32", 9, 4, 5))
+    manifest, module = read(build("linear_relu_apart", "float32", 9, 4, 5, target="cpu:x86-64-v3,cpu:x86-64,cuda:sm_90"))
     names = [kernel["name"] for kernel in manifest["kernels"]]
-    assert manifest["cpu"]["libraries"]
-    for entry in manifest["cpu"]["libraries"]:  # one library per x86-64 level
+    (entry,) = manifest["cpu"]["libraries"]  # fallbacks alone: the lowest level's library
+    assert entry["cpu"] == "x86-64"
+    symbols = _symbols(tmp_path, module, entry)
+    assert {f"{name}_cpu" for name in names} <= set(symbols)
+    assert not set(names) & set(symbols)  # the GPU kernels live only in the CUBIN/PTX
+
+
+def _symbols(tmp_path: Path, module, entry: dict, *options: str) -> str:
+    library = tmp_path / f"{entry['cpu']}.so"
+    library.write_bytes(bytes(module.blob(entry["library"])))
+    return subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", *options, str(library)],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_each_level_links_the_one_baseline_build_of_the_fallbacks(build, tmp_path):
+    """The cpu relu is built per level; the cuda linear's twin once, for the lowest level, and
+    every library holds that code: the same bytes in each, none of them AVX."""
+    path = build("linear_relu_apart", "float32", 9, 4, 5, relu="cpu", target="cpu:x86-64-v3,cpu:x86-64,cuda:sm_90")
+    manifest, module = read(path)
+    linear = next(k for k in manifest["kernels"] if k["device"] == "cuda")
+    twin = linear["cpu_fallback"]["symbol"]
+    code = {}
+    for entry in manifest["cpu"]["libraries"]:
+        sizes = _symbols(tmp_path, module, entry, "--print-size")
+        assert twin in sizes, entry["cpu"]
         library = tmp_path / f"{entry['cpu']}.so"
-        library.write_bytes(bytes(module.blob(entry["library"])))
-        symbols = subprocess.run([str(LLVM_BIN / "llvm-nm"), "--defined-only", "-D", str(library)],
-                                 capture_output=True, text=True, check=True).stdout.split()
-        assert {f"{name}_cpu" for name in names} <= set(symbols), entry["cpu"]
-        assert not set(names) & set(symbols)  # the GPU kernels live only in the CUBIN/PTX
+        listing = subprocess.run([str(LLVM_BIN / "llvm-objdump"), "-d", f"--disassemble-symbols={twin}",
+                                  "--no-show-raw-insn", "--no-leading-addr", str(library)],
+                                 capture_output=True, text=True, check=True).stdout
+        code[entry["cpu"]] = [re.sub("0x[0-9a-f]+", "ADDRESS", line.split("#")[0].strip())  # (where it was linked)
+                              for line in listing.splitlines() if line.startswith(" ")]
+    assert list(code) == ["x86-64-v3", "x86-64"]
+    assert code["x86-64-v3"] == code["x86-64"] and code["x86-64"]
+    assert not any("ymm" in line or line.startswith("v") for line in code["x86-64"])  # SSE2, no VEX
+    x, w = (np.random.default_rng(seed).standard_normal(shape).astype(np.float32) for seed, shape in ((0, (9, 4)),
+                                                                                                   (1, (4, 5))))
+    got = hexir_runtime.load(path, "cpu").main(x, w)
+    np.testing.assert_allclose(got, numpy_of("linear_relu", [x, w]), rtol=1e-5, atol=1e-5)
 
 
 # ---- the CUBIN and the PTX ---------------------------------------------------------------------

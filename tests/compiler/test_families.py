@@ -311,6 +311,37 @@ def test_a_block_of_warps_meets_once_in_shared_memory():
     """)
 
 
+def test_a_long_row_s_layer_norm_reads_its_weight_and_bias_only_for_the_output():
+    """A row of 16384 f32 in registers: 512 threads of 8 vectors (128 bytes each, REGISTER_MOST);
+    x's vectors are loaded first, the weight's and bias's only after both reductions' barriers,
+    where the output uses them (loaded with x they held as many registers again: 212 in all).
+    A row of 4096 (256 threads) reads them with x, as before."""
+    x, row = "tensor<2x16384xf32>", "tensor<16384xf32>"
+    text = f"""
+    func.func @main(%x: {x}, %w: {row}, %b: {row}) -> {x} {{
+      %0 = "hexir.layer_norm"(%x, %w, %b) {{device = "auto", {family_attrs("layer_norm", operands=3)}}} : ({x}, {row}, {row}) -> {x}
+      return %0 : {x}
+    }}"""
+    kernel = lower(text, "mlir-tir", **CUDA)
+    kernel = kernel[:kernel.index("_cpu(")]
+    filecheck(kernel, """
+        CHECK:          block = array<i64: 512, 1, 1>
+        CHECK-COUNT-8:  vector.load %arg0
+        CHECK-NOT:      vector.load
+        CHECK:          "hextir.barrier"()
+        CHECK-NOT:      vector.load
+        CHECK:          "hextir.barrier"()
+        CHECK-NOT:      vector.load %arg0
+        CHECK:          vector.load %arg1
+        CHECK-NEXT:     vector.extract
+        CHECK:          vector.load %arg2
+        CHECK:          vector.store %{{.+}}, %arg3
+    """)
+    assert kernel.count("vector.load %arg1") == kernel.count("vector.load %arg2") == 8
+    short = lower(text.replace("16384", "4096"), "mlir-tir", **CUDA)  # 256 threads: registers enough,
+    assert short.index("vector.load %arg2") < short.index('"hextir.barrier"')  # all read with x
+
+
 def test_argmax_writes_the_first_largest_index_as_i64():
     text = f"""
     func.func @main(%x: {X}) -> tensor<4xi64> {{
