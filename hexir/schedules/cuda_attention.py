@@ -46,6 +46,10 @@ TX = 16  # threads of a block along the keys: a row's lanes, one half-warp
 #: fit SHARED_MOST bytes (docs/tuning.md, "CUDA attention")
 TILINGS = ((8, 4, 16), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
 SHARED_MOST = 160 * 1024
+#: The weights' tile unpadded, the 16-byte column of key r at column ^ (r % 8) (key tx + 16 c:
+#: one turn a thread): the keys written side by side still hit distinct banks, and with q's tile
+#: unpadded two blocks of 64 x 64 tiles fit an SM at d 128 (113 KiB each)
+SWIZZLE = True
 #: The scores are kept times log2(e) and their exps taken as exp2 (libdevice's exp2f is one
 #: ex2.approx, 2 ulp; its expf a dozen instructions) (docs/tuning.md, "CUDA attention").
 EXP2 = True
@@ -63,13 +67,31 @@ def _both(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.AndIOp(a, b).result
 
 
+def _swizzled(columns: int, width: int) -> bool:
+    return SWIZZLE and columns % (8 * width) == 0
+
+
+def _pad(columns: int, width: int) -> int:
+    """A row of a tile read a row a lane: as it is where it is swizzled, else one copy longer."""
+    return columns if _swizzled(columns, width) else columns + width
+
+
+def _column(row: ir.Value | int, column: ir.Value, columns: int, width: int) -> ir.Value:
+    """Where column `column` of `row` lies in a tile of `columns` (see SWIZZLE)."""
+    if not _swizzled(columns, width):
+        return column
+    turn = row % 8 * width if isinstance(row, int) else _index_math(_index_math(row, 7, arith.AndIOp), width,
+                                                                        arith.MulIOp)
+    return arith.XOrIOp(column, ht.index(turn) if isinstance(turn, int) else turn).result
+
+
 def _plan(d: int, dv: int, width: int, element_bytes: int) -> tuple[int, int, int, int, int]:
     """(rows, keys a thread, threads along the rows, D padded, Dv padded) of the first tiling
     whose shared buffers fit."""
     padded, dv_padded = -(-d // width) * width, -(-dv // (TX * width)) * TX * width
     for rm, cn, ty in TILINGS:
         rows, keys = ty * rm, TX * cn
-        size = (rows * (padded + width) + keys * (padded + width) + keys * dv_padded + keys * (rows + width))
+        size = rows * padded + keys * (padded + width) + keys * dv_padded + keys * _pad(rows, width)
         if size * element_bytes <= SHARED_MOST or (rm, cn, ty) == TILINGS[-1]:
             return rm, cn, ty, padded, dv_padded
     raise AssertionError("unreachable")
@@ -134,10 +156,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     grid = (exprs.mul(product(batch), row_tiles), 1, 1)
     vtype = ir.VectorType.get([width], element)
     with ht.loop(0, ht.size_value(grid[0], symbols), "parallel", "blockIdx.x") as item:
-        q_s = ht.alloc_local([rows, padded + width], element, "shared")
-        k_s = ht.alloc_local([keys, padded + width], element, "shared")
+        q_s = ht.alloc_local([rows, padded], element, "shared")  # (a row is read by all its lanes at once)
+        k_s = ht.alloc_local([keys, padded + width], element, "shared")  # (a swizzle's addresses cost registers)
         v_s = ht.alloc_local([keys, dv_padded], element, "shared")
-        p_s = ht.alloc_local([keys, rows + width], element, "shared")
+        p_s = ht.alloc_local([keys, _pad(rows, width)], element, "shared")
         with ht.loop(0, ty_extent, "parallel", "threadIdx.y") as ty, ht.loop(0, TX, "parallel", "threadIdx.x") as tx:
             tiles, sq_v, sk_v = (ht.size_value(e, symbols) for e in (row_tiles, sq, sk))
             at = batch_coordinates(arith.DivUIOp(item, tiles).result, [ht.size_value(e, symbols) for e in batch])
@@ -213,10 +235,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         lanes = min(width, rm - r0)
                         values = [scores[r][c] for r in range(r0, r0 + lanes)]
                         if lanes == 1:
-                            ht.store(values[0], p_s, [key, my_rows[r0]])
+                            ht.store(values[0], p_s, [key, _column(tx, my_rows[r0], rows, width)])
                             continue
                         packed = vector.FromElementsOp(ir.VectorType.get([lanes], element), values).result
-                        vector.StoreOp(packed, p_s, [key, my_rows[r0]])
+                        vector.StoreOp(packed, p_s, [key, _column(tx, my_rows[r0], rows, width)])
                 nvgpu.DeviceAsyncWaitOp(v_group, numGroups=0)
                 ht.barrier()
                 _group(copy_k(_index_math(k0, keys)))
@@ -224,7 +246,8 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 for key in range(keys):
                     weights = []
                     for r0 in range(0, rm, width):
-                        loaded = vector.LoadOp(row_type, p_s, [ht.index(key), my_rows[r0]]).result
+                        loaded = vector.LoadOp(row_type, p_s, [ht.index(key), _column(key, my_rows[r0], rows, width)]
+                                               ).result
                         weights += [vector.ExtractOp(loaded, [], [w]).result for w in range(min(width, rm))]
                     values = []
                     for run in range(dvt // width):
