@@ -114,14 +114,13 @@ def _view(value: ir.Value, device: str, written: bool) -> tuple[dict | None, ir.
     while (op := _only_user(at) if written else _owner(at)) is not None \
             and (view := _through(op, *view, written)) is not None and hx.device_of(op) == device:
         at = op.result if written else op.operands[0]
-        record, extents, dtype = {"shape": list(shape), "axes": view[0], "start": view[1]}, hx.shape_of(at.type), \
-            hx.dtype_of(at.type)
+        record, extents = {"shape": list(shape), "axes": view[0], "start": view[1]}, hx.shape_of(at.type)
         steps = [view[1][-1], extents[-1], *(c for a, c in view[0][:-1] if a == len(extents) - 1)]
         try:
-            check_view(record, TensorType(tuple(extents), dtype), "view", written)
+            check_view(record, TensorType(tuple(extents), hx.dtype_of(at.type)), "view", written)
         except HxbFormatError:
             continue
-        if device != "cuda" or all(isinstance(n, int) and n % (16 // DTYPES[dtype]) == 0 for n in steps):
+        if device != "cuda" or all(isinstance(n, int) and n * DTYPES[hx.dtype_of(at.type)] % 16 == 0 for n in steps):
             found = record, at
     return found
 
@@ -136,10 +135,7 @@ def _through(op: ir.Operation, axes: list, start: list, written: bool) -> tuple[
     shapes = [hx.shape_of(op.operands[0].type), hx.shape_of(op.result.type)]
     if op.name == "hexir.transpose":
         perm = [record["perm"].index(a) for a in range(len(start))] if written else record["perm"]
-        moved = [0] * len(start)
-        for t, first in enumerate(start):
-            moved[perm[t]] = first
-        return [[perm[a], c] for a, c in axes], moved
+        return [[perm[a], c] for a, c in axes], [start[perm.index(j)] for j in range(len(start))]
     if op.name == "hexir.slice" and all(isinstance(t, int) and t >= 1 for t in record["step"]):
         return [[a, c * record["step"][a]] for a, c in axes], [
             first + t * s for first, t, s in zip(record["start"], record["step"], start, strict=True)]
