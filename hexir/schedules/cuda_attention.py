@@ -67,22 +67,18 @@ def _both(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.AndIOp(a, b).result
 
 
-def _swizzled(columns: int, width: int) -> bool:
-    return SWIZZLE and columns % (8 * width) == 0
-
-
 def _pad(columns: int, width: int) -> int:
-    """A row of a tile read a row a lane: as it is where it is swizzled, else one copy longer."""
-    return columns if _swizzled(columns, width) else columns + width
+    """The length of the weights' tile's rows: as they are where they are swizzled (SWIZZLE)."""
+    return columns if SWIZZLE and columns % (8 * width) == 0 else columns + width
 
 
-def _column(row: ir.Value | int, column: ir.Value, columns: int, width: int) -> ir.Value:
-    """Where column `column` of `row` lies in a tile of `columns` (see SWIZZLE)."""
-    if not _swizzled(columns, width):
+def _column(key: ir.Value | int, column: ir.Value, columns: int, width: int) -> ir.Value:
+    """Where column `column` of key `key` lies in the weights' tile of rows of `columns`."""
+    if _pad(columns, width) != columns:
         return column
-    turn = row % 8 * width if isinstance(row, int) else _index_math(_index_math(row, 7, arith.AndIOp), width,
-                                                                        arith.MulIOp)
-    return arith.XOrIOp(column, ht.index(turn) if isinstance(turn, int) else turn).result
+    turn = ht.index(key % 8 * width) if isinstance(key, int) else \
+        _index_math(_index_math(key, 7, arith.AndIOp), width, arith.MulIOp)
+    return arith.XOrIOp(column, turn).result
 
 
 def _plan(d: int, dv: int, width: int, element_bytes: int) -> tuple[int, int, int, int, int]:

@@ -102,8 +102,7 @@ def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | Non
         for array, arg, view in zip(arrays, kernel.args, kernel.views, strict=True):
             sizes = {d: n for d, n in zip(arg.shape, array.shape, strict=True) if isinstance(d, str)}
             if isinstance(view, StridedView):  # (a view of the buffer: the output written through it)
-                at = sum(s * i for s, i in zip(array.strides, view.start, strict=True)) // array.itemsize
-                flat = array.reshape(-1)[at:]
+                flat = array.reshape(-1)[np.ravel_multi_index(view.start, array.shape, mode="clip"):]
                 strides = [array.strides[a] * c for a, c in view.axes]
                 reshaped.append(np.lib.stride_tricks.as_strided(flat, view.concrete(sizes), strides))
                 continue
