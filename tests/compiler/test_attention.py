@@ -205,3 +205,16 @@ def test_the_heads_of_a_qkv_are_read_and_the_result_written_in_place(device):
                    for j in range(3))
         want = numpy_attention(q, k, v, mask, 0.5).transpose(0, 2, 1, 3).reshape(batch, seq, width) * 2
         np.testing.assert_allclose(module.main(qkv, mask), want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_heads_whose_rows_miss_16_bytes_stay_copies_on_cuda(device):
+    """Heads of 6 float32s (24 bytes): the cuda kernel copies rows 16 bytes at a time from where
+    each starts, so there the layout ops stay kernels; the cpu reads them in place."""
+    def block(qkv):
+        q, k, v = (qkv[..., j * 12:(j + 1) * 12].reshape(2, 5, 2, 6).transpose(0, 2, 1, 3) for j in range(3))
+        return hexir.softmax(q @ k.transpose(0, 1, 3, 2)) @ v
+
+    printed = _fused(block, [TensorSpec((2, 5, 36), "float32")], device)
+    assert printed.count("hexir.attention") == 1
+    assert ("hexir.views" in printed) == (device == "cpu") and ("hexir.transpose" in printed) == (device == "cuda")
