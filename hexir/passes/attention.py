@@ -19,6 +19,15 @@ heads of a qkv[b, s, 3 h d] are read in place, the result written as [b, s, h d]
     %o = "hexir.matmul"(%p, %v)
   =>
     %o = "hexir.attention"(%q, %k, %v, %mask) {hexir.epilogue = "a0 * 0.125 + a1"}
+
+and, q, k, v heads of 4 of a qkv[2, 5, 24] (k at columns 8-15, v at 16-23 likewise):
+
+    %q8 = "hexir.slice"(%qkv) {expr = {kind: slice, start: [0, 0, 0], step: [1, 1, 1]}}  : [2, 5, 8]
+    %q4 = "hexir.reshape"(%q8)                                                           : [2, 5, 2, 4]
+    %q = "hexir.transpose"(%q4) {expr = {kind: transpose, perm: [0, 2, 1, 3]}}            : [2, 2, 5, 4]
+  =>
+    %o = "hexir.attention"(%qkv, %qkv, %qkv, %mask) {hexir.views = {"0": {shape: [2, 2, 5, 4],
+           axes: [[0, 1], [2, 4], [1, 1], [2, 1]], start: [0, 0, 0]}, "1": {.., start: [0, 0, 8]}, ..}}
 """
 
 from __future__ import annotations
