@@ -151,6 +151,7 @@ BAD_VIEWS = {  # arg -> view, the field, part of the message
                          "expected an integer >= 0"),
     "out written twice": ({3: {**heads(2, 4, 0), "axes": [[0, 1], [2, 2], [1, 1], [2, 1]]}},
                           "kernels[0].args[3].view.axes", "writes twice to axis 2"),
+    "out written in part": ({3: heads(1, 4, 0)}, "kernels[0].args[3].view.shape", "leaves elements of its buffer"),
     "the mask strided": ({}, "kernels[0].args[3].view", "expected an array"),  # (a reshape's, if any)
     "the view not attention's": ({0: {**heads(2, 4, 0), "shape": ["b", 2, "s", 5]}}, "kernels[0].args",
                                  "attention expects"),

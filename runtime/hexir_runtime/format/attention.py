@@ -10,6 +10,7 @@ over the keys. q, k, v and out may be strided views of their buffers (check_view
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ class StridedView(TensorType):
 def check_view(spec: Any, buffer: TensorType, path: str, written: bool) -> StridedView:
     """Refuse (naming `path`) a view that could reach past its buffer's axes whatever the
     symbols' sizes (an axis of a symbol is read whole from 0, by one axis of that symbol), or,
-    `written`, two indices landing on one element."""
+    `written`, that does not write each element of the buffer once."""
     view = _object(spec, path, ("shape", "axes", "start"))
     shape = tuple(_dim(d, f"{path}.shape[{i}]", True) for i, d in enumerate(_list(view["shape"], f"{path}.shape")))
     axes = [tuple(_int(n, f"{path}.axes[{i}][{j}]") for j, n in enumerate(_list(pair, f"{path}.axes[{i}]")))
@@ -51,6 +52,10 @@ def check_view(spec: Any, buffer: TensorType, path: str, written: bool) -> Strid
             _fail(f"{path}.axes", f"the view {list(shape)} {'writes twice to' if inside else 'reaches past'} axis "
                                   f"{j} of its buffer {buffer} (from {start[j]}, [step, extent]: "
                                   f"{[list(m) for m in mine]})")
+    def count(dims: tuple[Dim, ...]) -> tuple:
+        return math.prod(d for d in dims if type(d) is int), sorted(d for d in dims if type(d) is str)
+    if written and count(shape) != count(buffer.shape):  # (no element twice, so then each once)
+        _fail(f"{path}.shape", f"the view {list(shape)} leaves elements of its buffer {buffer} unwritten")
     return StridedView(shape, buffer.dtype, tuple(axes), start)
 
 
