@@ -12,7 +12,8 @@ rows padded so 8 consecutive rows hit distinct banks), the tree applied (the mas
 broadcast index, a key past Sk -inf); the row's max over the tile is combined across the 16 lanes
 holding the row (warp shuffles), the running max m raised, the thread's sums and its part of the
 row sum l rescaled by exp(m_old - m), and the weights exp(s - m) stored to shared memory
-transposed (key-major: a thread's RM rows of one key are one 128-bit load); then each thread's
+transposed (key-major: a thread's RM rows of one key are one 128-bit load; each key's row
+swizzled, SWIZZLE, where q's tile is unpadded); then each thread's
 RM x Dv/TX outputs accumulate weights x v's rows. At the end the row sums are combined across
 the lanes and out = sums / l, guarded. An all -inf row takes its exps against 0: 0 / 0 = NaN, as
 the unfused softmax gives.
