@@ -2,7 +2,7 @@
 tree(q @ kᵀ, mask)) @ v, one pass over the keys with a running max and sum per query row.
 
 A block of TX x TY threads (TY by the tiling: 16 x 16 holding 128 query rows x 64 keys at d 64,
-64 x 64 at d 128) takes one batch index's `rows` query rows (blockIdx.x: batch index, row tile)
+16 x 32 holding 128 x 64 at d 128) takes one batch index's `rows` query rows (blockIdx.x: batch index, row tile)
 and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to shared memory
 by cp.async (16 bytes a copy where D, Dv are multiples of 16 bytes; rows past the sequence and
 columns past D zero-filled); v's copy is in flight while the scores are computed,
@@ -44,9 +44,11 @@ from hexir.schedules.emit import constant, emit
 
 TX = 16  # threads of a block along the keys: a row's lanes, one half-warp
 #: (rows, keys a thread holds in a tile, threads along the rows): the first whose shared buffers
-#: fit SHARED_MOST bytes (docs/tuning.md, "CUDA attention")
-TILINGS = ((8, 4, 16), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
-SHARED_MOST = 160 * 1024
+#: fit SHARED_MOST bytes and whose sums and scores a thread holds, rows x (Dv / TX + keys), are at
+#: most HELD (8x4x16 at d 128 holds 96: 255 registers, half as fast; 4x4x32 there is 128 query
+#: rows a block, 512 threads, 161 KiB) (docs/tuning.md, "CUDA attention")
+TILINGS = ((8, 4, 16), (4, 4, 32), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
+SHARED_MOST, HELD = 161 * 1024, 80
 #: The weights' tile unpadded, the 16-byte column of key r at column ^ (r % 8) (key tx + 16 c:
 #: one turn a thread): the keys written side by side still hit distinct banks, and with q's tile
 #: unpadded two blocks of 64 x 64 tiles fit an SM at d 128 (113 KiB each)
@@ -89,7 +91,7 @@ def _plan(d: int, dv: int, width: int, element_bytes: int) -> tuple[int, int, in
     for rm, cn, ty in TILINGS:
         rows, keys = ty * rm, TX * cn
         size = rows * padded + keys * (padded + width) + keys * dv_padded + keys * _pad(rows, width)
-        if size * element_bytes <= SHARED_MOST or (rm, cn, ty) == TILINGS[-1]:
+        if size * element_bytes <= SHARED_MOST and rm * (dv_padded // TX + cn) <= HELD or (rm, cn, ty) == TILINGS[-1]:
             return rm, cn, ty, padded, dv_padded
     raise AssertionError("unreachable")
 
