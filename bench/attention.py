@@ -11,7 +11,8 @@ shapes against numpy (float64).
 --tilings builds only the fused kernels of the timed shapes, once per tiling of
 schedules/cuda_attention.py's TILINGS (rows, keys a thread, threads along the rows), each
 alone in the table (into the DIR of a plain build), and the run times every one it finds (the
-tuning runs of docs/tuning.md).
+tuning runs of docs/tuning.md); a tiling ending in `pad` (`4,4,16pad`) is built without
+cuda_attention.SWIZZLE (the weights' tile padded). --shapes limits the timed shapes (`x128`: d 128).
 
 Times are CUDA events around a device-resident call (torch tensors in via DLPack, outputs on the
 GPU), median of --repeats. Memory: torch's peak allocation for SDPA; for hexir, the device
@@ -48,7 +49,7 @@ def attention(hexir, scale: float, masked: bool, transposed: bool):
     return lambda q, k, v: fused(q, k, v)
 
 
-def build(out: Path, tilings: list[str]) -> None:
+def build(out: Path, tilings: list[str], shapes: str = "") -> None:
     os.environ["HEXIR_CACHE_DIR"] = ""  # (the cache's key does not see a tiling set here)
     import hexir
     from hexir.schedules import cuda_attention
@@ -75,12 +76,13 @@ def build(out: Path, tilings: list[str]) -> None:
                 export(f"unfused-{tag}", attention(hexir, 1 / np.sqrt(d), masked, True),
                        [hexir.TensorSpec(shape, "float32"), hexir.TensorSpec((b, h, d, s), "float32"),
                         hexir.TensorSpec(shape, "float32")] + extra)
-            table = cuda_attention.TILINGS
-            for tiling in tilings:  # (each alone in the table: the kernel takes it whatever it needs)
-                cuda_attention.TILINGS = (tuple(int(n) for n in tiling.split(",")),)
+            table, swizzle = cuda_attention.TILINGS, cuda_attention.SWIZZLE
+            for tiling in tilings if shapes in tag else ():  # (each alone in the table)
+                cuda_attention.TILINGS = (tuple(int(n) for n in tiling.removesuffix("pad").split(",")),)
+                cuda_attention.SWIZZLE = not tiling.endswith("pad")
                 export(f"fused-{tag}-t{tiling.replace(',', 'x')}", attention(hexir, 1 / np.sqrt(d), masked, False),
                        [hexir.TensorSpec(shape, "float32")] * 3 + extra)
-            cuda_attention.TILINGS = table
+            cuda_attention.TILINGS, cuda_attention.SWIZZLE = table, swizzle
     print(f"built {len(list(out.glob('*.hxb.xz')))} modules in {out}")
 
 
@@ -98,6 +100,9 @@ def reference(q, k, v, mask, scale):
 def check(hexir_runtime, directory: Path) -> int:
     rng, failures = np.random.default_rng(0), 0
     for name, q_shape, k_rows, dtype, mask_shape in CASES:
+        if not (directory / f"case-{name}.hxb.xz").exists():  # (a tuning build has none)
+            print(f"check {name}: not built, skipped")
+            continue
         module = _load(hexir_runtime, directory, f"case-{name}")
         for seq in ((1, 70, 257) if "symbolic" in name else (None,)):
             size = {"seq": seq}
@@ -221,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("build", "run"))
     parser.add_argument("dir", type=Path)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--tilings", nargs="*", default=[], help="rows,keys,threads: fused variants to time")
+    parser.add_argument("--tilings", nargs="*", default=[], help="rows,keys,threads[pad]: fused variants to time")
+    parser.add_argument("--shapes", default="", help="the tilings' shapes: those whose tag holds this text")
     args = parser.parse_args(argv)
     if args.action == "build":
-        build(args.dir, args.tilings)
+        build(args.dir, args.tilings, args.shapes)
         return 0
     return run(args.dir, args.repeats)
 

@@ -5,7 +5,7 @@ on the cpu (`--device cpu`): hexir's cpu module against numpy computing the same
 matmuls on numpy's BLAS, its element-wise ops one temporary each; erf: scipy's, else torch's).
 
     python bench/block.py build DIR     # here (hexir): DIR/block.hxb.xz (its weights 32-level: 4:1), the compile time
-    python bench/block.py run DIR       # there (hexir_runtime, torch on cuda)
+    python bench/block.py run DIR [DIR2 ...]   # there (hexir_runtime, torch on cuda); DIR2: other builds beside
     python bench/block.py build DIR --device cpu && python bench/block.py run DIR --device cpu  # DIR/block_cpu.hxb.xz
 
 Two columns: numpy in / numpy out (a user's call from host arrays, the time to a host result;
@@ -169,7 +169,8 @@ def run_cpu(out: Path, repeats: int) -> int:
     return int(error > 1e-3)
 
 
-def run(out: Path, repeats: int) -> int:
+def run(out: Path, repeats: int, others: list[Path] = ()) -> int:
+    """Time DIR's module (and each of `others`' builds: a row each, against the same torch runs)."""
     import hexir_runtime
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -178,9 +179,8 @@ def run(out: Path, repeats: int) -> int:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((BATCH, SEQ, DIM)).astype(np.float32)
     mask = np.triu(np.full((SEQ, SEQ), -np.inf, np.float32), k=1)
-    if not (out / "block.hxb").exists():
-        (out / "block.hxb").write_bytes(lzma.decompress((out / "block.hxb.xz").read_bytes()))
-    module = hexir_runtime.load(out / "block.hxb", "cuda")
+    modules = {path.name: hexir_runtime.load(lzma.decompress((path / "block.hxb.xz").read_bytes()), "cuda")
+               for path in (out, *others)}  # (DIR is only read)
     eager = torch_block(torch, w)
     compiled = torch.compile(eager)
     xt, mt = torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()
@@ -191,17 +191,17 @@ def run(out: Path, repeats: int) -> int:
         torch.cuda.synchronize()
         torch_compile_s = time.perf_counter() - started
         status = 0
-        got = module.main(x, mask)
-        error = float(np.abs(got - want).max() / np.abs(want).max())
-        print(f"hexir vs torch eager: max error {error:.1e} relative to the largest"
-              + ("  WRONG" if error > 1e-3 else ""))
-        status |= error > 1e-3
+        for label, module in modules.items():
+            error = float(np.abs(module.main(x, mask) - want).max() / np.abs(want).max())
+            print(f"hexir ({label}) vs torch eager: max error {error:.1e} relative to the largest"
+                  + ("  WRONG" if error > 1e-3 else ""))
+            status |= error > 1e-3
         rows = {
-            "numpy in/out": (lambda: module.main(x, mask),
+            "numpy in/out": (lambda module: module.main(x, mask),
                              lambda: eager(torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()).cpu().numpy(),
                              lambda: compiled(torch.from_numpy(x).cuda(), torch.from_numpy(mask).cuda()).cpu().numpy(),
                              _wall),
-            "device-resident": (lambda: module.main(xt, mt, outputs="device"), lambda: eager(xt, mt),
+            "device-resident": (lambda module: module.main(xt, mt, outputs="device"), lambda: eager(xt, mt),
                                 lambda: compiled(xt, mt), lambda fn, r: _events(torch, fn, r)),
         }
         compile_s = json.loads((out / "block.json").read_text())["compile_seconds"]
@@ -209,9 +209,13 @@ def run(out: Path, repeats: int) -> int:
               f"hexir compiled in {compile_s:.1f} s (build machine), torch.compile's first {torch_compile_s:.1f} s")
         print(f"{'':>16} {'hexir ms':>9} {'eager ms':>9} {'eager/hexir':>11} {'compile ms':>10} {'compiled/hexir':>14}")
         for name, (ours, theirs, theirs_compiled, timer) in rows.items():
-            a, b, c = (timer(fn, repeats) for fn in (ours, theirs, theirs_compiled))
-            print(f"{name:>16} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:11.2f} {c * 1e3:10.2f} {c / a:14.2f}")
-    module.close()
+            b, c = (timer(fn, repeats) for fn in (theirs, theirs_compiled))
+            for label, module in modules.items():
+                a = timer(lambda module=module, ours=ours: ours(module), repeats)
+                print(f"{name:>16} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:11.2f} {c * 1e3:10.2f} {c / a:14.2f}"
+                      + (f"  ({label})" if others else ""))
+    for module in modules.values():
+        module.close()
     return status
 
 
@@ -219,13 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("build", "run"))
     parser.add_argument("dir", type=Path)
+    parser.add_argument("others", type=Path, nargs="*", help="run: other builds' DIRs, timed beside DIR's")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
     if args.action == "build":
         build(args.dir, args.device)
         return 0
-    return run_cpu(args.dir, args.repeats) if args.device == "cpu" else run(args.dir, args.repeats)
+    return run_cpu(args.dir, args.repeats) if args.device == "cpu" else run(args.dir, args.repeats, args.others)
 
 
 if __name__ == "__main__":

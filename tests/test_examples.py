@@ -115,6 +115,8 @@ def test_transformer_example_generates_with_one_module_and_hexir_run_gives_its_l
     kernels = [k["op"] for k in module.json["kernels"]]
     calls = [kernels[c.kernel] for entry in module.manifest.entries for c in entry.program if c.op == "call"]
     assert "matmul" not in kernels and kernels.count("attention") == 1  # (#25: fused; the blocks share it)
+    moves = {k["expr"]["kind"] for k in module.json["kernels"] if k["op"] == "layout"}
+    assert moves == {"take"}, moves  # (#25: q, k, v and the heads merged read and written in place)
     assert calls.count("attention") == 2  # one call a block
     spec = importlib.util.spec_from_file_location("transformer_example", REPO / "examples" / "transformer.py")
     model = importlib.util.module_from_spec(spec)

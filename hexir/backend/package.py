@@ -89,8 +89,8 @@ def _kernel_entry(kernel: ir.Operation, calls: dict[str, list[ir.Type]]) -> dict
     name = ht.name_of(kernel)
     args = [{**_spec(t), "access": "read"} for t in calls[ht.fallback_of(kernel) or ht.variant_of(kernel) or name]]
     args[-1]["access"] = "write"
-    for i, shape in ht.views_of(kernel).items():  # read in place as another shape (a free reshape)
-        args[i]["view"] = shape
+    for i, view in ht.views_of(kernel).items():  # read in place as another shape, or strided (tir-to-loops)
+        args[i]["view"] = {k: v for k, v in view.items() if k != "buffer"} if isinstance(view, dict) else view
     entry = {"name": name, "op": op, "device": device, "symbol": name, "args": args}
     custom = ht.custom_of(kernel)
     if custom is not None:

@@ -88,7 +88,7 @@ KERNEL = "hextir.kernel"            # on a kernel: #hextir.kernel<device, op>
 EXPR = "hextir.expr"               # on a kernel: what it computes per element, as the manifest's `expr` (JSON)
 SIZES = "hextir.sizes"              # on a kernel: the symbols it takes as trailing index arguments
 DIMS = "hextir.dims"                # on a kernel: each buffer's `?` extents, as size expressions (text)
-VIEWS = "hextir.views"              # on a kernel: {arg: shape} for the inputs it reads reshaped in place
+VIEWS = "hextir.views"              # on a kernel: {arg: shape} for inputs read reshaped in place, or strided
 TENSOR_MAPS = "hextir.tensor_maps"  # on a cuda kernel: TMA tensor maps it takes after its sizes (below)
 ARCH = "hextir.arch"                # on a cuda kernel variant: the one architecture it is built for (sm_90a)
 WORK = "hextir.work"                # on a cpu kernel: its work record (below)
@@ -295,18 +295,15 @@ def dims_of(kernel: ir.Operation) -> list[list[exprs.Expr]]:
             for shape in ir.ArrayAttr(kernel.attributes[DIMS])]
 
 
-def set_views(kernel: ir.Operation, views: dict[int, Sequence[int | str]]) -> None:
-    """The inputs a kernel reads as another shape of their buffer (a free reshape): arg -> shape."""
-    kernel.attributes[VIEWS] = ir.DictAttr.get({str(i): _strings([str(d) for d in shape])
-                                                for i, shape in views.items()})
+def set_views(kernel: ir.Operation, views: dict[int, Sequence[int | str] | dict]) -> None:
+    """The args a kernel reads as another shape of their buffer (a free reshape): arg -> shape, or
+    reads or writes strided (attention's q, k, v, out): arg -> {shape, axes, start} (JSON)."""
+    kernel.attributes[VIEWS] = ir.StringAttr.get(json.dumps(views, separators=(",", ":")))
 
 
-def views_of(kernel: ir.Operation) -> dict[int, list[int | str]]:
-    if VIEWS not in kernel.attributes:
-        return {}
-    return {int(named.name): [int(d) if d.isdigit() else d for d in (ir.StringAttr(a).value
-                                                                       for a in ir.ArrayAttr(named.attr))]
-            for named in ir.DictAttr(kernel.attributes[VIEWS])}
+def views_of(kernel: ir.Operation) -> dict[int, list[int | str] | dict]:
+    return {int(i): view for i, view in json.loads(ir.StringAttr(kernel.attributes[VIEWS]).value).items()} \
+        if VIEWS in kernel.attributes else {}
 
 
 def set_tensor_maps(kernel: ir.Operation, maps: Sequence[tuple[int, Sequence[int]]]) -> None:

@@ -33,6 +33,7 @@ level alone (a fallback: the backend links its one build into every level's libr
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -45,6 +46,7 @@ from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.errors import CompileError
 from hexir.passes import fuse
+from hexir.passes.attention import VIEWS
 from hexir.schedules import Builder, Request, cpu
 from hexir.schedules.cuda_tiles import variant_arch
 from hexir.target import Target, check_launch
@@ -72,9 +74,13 @@ def lower_to_tir(module: ir.Module, target: Target, precision: str = "highest") 
         shapes = [hx.shape_of(v.type) for v in values]
         if definition is not None and definition.family == "contract" and getattr(definition, "rows", False):
             shapes = _as_rows(shapes, hx.operand_groups(op))
-        arg_types = [_memref(v.type, shape) for v, shape in zip(values, shapes, strict=True)]
+        views = {int(i): {**view, "buffer": list(hx.shape_of(values[int(i)].type))} for i, view in json.loads(
+            hx.string_attr(op, VIEWS)).items()} if VIEWS in op.attributes else {}  # (strided: attention's)
+        shapes = [tuple(views[i]["shape"]) if i in views else shape for i, shape in enumerate(shapes)]
+        arg_types = [_memref(v.type, shape, i in views) for i, (v, shape) in enumerate(zip(values, shapes,
+                                                                                          strict=True))]
         arg_types += [ir.IndexType.get()] * len(symbols)
-        views = {}  # an operand a free reshape made: the kernel reads the reshape's source as its view
+        # an operand a free reshape made: the kernel reads the reshape's source as its view
         for i, value in enumerate(operands if definition is not None else ()):
             while (owner := _owner(value)) is not None and any(owner == f for f in free):
                 value = owner.operands[0]
@@ -136,6 +142,7 @@ def _free_reshapes(main: ir.Operation) -> list[ir.Operation]:
                 for use in op.result.uses]
         if uses and all((any(u == f for f in free) or ops.lookup(u.name) is not None and u.name != "hexir.reshape")
                         and hx.device_of(u) == hx.device_of(op) and (u.name, n) != ("hexir.linear", 1)
+                        and VIEWS not in u.attributes  # (a strided view's strides are the buffer's own)
                         for u, n in uses):  # (a linear's w may be packed by a kernel of its own)
             free.append(op)
     return free[::-1]
@@ -262,9 +269,12 @@ def _custom_kernels(op: ir.Operation, name: str, arg_types: list[ir.Type], devic
             ht.set_fallback_of(declaration.operation, name)
 
 
-def _memref(tensor: ir.Type, shape: tuple | None = None) -> ir.MemRefType:
-    """The kernel's view of a tensor: its `shape` (default: the tensor's), `?` for a symbolic extent."""
+def _memref(tensor: ir.Type, shape: tuple | None = None, strided: bool = False) -> ir.MemRefType:
+    """The kernel's view of a tensor: its `shape` (default: the tensor's), `?` for a symbolic extent;
+    `strided`: its strides and offset those tir-to-loops gives it (the last stride 1)."""
     shaped = ir.ShapedType(tensor)
     dims = shaped.shape if shape is None else [d if isinstance(d, int) else ir.ShapedType.get_dynamic_size()
                                                for d in shape]
-    return ir.MemRefType.get(dims, shaped.element_type)
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    layout = ir.StridedLayoutAttr.get(dynamic, [dynamic] * (len(dims) - 1) + [1]) if strided else None
+    return ir.MemRefType.get(dims, shaped.element_type, layout)

@@ -28,6 +28,7 @@ into GPU indices, workgroup memory and `gpu.barrier`.
 
 from __future__ import annotations
 
+from hexir_runtime.format import exprs
 from mlir import ir
 from mlir.dialects import arith, memref
 
@@ -57,8 +58,9 @@ def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
     symbols = ht.sizes_of(kernel)
     arguments = list(block.arguments)[:len(block.arguments) - len(ht.tensor_maps_of(kernel))]
     buffers = arguments[:len(arguments) - len(symbols)]
-    dims = ht.dims_of(kernel)
-    dynamic = [i for i, a in enumerate(buffers) if not ir.MemRefType(a.type).has_static_shape]
+    dims, views = ht.dims_of(kernel), ht.views_of(kernel)
+    strided = {i: view for i, view in views.items() if isinstance(view, dict)}  # (a layout of its own)
+    dynamic = [i for i, a in enumerate(buffers) if not ir.MemRefType(a.type).has_static_shape or i in strided]
     if not dynamic:
         return
     if len(dims) != len(buffers):
@@ -76,17 +78,27 @@ def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
                 inner = strides[0]
                 strides.insert(0, inner * e if isinstance(inner, int) and isinstance(e, int) else
                                arith.MulIOp(ht.index(inner), ht.index(e)).result)
-            dynamic_size = ir.ShapedType.get_dynamic_size()
-            static_strides = [s if isinstance(s, int) else ir.ShapedType.get_dynamic_stride_or_offset()
-                              for s in strides]
-            strided = ir.MemRefType.get(shaped.shape, shaped.element_type,
-                                        ir.StridedLayoutAttr.get(0, static_strides))
+            offset: int | ir.Value = 0
+            if position in strided:  # each axis steps along one of the buffer's (row-major) axes
+                record, rows = strided[position], [1]
+                for e in reversed(record["buffer"][1:]):
+                    rows.insert(0, exprs.mul(rows[0], e))
+                strides = [ht.size_value(exprs.mul(rows[a], c), values) for a, c in record["axes"][:-1]] + [1]
+                offset = ht.index(0)
+                for j, first in enumerate(record["start"]):
+                    offset = arith.AddIOp(offset, ht.size_value(exprs.mul(rows[j], first), values)).result
+            dynamic_size, dynamic = ir.ShapedType.get_dynamic_size(), ir.ShapedType.get_dynamic_stride_or_offset()
+            static_strides = [s if isinstance(s, int) else dynamic for s in strides]
+            strided_type = ir.MemRefType.get(shaped.shape, shaped.element_type, ir.StridedLayoutAttr.get(
+                0 if isinstance(offset, int) else dynamic, static_strides))
             cast = memref.ReinterpretCastOp(
-                strided, argument, [], [e for e in extents if not isinstance(e, int)],
-                [s for s in strides if not isinstance(s, int)], static_offsets=[0],
+                strided_type, argument, [] if isinstance(offset, int) else [offset],
+                [e for e in extents if not isinstance(e, int)], [s for s in strides if not isinstance(s, int)],
+                static_offsets=[offset if isinstance(offset, int) else dynamic],
                 static_sizes=[dynamic_size if not isinstance(e, int) else e for e in extents],
                 static_strides=static_strides).operation
-            view = memref.CastOp(shaped, cast.result).result  # the identity layout the kernel was built on
+            # the layout the kernel was built on: the identity, or the view's own
+            view = cast.result if position in strided else memref.CastOp(shaped, cast.result).result
         argument.replace_all_uses_with(view)
         cast.operands[0] = argument
         argument.set_type(ir.MemRefType.get([], shaped.element_type))

@@ -2,7 +2,7 @@
 tree(q @ kᵀ, mask)) @ v, one pass over the keys with a running max and sum per query row.
 
 A block of TX x TY threads (TY by the tiling: 16 x 16 holding 128 query rows x 64 keys at d 64,
-64 x 64 at d 128) takes one batch index's `rows` query rows (blockIdx.x: batch index, row tile)
+16 x 32 holding 128 x 64 at d 128) takes one batch index's `rows` query rows (blockIdx.x: batch index, row tile)
 and walks the keys `keys` at a time. q's tile, and each key tile's k and v, come to shared memory
 by cp.async (16 bytes a copy where D, Dv are multiples of 16 bytes; rows past the sequence and
 columns past D zero-filled); v's copy is in flight while the scores are computed,
@@ -12,7 +12,8 @@ rows padded so 8 consecutive rows hit distinct banks), the tree applied (the mas
 broadcast index, a key past Sk -inf); the row's max over the tile is combined across the 16 lanes
 holding the row (warp shuffles), the running max m raised, the thread's sums and its part of the
 row sum l rescaled by exp(m_old - m), and the weights exp(s - m) stored to shared memory
-transposed (key-major: a thread's RM rows of one key are one 128-bit load); then each thread's
+transposed (key-major: a thread's RM rows of one key are one 128-bit load; each key's row
+swizzled, SWIZZLE, where q's tile is unpadded); then each thread's
 RM x Dv/TX outputs accumulate weights x v's rows. At the end the row sums are combined across
 the lanes and out = sums / l, guarded. An all -inf row takes its exps against 0: 0 / 0 = NaN, as
 the unfused softmax gives.
@@ -43,9 +44,15 @@ from hexir.schedules.emit import constant, emit
 
 TX = 16  # threads of a block along the keys: a row's lanes, one half-warp
 #: (rows, keys a thread holds in a tile, threads along the rows): the first whose shared buffers
-#: fit SHARED_MOST bytes (docs/tuning.md, "CUDA attention")
-TILINGS = ((8, 4, 16), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
-SHARED_MOST = 160 * 1024
+#: fit SHARED_MOST bytes and whose sums and scores a thread holds, rows x (Dv / TX + keys), are at
+#: most HELD (8x4x16 at d 128 holds 96: 255 registers, half as fast; 4x4x32 there is 128 query
+#: rows a block, 512 threads, 161 KiB) (docs/tuning.md, "CUDA attention")
+TILINGS = ((8, 4, 16), (4, 4, 32), (4, 4, 16), (4, 2, 16), (2, 2, 16), (1, 1, 16))
+SHARED_MOST, HELD = 161 * 1024, 80
+#: The weights' tile unpadded, the 16-byte column of key r at column ^ (r % 8) (key tx + 16 c:
+#: one turn a thread): the keys written side by side still hit distinct banks, and with q's tile
+#: unpadded two blocks of 64 x 64 tiles fit an SM at d 128 (113 KiB each)
+SWIZZLE = True
 #: The scores are kept times log2(e) and their exps taken as exp2 (libdevice's exp2f is one
 #: ex2.approx, 2 ulp; its expf a dozen instructions) (docs/tuning.md, "CUDA attention").
 EXP2 = True
@@ -63,14 +70,28 @@ def _both(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.AndIOp(a, b).result
 
 
+def _pad(columns: int, width: int) -> int:
+    """The length of the weights' tile's rows: as they are where they are swizzled (SWIZZLE)."""
+    return columns if SWIZZLE and columns % (8 * width) == 0 else columns + width
+
+
+def _column(key: ir.Value | int, column: ir.Value, columns: int, width: int) -> ir.Value:
+    """Where column `column` of key `key` lies in the weights' tile of rows of `columns`."""
+    if _pad(columns, width) != columns:
+        return column
+    turn = ht.index(key % 8 * width) if isinstance(key, int) else \
+        _index_math(_index_math(key, 7, arith.AndIOp), width, arith.MulIOp)
+    return arith.XOrIOp(column, turn).result
+
+
 def _plan(d: int, dv: int, width: int, element_bytes: int) -> tuple[int, int, int, int, int]:
     """(rows, keys a thread, threads along the rows, D padded, Dv padded) of the first tiling
     whose shared buffers fit."""
     padded, dv_padded = -(-d // width) * width, -(-dv // (TX * width)) * TX * width
     for rm, cn, ty in TILINGS:
         rows, keys = ty * rm, TX * cn
-        size = (rows * (padded + width) + keys * (padded + width) + keys * dv_padded + keys * (rows + width))
-        if size * element_bytes <= SHARED_MOST or (rm, cn, ty) == TILINGS[-1]:
+        size = rows * padded + keys * (padded + width) + keys * dv_padded + keys * _pad(rows, width)
+        if size * element_bytes <= SHARED_MOST and rm * (dv_padded // TX + cn) <= HELD or (rm, cn, ty) == TILINGS[-1]:
             return rm, cn, ty, padded, dv_padded
     raise AssertionError("unreachable")
 
@@ -134,10 +155,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     grid = (exprs.mul(product(batch), row_tiles), 1, 1)
     vtype = ir.VectorType.get([width], element)
     with ht.loop(0, ht.size_value(grid[0], symbols), "parallel", "blockIdx.x") as item:
-        q_s = ht.alloc_local([rows, padded + width], element, "shared")
-        k_s = ht.alloc_local([keys, padded + width], element, "shared")
+        q_s = ht.alloc_local([rows, padded], element, "shared")  # (a row is read by all its lanes at once)
+        k_s = ht.alloc_local([keys, padded + width], element, "shared")  # (a swizzle's addresses cost registers)
         v_s = ht.alloc_local([keys, dv_padded], element, "shared")
-        p_s = ht.alloc_local([keys, rows + width], element, "shared")
+        p_s = ht.alloc_local([keys, _pad(rows, width)], element, "shared")
         with ht.loop(0, ty_extent, "parallel", "threadIdx.y") as ty, ht.loop(0, TX, "parallel", "threadIdx.x") as tx:
             tiles, sq_v, sk_v = (ht.size_value(e, symbols) for e in (row_tiles, sq, sk))
             at = batch_coordinates(arith.DivUIOp(item, tiles).result, [ht.size_value(e, symbols) for e in batch])
@@ -213,10 +234,10 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         lanes = min(width, rm - r0)
                         values = [scores[r][c] for r in range(r0, r0 + lanes)]
                         if lanes == 1:
-                            ht.store(values[0], p_s, [key, my_rows[r0]])
+                            ht.store(values[0], p_s, [key, _column(tx, my_rows[r0], rows, width)])
                             continue
                         packed = vector.FromElementsOp(ir.VectorType.get([lanes], element), values).result
-                        vector.StoreOp(packed, p_s, [key, my_rows[r0]])
+                        vector.StoreOp(packed, p_s, [key, _column(tx, my_rows[r0], rows, width)])
                 nvgpu.DeviceAsyncWaitOp(v_group, numGroups=0)
                 ht.barrier()
                 _group(copy_k(_index_math(k0, keys)))
@@ -228,7 +249,8 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 for key in range(keys):
                     weights = []
                     for r0 in range(0, rm, width):
-                        loaded = vector.LoadOp(row_type, p_s, [ht.index(key), my_rows[r0]]).result
+                        loaded = vector.LoadOp(row_type, p_s, [ht.index(key), _column(key, my_rows[r0], rows, width)]
+                                               ).result
                         weights += [vector.ExtractOp(loaded, [], [w]).result for w in range(min(width, rm))]
                     values = []
                     for run in range(dvt // width):

@@ -20,6 +20,7 @@ import numpy as np
 from .device import HostMemory
 from .errors import KernelError
 from .format import Hxb, Kernel, layouts
+from .format.attention import StridedView
 from .format.families import compute_dtype
 from .format.scalars import Program, evaluate, run_program
 
@@ -100,6 +101,11 @@ def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | Non
         reshaped = []
         for array, arg, view in zip(arrays, kernel.args, kernel.views, strict=True):
             sizes = {d: n for d, n in zip(arg.shape, array.shape, strict=True) if isinstance(d, str)}
+            if isinstance(view, StridedView):  # (a view of the buffer: the output written through it)
+                flat = array.reshape(-1)[np.ravel_multi_index(view.start, array.shape, mode="clip"):]
+                strides = [array.strides[a] * c for a, c in view.axes]
+                reshaped.append(np.lib.stride_tricks.as_strided(flat, view.concrete(sizes), strides))
+                continue
             reshaped.append(array if view is None else array.reshape(view.concrete(sizes)))
         function(*reshaped)
     return viewed

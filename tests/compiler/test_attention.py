@@ -167,3 +167,54 @@ def test_float64_batch_and_heads_broadcast_and_a_padding_mask(device):
     mask[0, ..., 40:] = -1e9
     np.testing.assert_allclose(module.main(q, k, v, mask), numpy_attention(q, k, v, mask, 0.25), rtol=1e-12,
                                atol=1e-13)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_heads_of_a_qkv_are_read_and_the_result_written_in_place(device):
+    """A transformer's q, k, v (slices of qkv[b, s, 3 h d], split into heads, transposed) and its
+    result (transposed back, heads merged) become strided views of qkv and of the [b, s, h d]
+    result (#25): one kernel, no copy, numpy's answer at any batch and sequence."""
+    heads, head = 3, 8
+    width = heads * head
+
+    def block(qkv, mask):
+        batch, seq, _ = qkv.shape
+        q, k, v = (qkv[..., j * width:(j + 1) * width].reshape(batch, seq, heads, head).transpose(0, 2, 1, 3)
+                   for j in range(3))
+        attended = hexir.softmax(q @ k.transpose(0, 1, 3, 2) * 0.5 + mask, axis=-1) @ v
+        return attended.transpose(0, 2, 1, 3).reshape(batch, seq, width) * 2
+
+    specs = [TensorSpec(("batch", "seq", 3 * width), "float32"), TensorSpec(("seq", "seq"), "float32")]
+    filecheck(_fused(block, specs, device), """
+        CHECK-NOT: hexir.transpose
+        CHECK: "hexir.attention"([[QKV:%[a-z0-9]+]], [[QKV]], [[QKV]], %{{[a-z0-9]+}})
+        CHECK-SAME: \\22axes\\22:{{\\[\\[0,1\\],\\[2,8\\],\\[1,1\\],\\[2,1\\]\\]}},\\22start\\22:{{\\[}}0,0,24]}
+        CHECK-SAME: tensor<?x?x24xf32, "batch,seq">
+        CHECK-NOT: hexir.transpose
+        CHECK-NOT: hexir.reshape
+        CHECK-NOT: hexir.slice
+    """)
+    module, kernels = _compile(block, specs, device)
+    assert [k["op"] for k in kernels] == ["attention", "pointwise"]
+    assert kernels[0]["args"][1]["view"] == {"shape": ["batch", heads, "seq", head], "start": [0, 0, width],
+                                             "axes": [[0, 1], [2, head], [1, 1], [2, 1]]}
+    for batch, seq in ((2, 7), (1, 70)):
+        qkv = RNG.standard_normal((batch, seq, 3 * width)).astype(np.float32)
+        mask = np.triu(np.full((seq, seq), -np.inf, np.float32), k=1)
+        q, k, v = (qkv[..., j * width:(j + 1) * width].reshape(batch, seq, heads, head).transpose(0, 2, 1, 3)
+                   for j in range(3))
+        want = numpy_attention(q, k, v, mask, 0.5).transpose(0, 2, 1, 3).reshape(batch, seq, width) * 2
+        np.testing.assert_allclose(module.main(qkv, mask), want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_heads_whose_rows_miss_16_bytes_stay_copies_on_cuda(device):
+    """Heads of 6 float32s (24 bytes): the cuda kernel copies rows 16 bytes at a time from where
+    each starts, so there the layout ops stay kernels; the cpu reads them in place."""
+    def block(qkv):
+        q, k, v = (qkv[..., j * 12:(j + 1) * 12].reshape(2, 5, 2, 6).transpose(0, 2, 1, 3) for j in range(3))
+        return hexir.softmax(q @ k.transpose(0, 1, 3, 2)) @ v
+
+    printed = _fused(block, [TensorSpec((2, 5, 36), "float32")], device)
+    assert printed.count("hexir.attention") == 1
+    assert ("hexir.views" in printed) == (device == "cpu") and ("hexir.transpose" in printed) == (device == "cuda")

@@ -10,9 +10,9 @@ import copy
 
 import numpy as np
 import pytest
-from hexir_runtime import HxbFormatError
+from hexir_runtime import HxbFormatError, load
 from hexir_runtime import format as hxb
-from test_kernel_families import A0, A1, one_kernel, reference
+from test_kernel_families import A0, A1, generated, one_kernel, reference
 
 F32 = "float32"
 SCALED = ["add", ["mul", A0, ["const", 0.125]], A1]
@@ -104,3 +104,68 @@ def test_a_crafted_attention_kernel_is_refused(modules, name):
 
 def test_the_base_is_valid(modules):
     hxb.decode(hxb.encode(*one_kernel(modules, "attention", SCALED, *BASE)))
+
+
+def heads(h: int, d: int, at: int) -> dict:
+    """q[b, h, s, d] of a buffer [b, s, W]: head j's row at column at + j * d."""
+    return {"shape": ["b", h, "s", d], "axes": [[0, 1], [2, d], [1, 1], [2, 1]], "start": [0, 0, at]}
+
+
+def strided(modules, views: dict, widths=(24, 24, 24, 8)):
+    """attention of q, k, v read from one buffer a0[b, s, 24] (heads of 4 at columns 0, 8, 16, or
+    `views`), out written as [b, s, 8]: the compiler's view of a transformer's qkv."""
+    builder = modules.Builder()
+    specs = [(["b", "s", w], F32) for w in widths]
+    kernel = generated(builder, "attention", ["mul", A0, ["const", 0.5]], specs)
+    for arg, view in views.items():
+        builder.kernels[kernel]["args"][arg]["view"] = view
+    entry = builder.entry()
+    qkv = entry.input("a0", ["b", "s", 24], F32)
+    entry.ret(entry.call(kernel, qkv, qkv, qkv))
+    return builder.build()
+
+
+VIEWS = {0: heads(2, 4, 0), 1: heads(2, 4, 8), 2: heads(2, 4, 16), 3: heads(2, 4, 0)}
+
+
+def test_the_reference_reads_q_k_v_and_writes_out_through_strided_views(modules):
+    module = load(hxb.encode(*strided(modules, VIEWS)), "reference")
+    qkv = np.random.default_rng(3).standard_normal((2, 5, 24)).astype(F32)
+    q, k, v = (qkv[..., j * 8:(j + 1) * 8].reshape(2, 5, 2, 4).transpose(0, 2, 1, 3) for j in range(3))
+    want = numpy_attention(q, k, v, 0, 0.5).transpose(0, 2, 1, 3).reshape(2, 5, 8)
+    np.testing.assert_allclose(module.main(qkv), want, rtol=1e-5, atol=1e-6)
+
+
+BAD_VIEWS = {  # arg -> view, the field, part of the message
+    "past the row": ({1: heads(2, 4, 20)}, "kernels[0].args[1].view.axes", "reaches past axis 2"),
+    "a symbol from elsewhere": ({0: {**heads(2, 4, 0), "start": [0, 1, 0]}}, "kernels[0].args[0].view.axes",
+                                "reaches past axis 1"),
+    "a static axis over a symbol": ({0: {**heads(2, 4, 0), "shape": [2, 2, "s", 4]}}, "kernels[0].args[0].view.axes",
+                                    "reaches past axis 0"),
+    "the last axis strided": ({0: {**heads(2, 4, 0), "axes": [[0, 1], [2, 4], [1, 1], [2, 2]]}},
+                              "kernels[0].args[0].view", "the last [2, 1]"),
+    "no such buffer axis": ({0: {**heads(2, 4, 0), "axes": [[0, 1], [3, 4], [1, 1], [2, 1]]}},
+                            "kernels[0].args[0].view", "an [axis, step] per axis"),
+    "a start missing": ({2: {**heads(2, 4, 0), "start": [0, 0]}}, "kernels[0].args[2].view", "a start per axis"),
+    "a negative start": ({2: {**heads(2, 4, 0), "start": [0, 0, -1]}}, "kernels[0].args[2].view.start[2]",
+                         "expected an integer >= 0"),
+    "out written twice": ({3: {**heads(2, 4, 0), "axes": [[0, 1], [2, 2], [1, 1], [2, 1]]}},
+                          "kernels[0].args[3].view.axes", "writes twice to axis 2"),
+    "out written in part": ({3: heads(1, 4, 0)}, "kernels[0].args[3].view.shape", "leaves elements of its buffer"),
+    "the mask strided": ({}, "kernels[0].args[3].view", "expected an array"),  # (a reshape's, if any)
+    "the view not attention's": ({0: {**heads(2, 4, 0), "shape": ["b", 2, "s", 5]}}, "kernels[0].args",
+                                 "attention expects"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_VIEWS)
+def test_a_crafted_strided_view_is_refused(modules, name):
+    views, field, text = BAD_VIEWS[name]
+    manifest, blobs = strided(modules, {**VIEWS, **views})
+    if name == "the mask strided":  # (q, k, v, mask, out: a view on the mask, the one arg that has none)
+        args = manifest["kernels"][0]["args"]
+        args.insert(3, {**args[0], "view": heads(2, 4, 0)})
+    with pytest.raises(HxbFormatError) as caught:
+        hxb.encode(manifest, blobs)
+    assert caught.value.field == field, str(caught.value)
+    assert text in caught.value.reason, str(caught.value)

@@ -5,13 +5,58 @@ args: q[..., Sq, D], k[..., Sk, D], v[..., Sk, Dv], an optional mask, out[..., S
 Dv static, the leading (batch) axes of q, k and v broadcast to out's as numpy's (aligned right;
 a 1 stretches; a symbol equals only the same symbol), the mask broadcast to [..., Sq, Sk]. expr:
 the scores' tree over the product (arg 0) and the mask (arg 1), finite constants; the softmax is
-over the keys.
+over the keys. q, k, v and out may be strided views of their buffers (check_view).
 """
 
 from __future__ import annotations
 
-from .fields import _fail
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .fields import _dim, _fail, _int, _json, _list, _object
 from .types import Dim, TensorType
+
+
+@dataclass(frozen=True)
+class StridedView(TensorType):
+    """A buffer read (or written) as `shape`: index i of axis a lands on the buffer's axis
+    axes[a][0] at i * axes[a][1], that axis counted from start[axis] (q[b, h, s, d] of a
+    qkv[b, s, 3 * h * d]: axes (0, 1), (2, d), (1, 1), (2, 1), start (0, 0, 0 | h * d | 2 h d))."""
+
+    axes: tuple[tuple[int, int], ...] = ()
+    start: tuple[int, ...] = ()
+
+
+def check_view(spec: Any, buffer: TensorType, path: str, written: bool) -> StridedView:
+    """Refuse (naming `path`) a view that could reach past its buffer's axes whatever the
+    symbols' sizes (an axis of a symbol is read whole from 0, by one axis of that symbol), or,
+    `written`, that does not write each element of the buffer once."""
+    view = _object(spec, path, ("shape", "axes", "start"))
+    shape = tuple(_dim(d, f"{path}.shape[{i}]", True) for i, d in enumerate(_list(view["shape"], f"{path}.shape")))
+    axes = [tuple(_int(n, f"{path}.axes[{i}][{j}]") for j, n in enumerate(_list(pair, f"{path}.axes[{i}]")))
+            for i, pair in enumerate(_list(view["axes"], f"{path}.axes"))]
+    start = tuple(_int(n, f"{path}.start[{j}]") for j, n in enumerate(_list(view["start"], f"{path}.start")))
+    if len(axes) != len(shape) or len(start) != len(buffer.shape) or not shape \
+            or any(len(a) != 2 or a[0] >= len(buffer.shape) for a in axes) or axes[-1] != (len(start) - 1, 1):
+        _fail(path, f"expected an [axis, step] per axis of the shape (the last [{len(buffer.shape) - 1}, 1]) and a "
+                    f"start per axis of the buffer {buffer}, got {_json(view['axes'])} for {list(shape)}, "
+                    f"{_json(view['start'])}")
+    for j, extent in enumerate(buffer.shape):
+        mine = sorted(((c, n) for n, (a, c) in zip(shape, axes, strict=True) if a == j and n != 1), key=lambda m: m[0])
+        reach = start[j] + sum((n - 1) * c for c, n in mine) if all(type(n) is int for _, n in mine) else None
+        inside = mine in ([], [(1, extent)]) and not start[j] if isinstance(extent, str) else \
+            reach is not None and (reach < extent or not all(n for _, n in mine))
+        nested = inside and all(c2 >= c * n for (c, n), (c2, _) in zip(mine, mine[1:], strict=False))
+        if not inside or written and not (nested and all(c for c, _ in mine)):
+            _fail(f"{path}.axes", f"the view {list(shape)} {'writes twice to' if inside else 'reaches past'} axis "
+                                  f"{j} of its buffer {buffer} (from {start[j]}, [step, extent]: "
+                                  f"{[list(m) for m in mine]})")
+    def count(dims: tuple[Dim, ...]) -> tuple:
+        return math.prod(d for d in dims if type(d) is int), sorted(d for d in dims if type(d) is str)
+    if written and count(shape) != count(buffer.shape):  # (no element twice, so then each once)
+        _fail(f"{path}.shape", f"the view {list(shape)} leaves elements of its buffer {buffer} unwritten")
+    return StridedView(shape, buffer.dtype, tuple(axes), start)
 
 
 def check_attention(args: tuple[TensorType, ...], path: str, broadcasts) -> tuple[Dim, ...]:

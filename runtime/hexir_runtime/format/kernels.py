@@ -8,6 +8,7 @@ import math
 import re
 from typing import Any
 
+from .attention import check_view
 from .exprs import Expr, _expr, parse, to_json
 from .families import FAMILIES, check_args, check_family
 from .fields import _choice, _describe, _dim, _fail, _identifier, _index, _int, _is_object, _json, _list, _object, _str
@@ -46,7 +47,7 @@ def _check_kernel(kernel: Any, path: str, blob_count: int) -> Kernel:
     specs = _list(kernel["args"], f"{path}.args")
     args = check_args(op, [{k: v for k, v in s.items() if k != "view"} if isinstance(s, dict) else s for s in specs],
                       path)
-    views = _views(specs, args, custom, path)
+    views = _views(specs, args, op, path)
     meaning = None if custom else check_family(op, tuple(v or a for v, a in zip(views, args, strict=True)), kernel,
                                                path)
     symbols = list(dict.fromkeys(dim for arg in args for dim in arg.symbols))
@@ -180,17 +181,21 @@ def _custom_code(code: dict[str, Any], symbol: str, path: str, blob_count: int) 
     return Code(symbol, None, library, code["source"])
 
 
-def _views(specs: list[Any], args: tuple[TensorType, ...], custom: bool, path: str) -> tuple[TensorType | None, ...]:
+def _views(specs: list[Any], args: tuple[TensorType, ...], op: str, path: str) -> tuple[TensorType | None, ...]:
     """Each arg's `view`, if it has one: the shape a generated kernel reads an input as (the
     buffer reshaped in place: the same symbols in the same order, the static extents between them
-    regrouped with their product unchanged); its family's contract holds for the views."""
+    regrouped with their product unchanged), or an attention's q, k, v or out strided
+    (attention.check_view); its family's contract holds for the views."""
     views: list[TensorType | None] = []
     for j, (spec, arg) in enumerate(zip(specs, args, strict=True)):
         if "view" not in spec:
             views.append(None)
             continue
         where = f"{path}.args[{j}].view"
-        if custom or j == len(args) - 1:
+        if op == "attention" and isinstance(spec["view"], dict) and j in (0, 1, 2, len(args) - 1):
+            views.append(check_view(spec["view"], arg, where, j == len(args) - 1))
+            continue
+        if op == "custom" or j == len(args) - 1:
             _fail(where, "only a generated kernel's inputs have a view")
         view = TensorType(tuple(_dim(d, f"{where}[{i}]", True) for i, d in enumerate(_list(spec["view"], where))),
                           arg.dtype)
