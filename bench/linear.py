@@ -78,6 +78,10 @@ TENSOR_CORES = [(m, k, n, dtype, "highest", target, "") for m, k, n in ((4096, 4
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wt"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wttrunc"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90", "wt"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90,cuda:sm_90a", "wt"),
+                (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90a", "wt"),  # ragged M, N, K: TMA's zeros, guards
+                (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90", "wt"),
+                (1000, 1000, 1032, "bfloat16", "highest", "cuda:sm_90a", ""),
                 (8192, 8192, 8192, "float32", "tf32", "cuda:sm_90a", "wt")]
 #: The variants' constants: (schedule module, {name: value}).
 TC_VARIANTS = {"wg128": [("cuda_wgmma", {"WG_TILE": (128, 128, 64)})],  # every product on the small tile

@@ -177,6 +177,8 @@ def with_wgmma(module: ir.Module, options: Options) -> Options:
         if op.name != "hexir.linear" or hx.device_of(op) != "cuda":
             continue
         dtype, (k, n) = hx.dtype_of(op.result.type), hx.shape_of(op.operands[1].type)
+        if not isinstance(k, int) or not isinstance(n, int):
+            continue
         constant = not isinstance(op.operands[1].owner, ir.Block) and op.operands[1].owner.name == "hexir.constant"
         if dtype in hx.HALVES and k % 8 == n % 8 == 0 or dtype == "float32" and \
                 options.matmul_precision == "tf32" and constant and k % 4 == 0:

@@ -175,3 +175,18 @@ def test_a_product_of_few_tiles_splits_k_and_its_last_block_adds_the_parts():
         kernel = next(op for op in next(op for op in module.body.operations if op.operation.name == "gpu.module")
                       .regions[0].blocks[0].operations if op.operation.name == "gpu.func")
         assert ht.record_of(kernel.operation).grid == (1, 8, 8)
+
+
+def test_tf32_with_w_k_major_copies_w_transposed_16_bytes_at_a_time():
+    """w^T [N, K] (a constant TF32 weight, pack-weights) is read as x is: N odd costs nothing,
+    every copy of x and w^T is 16 bytes (K a multiple of 4); its B fragments, rows of w^T."""
+    module, context = cuda_kernel(linear_mma, [(2048, 260), (1151, 260), (2048, 1151)], "float32",
+                                  precision="tf32", w_kmajor=True)
+    with context:
+        text = cuda_backend.ptx_of(module, "sm_90")
+    copies = {line.split(",")[-2].strip() for line in text.splitlines() if "cp.async." in line and "[" in line}
+    assert copies == {"16"}
+    filecheck(text, """
+        CHECK: cvt.rna.tf32.f32
+        CHECK: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+        """)
