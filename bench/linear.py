@@ -63,38 +63,34 @@ FUSED = [(4096, 4096, 4096)]
 TENSOR_CORES = [(m, k, n, dtype, "highest", target, "") for m, k, n in ((4096, 4096, 4096), (8192, 8192, 8192))
                 for dtype in ("bfloat16", "float16") for target in ("cuda:sm_90a", "cuda:sm_90")] + \
                [(4096, 4096, 4096, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a", ""),  # wgmma: the sm_90a image's
-                (4096, 4096, 4096, "bfloat16", "highest", "cuda:sm_90a", "wg128"),
                 (2048, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", ""),
-                (2048, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", "wg128"),
+                (2048, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", "wg256"),
                 (1024, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", ""),
-                (1024, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", "wg256"),
                 (1024, 2048, 2048, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a", ""),
+                (1000, 1000, 1032, "bfloat16", "highest", "cuda:sm_90a", ""),
                 (4095, 4097, 4000, "bfloat16", "highest", "cuda:sm_90a", ""),
                 (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", ""),
-                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma128x64"),
-                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma64x64"),
-                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma64x64s16"),
-                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", ""),
+                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma128"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", ""),  # w at run time: mma.sync
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wt"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wtconsumer"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wttrunc"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90", "wt"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90,cuda:sm_90a", "wt"),
                 (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90a", "wt"),  # ragged M, N, K: TMA's zeros, guards
                 (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90", "wt"),
-                (1000, 1000, 1032, "bfloat16", "highest", "cuda:sm_90a", ""),
                 (8192, 8192, 8192, "float32", "tf32", "cuda:sm_90a", "wt")]
-#: The variants' constants: (schedule module, {name: value}).
-TC_VARIANTS = {"wg128": [("cuda_wgmma", {"WG_TILE": (128, 128, 64)})],  # every product on the small tile
-               "wg256": [("cuda_wgmma", {"WG_SMALL_TILE": (256, 128, 64)})],  # none
-               "mma128x64": [("cuda_mma", {"MMA_TILING": (128, 64, 32, 4, 2)})],
-               "mma64x64": [("cuda_mma", {"MMA_TILING": (64, 64, 32, 2, 2)})],
-               "mma64x64s16": [("cuda_mma", {"MMA_TILING": (64, 64, 32, 2, 2), "MMA_SPLIT": (264, 16, 2)})],
-               # TF32 with w K-major as pack-weights gives a constant's (here an argument: the run
-               # passes w^T; square products only): wgmma on sm_90a, x rounded to TF32 in shared
-               # memory or not (truncated by the tensor cores), mma.sync on sm_90
-               "wt": [("hexir.passes.lower_to_tir", {"_request": "kmajor"})],
-               "wttrunc": [("hexir.passes.lower_to_tir", {"_request": "kmajor"}),
-                           ("cuda_wgmma", {"TF32_ROUND": False})]}
+#: The variants' schedule constants, [(module, {name: value})]: "wg256" every product on 256x128
+#: wgmma tiles, "mma128" every mma.sync product on 128x128; "wt": TF32 with w K-major as
+#: pack-weights gives a constant's (here an argument: the run passes w^T, so square K x N only),
+#: x rounded to TF32 by the producer warpgroup's warps, by the consumers ("wtconsumer") or not at
+#: all ("wttrunc": the tensor cores truncate).
+_KMAJOR = ("hexir.passes.lower_to_tir", {"_request": "kmajor"})
+TC_VARIANTS = {"wg256": [("cuda_wgmma", {"WG_SMALL_TILE": (256, 128, 64)})],
+               "mma128": [("cuda_mma", {"MMA_NARROW": (128, 128, 32, 2, 4)})],
+               "wt": [_KMAJOR],
+               "wtconsumer": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": "consumer"})],
+               "wttrunc": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": None})]}
 TOLERANCE = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -11}
 
 

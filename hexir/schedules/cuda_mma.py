@@ -32,6 +32,9 @@ from hexir.schedules import Request, cuda, extent
 
 #: (block rows, block columns, k slice, warps along rows, warps along columns)
 MMA_TILING = (128, 128, 32, 2, 4)
+#: The tiling of a product of at most 64 columns (4 warps of 32x32): 1000 x 1024 x 33 in bf16 from
+#: 0.80 to 1.45 of cuBLAS (the 128-column tile computed 95 idle columns; docs/tuning.md, "round 8").
+MMA_NARROW = (64, 64, 32, 2, 2)
 #: Shared buffers of slices in flight (cp.async) and the padding of a slice's rows (elements) for
 #: 16-bit inputs and for TF32: 16 bytes spread ldmatrix's rows over the banks; TF32's x loads (8
 #: rows x 4 k's a warp) need rows 4 banks apart, w's (4 k's x 8 columns) 8 apart.
@@ -54,7 +57,7 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
     bits = ir.FloatType(element).width
     tf32 = bits == 32
     f32 = ir.F32Type.get()
-    tile_m, tile_n, step, warps_m, warps_n = MMA_TILING
+    tile_m, tile_n, step, warps_m, warps_n = MMA_NARROW if n <= MMA_NARROW[1] else MMA_TILING
     threads = 32 * warps_m * warps_n
     frags_m, frags_n = tile_m // warps_m // 16, tile_n // warps_n // 8
     mma_k = 8 if tf32 else 16

@@ -38,8 +38,9 @@ from hexir.target import arch_number
 
 #: Tile rows (two consumer warpgroups of 128), columns, k slice; shared stages in flight.
 WG_TILE, WG_STAGES = (256, 128, 64), 4
-#: The tile of a product whose WG_TILE tiles would leave more than a third of the SMs idle
-#: (consumers of 64 rows each: twice the blocks).
+#: The tile of a product of at most WG_BLOCKS WG_TILE tiles, one wave or less (consumers of 64 rows
+#: each: twice the blocks): 1024 x 2048 x 2048 bf16 from 0.75 to 1.18 of cuBLAS, 2048^3 0.88 -> 0.93,
+#: where 4096^3 (512 tiles) lost (0.92 -> 0.86; docs/tuning.md, "round 8").
 WG_SMALL_TILE = (128, 128, 64)
 #: Tile rows walked together (GROUP_M x all tile columns) before the next group; blocks at most
 #: (one per SM of an H100/H200: each walks tiles block, block + WG_BLOCKS, ...).
@@ -48,8 +49,11 @@ GROUP_M, WG_BLOCKS = 8, 132
 #: start with 168): the consumers' 232 took 8192^3 bf16 from 0.81 to 0.93 of cuBLAS
 #: (docs/tuning.md, "CUDA tensor-core linear: wgmma").
 WG_REGISTERS = (40, 232)
-#: TF32: round x to TF32 in shared memory (cvt.rna) before the tensor cores read it (else they truncate).
-TF32_ROUND = True
+#: TF32: who rounds x to TF32 in shared memory (cvt.rna) before the tensor cores read it (else they
+#: truncate): "producer" (warps 9 and 10, idle otherwise: a stage is `ready` once they did), or
+#: "consumer" (each its own rows, before its wgmma: 0.69 of cuBLAS at 4096^3 where truncating ran
+#: at 1.00), or None (docs/tuning.md, "CUDA tensor-core linear: round 8").
+TF32_ROUND = "producer"
 _WORKGROUP = "#gpu.address_space<workgroup>"
 
 
@@ -113,9 +117,13 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
             group = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {_WORKGROUP}, num_barriers = {WG_STAGES}>")
             full, empty = nvgpu.MBarrierCreateOp(group).result, nvgpu.MBarrierCreateOp(group).result
             first = arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(0)).result
+            rounders = tf32 and TF32_ROUND == "producer"
+            ready = nvgpu.MBarrierCreateOp(group).result if rounders else full  # (x rounded in the stage)
             for s in range(WG_STAGES):
                 nvgpu.MBarrierInitOp(full, _c(1), _c(s), predicate=first)
                 nvgpu.MBarrierInitOp(empty, _c(8), _c(s), predicate=first)  # a consumer warp's lane 0 each
+                if rounders:
+                    nvgpu.MBarrierInitOp(ready, _c(64), _c(s), predicate=first)  # each rounding thread
             ht.barrier()
             tm_x, tm_w = _tensor_map(maps[0], (half, step), element), _tensor_map(maps[1], w_box, element)
             warpgroup = arith.DivUIOp(thread, _c(128)).result
@@ -130,11 +138,17 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
                     with _tiles(block, shape) as (origin, done):
                         _produce(tm_x, tm_w, full, empty, shared, origin, done, shape)
                     scf.YieldOp([])
+                if rounders:  # warps 9 and 10 round each stage's x once it landed
+                    rounding = scf.IfOp(arith.AndIOp(cuda._less(_c(287), thread), cuda._less(thread, _c(352))).result)
+                    with ir.InsertionPoint(rounding.then_block), _tiles(block, shape) as (_, done):
+                        _round_stages(full, ready, shared, arith.SubIOp(thread, _c(288)).result, done, shape)
+                    with ir.InsertionPoint(rounding.then_block):
+                        scf.YieldOp([])
                 scf.YieldOp([])
             with ir.InsertionPoint(roles.else_block):
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[1], nvvm.SetMaxRegisterAction.increase)
                 with _tiles(block, shape) as (origin, done):
-                    sums = (_consume_tf32 if tf32 else _consume)(tm_x, tm_w, full, empty, shared, warpgroup,
+                    sums = (_consume_tf32 if tf32 else _consume)(tm_x, tm_w, ready, empty, shared, warpgroup,
                                                                  thread, done, shape)
                     _epilogue(sums, origin, warpgroup, thread, args, symbols, request, tile)
                 scf.YieldOp([])
@@ -142,10 +156,10 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
 
 
 def wgmma_tile(m: exprs.Expr, n: int, tf32: bool = False) -> tuple[int, int, int]:
-    """WG_TILE, or WG_SMALL_TILE for a static product whose WG_TILE tiles fill under 2/3 of WG_BLOCKS;
-    TF32's k slice is half as deep (128 bytes a row, as 128-byte swizzling wants)."""
-    big = -(-m // WG_TILE[0]) * -(-n // WG_TILE[1]) if isinstance(m, int) else WG_BLOCKS
-    tile = WG_SMALL_TILE if 3 * big < 2 * WG_BLOCKS else WG_TILE
+    """WG_TILE, or WG_SMALL_TILE for a static product of at most WG_BLOCKS WG_TILE tiles; TF32's k
+    slice is half as deep (128 bytes a row, as 128-byte swizzling wants)."""
+    big = -(-m // WG_TILE[0]) * -(-n // WG_TILE[1]) if isinstance(m, int) else WG_BLOCKS + 1
+    tile = WG_SMALL_TILE if big <= WG_BLOCKS else WG_TILE
     return (*tile[:2], tile[2] // 2) if tf32 else tile
 
 
@@ -251,8 +265,10 @@ def _consume_tf32(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.V
 
     def slice_(base: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         a = cuda._plus(base, cuda._times(warpgroup, half * step * 4))
-        if TF32_ROUND:
-            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, _c(128)).result, warpgroup)
+        if TF32_ROUND == "consumer":
+            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, _c(128)).result, 128)
+            number = arith.IndexCastOp(ir.IntegerType.get_signless(32), cuda._plus(warpgroup, _c(1))).result
+            llvm.InlineAsmOp(None, [number], "bar.sync $0, 128;", "r", has_side_effects=True)
         nvvm.WgmmaFenceAlignedOp()
         out = list(sums)
         for k in range(step // 8):
@@ -281,18 +297,30 @@ def _descriptor(start: ir.Value, offset: ir.Value) -> ir.Value:
     return arith.OrIOp(field, arith.ConstantOp(i64, (1 << 62) | (64 << 32) | (1 << 16)).result).result
 
 
-def _round_tf32(slab: ir.Value, lane: ir.Value, warpgroup: ir.Value) -> None:
-    """Round a consumer's slice of x (its 128 threads, 4 values each at a time) to TF32 in place,
-    then make the stores visible to wgmma (the async proxy) and wait for the warpgroup."""
-    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+def _round_tf32(slab: ir.Value, lane: ir.Value, threads: int) -> None:
+    """Round `slab` (x's rows in a stage) to TF32 in place, `threads` threads 4 values at a time,
+    then make the stores visible to wgmma (the async proxy)."""
+    f32 = ir.F32Type.get()
     count = ir.MemRefType(slab.type).shape[0]
-    for j in range(count // 512):
-        at = [cuda._plus(cuda._times(lane, 4), _c(512 * j))]
+    for j in range(count // (4 * threads)):
+        at = [cuda._plus(cuda._times(lane, 4), _c(4 * threads * j))]
         four = vector.LoadOp(ir.VectorType.get([4], f32), slab, at).result
         rounded = [arith.BitcastOp(f32, _to_tf32(vector.ExtractOp(four, [], [e]).result)).result for e in range(4)]
         vector.StoreOp(vector.FromElementsOp(ir.VectorType.get([4], f32), rounded).result, slab, at)
-    number = arith.IndexCastOp(i32, cuda._plus(warpgroup, _c(1))).result
-    llvm.InlineAsmOp(None, [number], "fence.proxy.async.shared::cta;\nbar.sync $0, 128;", "r", has_side_effects=True)
+    llvm.InlineAsmOp(None, [], "fence.proxy.async.shared::cta;", "", has_side_effects=True)
+
+
+def _round_stages(full, ready, shared, lane: ir.Value, done: ir.Value, shape: _Shape) -> None:
+    """Warps 9 and 10, one tile: as each k slice's stage lands (`full`), round its x to TF32 and
+    arrive on `ready` (what the consumers wait for)."""
+    tile_m, _, step = shape.tile
+    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1))
+    with ir.InsertionPoint(loop.body):
+        stage, round_ = _stage(cuda._plus(done, loop.induction_variable))
+        nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), _c(10_000_000), mbarId=stage)
+        _round_tf32(_view(shared, cuda._times(stage, shape.stage_bytes), [tile_m * step], ir.F32Type.get()), lane, 64)
+        nvgpu.MBarrierArriveOp(ready, stage)
+        scf.YieldOp([])
 
 
 def _k_loop(full, empty, thread, done: ir.Value, shape: _Shape, zero: list[ir.Value], slice_) -> list[ir.Value]:

@@ -94,10 +94,11 @@ def test_the_wgmma_ptx_assembles_without_spills(tmp_path):
 
 
 def test_tf32_wgmma_reads_x_and_w_k_major_and_rounds_x_to_nearest_away():
-    """TF32 (w^T [N, K] from pack-weights): both operands' boxes are 32 k's (128 bytes) deep,
-    each consumer rounds its slice of x with cvt.rna and hands it to the async proxy before 8
-    wgmma m64n128k8 (2 pieces x 4 k's) with K-major descriptors (no transpose immediates;
-    128-byte swizzling, 8-row groups 1024 bytes apart)."""
+    """TF32 (w^T [N, K] from pack-weights): both operands' boxes are 32 k's (128 bytes) deep;
+    two warps of the producer warpgroup round each stage's x with cvt.rna once it landed, hand
+    it to the async proxy and arrive on the stage's `ready` barrier, which the consumers wait
+    for before 8 wgmma m64n128k8 (2 pieces x 4 k's) with K-major descriptors (no transpose
+    immediates; 128-byte swizzling, 8-row groups 1024 bytes apart)."""
     module, context = cuda_kernel(linear_wgmma, [(4096, 4096), (4096, 4096), (4096, 4096)], "float32",
                                   archs=("sm_90a",), precision="tf32", w_kmajor=True)
     with context:
@@ -105,10 +106,16 @@ def test_tf32_wgmma_reads_x_and_w_k_major_and_rounds_x_to_nearest_away():
                                 if op.operation.name == "gpu.module").regions[0].blocks[0].operations)).operation
         ptx, launch, maps = cuda_backend.ptx_of(module, "sm_90a"), ht.record_of(kernel), ht.tensor_maps_of(kernel)
     filecheck(ptx, """
+        CHECK: setmaxnreg.dec.sync.aligned.u32 40;
+        CHECK: cp.async.bulk.tensor.2d
         CHECK: mbarrier.try_wait.parity
         CHECK: cvt.rna.tf32.f32
         CHECK: st.shared.v4.b32
         CHECK: fence.proxy.async.shared::cta;
+        CHECK: mbarrier.arrive.shared.b64
+        CHECK: setmaxnreg.inc.sync.aligned.u32 232;
+        CHECK-NOT: cvt.rna
+        CHECK: mbarrier.try_wait.parity
         CHECK: wgmma.fence.sync.aligned
         CHECK: or.b64 {{.*}}, 4611686293305360384;
         CHECK-COUNT-8: wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {{{.*}}}, %rd{{[0-9]+}}, %rd{{[0-9]+}}, p, 1, 1;
@@ -122,10 +129,11 @@ def test_tf32_wgmma_reads_x_and_w_k_major_and_rounds_x_to_nearest_away():
 
 def test_a_small_product_takes_the_128_row_tile():
     """1024 x 2048 x 2048 in 256x128 tiles is 64 blocks for 132 SMs: 128x128 tiles (one m64
-    wgmma a consumer) give 128."""
+    wgmma a consumer) give 128; a product of more than a wave of big tiles keeps them."""
     _, launch, maps = build(1024, 2048, 2048)
     assert launch.grid[0] == 128 and maps[0] == {"arg": 0, "box": [64, 64]}
     assert launch.shared_bytes == 4 * (128 + 128) * 64 * 2
+    assert build(4096, 2048, 2048)[1].grid[0] == 132  # 256 tiles of 256x128: two waves, the big tile
 
 
 @pytest.mark.parametrize(("dtype", "n", "precision", "constant", "added"), [
