@@ -13,7 +13,13 @@ their phases run on across a block's tiles, so the producer loads the next tile 
 consumers store this one: straight from the accumulator's registers, the bias added and the
 fused ops applied in f32, two 16-bit columns a 4-byte store, guarded. The tensor maps TMA reads
 come from the runtime (`hextir.tensor_maps`: one per x and w, encoded per call for the buffers'
-addresses and extents), as extra pointer parameters after the kernel's sizes.
+addresses and extents), as extra pointer parameters after the kernel's sizes. A product of at
+most a wave of such tiles takes 128x128 ones (`wgmma_tile`).
+
+TF32 (float32 with precision "tf32"): wgmma's TF32 reads both operands K-major, so w comes as
+w^T [N, K] (pack-weights stores a constant so, rounded), the k slices are 32 deep (128-byte rows
+of both), the consumers issue m64n128k8 with descriptors made here, and warps 9-10 round each
+stage's x to TF32 (cvt.rna) as it lands, the consumers waiting for their `ready` mbarrier.
 
     for b in [0, min(tiles, 132)) bind blockIdx.x          stages[S] of x[256][64], w[64][128]
       for t in [0, 384) bind threadIdx.x                   full[S], empty[S] mbarriers
