@@ -267,7 +267,9 @@ def _consume_tf32(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.V
     zero = llvm.ZeroOp(values).result
     start = arith.IndexCastOp(ir.IntegerType.get_signless(64),
                               memref.ExtractAlignedPointerAsIndexOp(shared).result).result
-    attribute = ir.Attribute.parse
+    kinds = [ir.Attribute.parse(f"#nvvm.{text}") for text in (
+        "shape<m = 64, n = 128, k = 8>", "wgmma_type<tf32>", "wgmma_type<tf32>", "wgmma_type<f32>",
+        "wgmma_scale_out<one>", "wgmma_scale_in<one>", "wgmma_scale_in<one>", "mma_layout<row>", "mma_layout<col>")]
 
     def slice_(base: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         a = cuda._plus(base, cuda._times(warpgroup, half * step * 4))
@@ -281,12 +283,7 @@ def _consume_tf32(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.V
             for p in range(len(out)):  # m64 pieces: 64 rows of 128 bytes = 8 KiB apart
                 out[p] = nvvm.wgmma_mma_async(
                     values, out[p], _descriptor(start, cuda._plus(a, _c(p * 64 * step * 4 + 32 * k))),
-                    _descriptor(start, cuda._plus(base, _c(tile_m * step * 4 + 32 * k))),
-                    attribute("#nvvm.shape<m = 64, n = 128, k = 8>"), attribute("#nvvm.wgmma_type<tf32>"),
-                    attribute("#nvvm.wgmma_type<tf32>"), attribute("#nvvm.wgmma_type<f32>"),
-                    attribute("#nvvm.wgmma_scale_out<one>"), attribute("#nvvm.wgmma_scale_in<one>"),
-                    attribute("#nvvm.wgmma_scale_in<one>"), attribute("#nvvm.mma_layout<row>"),
-                    attribute("#nvvm.mma_layout<col>"))
+                    _descriptor(start, cuda._plus(base, _c(tile_m * step * 4 + 32 * k))), *kinds)
         nvvm.WgmmaGroupSyncAlignedOp()
         nvvm.WgmmaWaitGroupSyncOp(1)
         return out
