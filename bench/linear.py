@@ -73,7 +73,6 @@ TENSOR_CORES = [(m, k, n, dtype, "highest", target, "") for m, k, n in ((4096, 4
                 (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma128"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", ""),  # w at run time: mma.sync
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wt"),
-                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wtconsumer"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wttrunc"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90", "wt"),
                 (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90,cuda:sm_90a", "wt"),
@@ -83,14 +82,13 @@ TENSOR_CORES = [(m, k, n, dtype, "highest", target, "") for m, k, n in ((4096, 4
 #: The variants' schedule constants, [(module, {name: value})]: "wg256" every product on 256x128
 #: wgmma tiles, "mma128" every mma.sync product on 128x128; "wt": TF32 with w K-major as
 #: pack-weights gives a constant's (here an argument: the run passes w^T, so square K x N only),
-#: x rounded to TF32 by the producer warpgroup's warps, by the consumers ("wtconsumer") or not at
-#: all ("wttrunc": the tensor cores truncate).
+#: x rounded to TF32 by the consumers in shared memory, or not at all ("wttrunc": the tensor cores
+#: truncate).
 _KMAJOR = ("hexir.passes.lower_to_tir", {"_request": "kmajor"})
 TC_VARIANTS = {"wg256": [("cuda_wgmma", {"WG_SMALL_TILE": (256, 128, 64)})],
                "mma128": [("cuda_mma", {"MMA_NARROW": (128, 128, 32, 2, 4)})],
                "wt": [_KMAJOR],
-               "wtconsumer": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": "consumer"})],
-               "wttrunc": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": None})]}
+               "wttrunc": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": False})]}
 TOLERANCE = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -11}
 
 

@@ -18,8 +18,8 @@ most a wave of such tiles takes 128x128 ones (`wgmma_tile`).
 
 TF32 (float32 with precision "tf32"): wgmma's TF32 reads both operands K-major, so w comes as
 w^T [N, K] (pack-weights stores a constant so, rounded), the k slices are 32 deep (128-byte rows
-of both), the consumers issue m64n128k8 with descriptors made here, and warps 9-10 round each
-stage's x to TF32 (cvt.rna) as it lands, the consumers waiting for their `ready` mbarrier.
+of both), and each consumer rounds its rows of x in the stage to TF32 (cvt.rna) before it issues
+m64n128k8 with descriptors made here.
 
     for b in [0, min(tiles, 132)) bind blockIdx.x          stages[S] of x[256][64], w[64][128]
       for t in [0, 384) bind threadIdx.x                   full[S], empty[S] mbarriers
@@ -55,11 +55,10 @@ GROUP_M, WG_BLOCKS = 8, 132
 #: start with 168): the consumers' 232 took 8192^3 bf16 from 0.81 to 0.93 of cuBLAS
 #: (docs/tuning.md, "CUDA tensor-core linear: wgmma").
 WG_REGISTERS = (40, 232)
-#: TF32: who rounds x to TF32 in shared memory (cvt.rna) before the tensor cores read it (else they
-#: truncate): "producer" (warps 9 and 10, idle otherwise: a stage is `ready` once they did), or
-#: "consumer" (each its own rows, before its wgmma: 0.69 of cuBLAS at 4096^3 where truncating ran
-#: at 1.00), or None (docs/tuning.md, "CUDA tensor-core linear: round 8").
-TF32_ROUND = "producer"
+#: TF32: each consumer rounds its rows of x to TF32 in shared memory (cvt.rna, as cuBLAS) before
+#: its wgmma (else the tensor cores truncate): 0.71 of cuBLAS at 4096^3, where truncating ran at
+#: 1.01 and the producer warpgroup's idle warps rounding each stage 0.65 (docs/tuning.md, "round 8").
+TF32_ROUND = True
 _WORKGROUP = "#gpu.address_space<workgroup>"
 
 
@@ -123,13 +122,9 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
             group = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {_WORKGROUP}, num_barriers = {WG_STAGES}>")
             full, empty = nvgpu.MBarrierCreateOp(group).result, nvgpu.MBarrierCreateOp(group).result
             first = arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(0)).result
-            rounders = tf32 and TF32_ROUND == "producer"
-            ready = nvgpu.MBarrierCreateOp(group).result if rounders else full  # (x rounded in the stage)
             for s in range(WG_STAGES):
                 nvgpu.MBarrierInitOp(full, _c(1), _c(s), predicate=first)
                 nvgpu.MBarrierInitOp(empty, _c(8), _c(s), predicate=first)  # a consumer warp's lane 0 each
-                if rounders:
-                    nvgpu.MBarrierInitOp(ready, _c(64), _c(s), predicate=first)  # each rounding thread
             ht.barrier()
             tm_x, tm_w = _tensor_map(maps[0], (half, step), element), _tensor_map(maps[1], w_box, element)
             warpgroup = arith.DivUIOp(thread, _c(128)).result
@@ -144,17 +139,11 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
                     with _tiles(block, shape) as (origin, done):
                         _produce(tm_x, tm_w, full, empty, shared, origin, done, shape)
                     scf.YieldOp([])
-                if rounders:  # warps 9 and 10 round each stage's x once it landed
-                    rounding = scf.IfOp(arith.AndIOp(cuda._less(_c(287), thread), cuda._less(thread, _c(352))).result)
-                    with ir.InsertionPoint(rounding.then_block), _tiles(block, shape) as (_, done):
-                        _round_stages(full, ready, shared, arith.SubIOp(thread, _c(288)).result, done, shape)
-                    with ir.InsertionPoint(rounding.then_block):
-                        scf.YieldOp([])
                 scf.YieldOp([])
             with ir.InsertionPoint(roles.else_block):
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[1], nvvm.SetMaxRegisterAction.increase)
                 with _tiles(block, shape) as (origin, done):
-                    sums = (_consume_tf32 if tf32 else _consume)(tm_x, tm_w, ready, empty, shared, warpgroup,
+                    sums = (_consume_tf32 if tf32 else _consume)(tm_x, tm_w, full, empty, shared, warpgroup,
                                                                  thread, done, shape)
                     _epilogue(sums, origin, warpgroup, thread, args, symbols, request, tile)
                 scf.YieldOp([])
@@ -273,10 +262,8 @@ def _consume_tf32(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.V
 
     def slice_(base: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         a = cuda._plus(base, cuda._times(warpgroup, half * step * 4))
-        if TF32_ROUND == "consumer":
-            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, _c(128)).result, 128)
-            number = arith.IndexCastOp(ir.IntegerType.get_signless(32), cuda._plus(warpgroup, _c(1))).result
-            llvm.InlineAsmOp(None, [number], "bar.sync $0, 128;", "r", has_side_effects=True)
+        if TF32_ROUND:
+            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, _c(128)).result, warpgroup)
         nvvm.WgmmaFenceAlignedOp()
         out = list(sums)
         for k in range(step // 8):
@@ -300,30 +287,17 @@ def _descriptor(start: ir.Value, offset: ir.Value) -> ir.Value:
     return arith.OrIOp(field, arith.ConstantOp(i64, (1 << 62) | (64 << 32) | (1 << 16)).result).result
 
 
-def _round_tf32(slab: ir.Value, lane: ir.Value, threads: int) -> None:
-    """Round `slab` (x's rows in a stage) to TF32 in place, `threads` threads 4 values at a time,
-    then make the stores visible to wgmma (the async proxy)."""
+def _round_tf32(slab: ir.Value, lane: ir.Value, warpgroup: ir.Value) -> None:
+    """Round a consumer's rows of x in a stage to TF32 in place (its 128 threads, 4 values each
+    at a time), make the stores visible to wgmma (the async proxy), wait for the warpgroup."""
     f32 = ir.F32Type.get()
-    count = ir.MemRefType(slab.type).shape[0]
-    for j in range(count // (4 * threads)):
-        at = [cuda._plus(cuda._times(lane, 4), _c(4 * threads * j))]
+    for j in range(ir.MemRefType(slab.type).shape[0] // 512):
+        at = [cuda._plus(cuda._times(lane, 4), _c(512 * j))]
         four = vector.LoadOp(ir.VectorType.get([4], f32), slab, at).result
         rounded = [arith.BitcastOp(f32, _to_tf32(vector.ExtractOp(four, [], [e]).result)).result for e in range(4)]
         vector.StoreOp(vector.FromElementsOp(ir.VectorType.get([4], f32), rounded).result, slab, at)
-    llvm.InlineAsmOp(None, [], "fence.proxy.async.shared::cta;", "", has_side_effects=True)
-
-
-def _round_stages(full, ready, shared, lane: ir.Value, done: ir.Value, shape: _Shape) -> None:
-    """Warps 9 and 10, one tile: as each k slice's stage lands (`full`), round its x to TF32 and
-    arrive on `ready` (what the consumers wait for)."""
-    tile_m, _, step = shape.tile
-    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1))
-    with ir.InsertionPoint(loop.body):
-        stage, round_ = _stage(cuda._plus(done, loop.induction_variable))
-        nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), _c(10_000_000), mbarId=stage)
-        _round_tf32(_view(shared, cuda._times(stage, shape.stage_bytes), [tile_m * step], ir.F32Type.get()), lane, 64)
-        nvgpu.MBarrierArriveOp(ready, stage)
-        scf.YieldOp([])
+    number = arith.IndexCastOp(ir.IntegerType.get_signless(32), cuda._plus(warpgroup, _c(1))).result
+    llvm.InlineAsmOp(None, [number], "fence.proxy.async.shared::cta;\nbar.sync $0, 128;", "r", has_side_effects=True)
 
 
 def _k_loop(full, empty, thread, done: ir.Value, shape: _Shape, zero: list[ir.Value], slice_) -> list[ir.Value]:

@@ -95,10 +95,9 @@ def test_the_wgmma_ptx_assembles_without_spills(tmp_path):
 
 def test_tf32_wgmma_reads_x_and_w_k_major_and_rounds_x_to_nearest_away():
     """TF32 (w^T [N, K] from pack-weights): both operands' boxes are 32 k's (128 bytes) deep;
-    two warps of the producer warpgroup round each stage's x with cvt.rna once it landed, hand
-    it to the async proxy and arrive on the stage's `ready` barrier, which the consumers wait
-    for before 8 wgmma m64n128k8 (2 pieces x 4 k's) with K-major descriptors (no transpose
-    immediates; 128-byte swizzling, 8-row groups 1024 bytes apart)."""
+    each consumer rounds its rows of x with cvt.rna once the stage landed and hands them to the
+    async proxy before 8 wgmma m64n128k8 (2 pieces x 4 k's) with K-major descriptors (no
+    transpose immediates; 128-byte swizzling, 8-row groups 1024 bytes apart)."""
     module, context = cuda_kernel(linear_wgmma, [(4096, 4096), (4096, 4096), (4096, 4096)], "float32",
                                   archs=("sm_90a",), precision="tf32", w_kmajor=True)
     with context:
@@ -106,16 +105,12 @@ def test_tf32_wgmma_reads_x_and_w_k_major_and_rounds_x_to_nearest_away():
                                 if op.operation.name == "gpu.module").regions[0].blocks[0].operations)).operation
         ptx, launch, maps = cuda_backend.ptx_of(module, "sm_90a"), ht.record_of(kernel), ht.tensor_maps_of(kernel)
     filecheck(ptx, """
-        CHECK: setmaxnreg.dec.sync.aligned.u32 40;
-        CHECK: cp.async.bulk.tensor.2d
+        CHECK: setmaxnreg.inc.sync.aligned.u32 232;
         CHECK: mbarrier.try_wait.parity
         CHECK: cvt.rna.tf32.f32
         CHECK: st.shared.v4.b32
         CHECK: fence.proxy.async.shared::cta;
-        CHECK: mbarrier.arrive.shared.b64
-        CHECK: setmaxnreg.inc.sync.aligned.u32 232;
-        CHECK-NOT: cvt.rna
-        CHECK: mbarrier.try_wait.parity
+        CHECK-NEXT: bar.sync
         CHECK: wgmma.fence.sync.aligned
         CHECK: or.b64 {{.*}}, 4611686293305360384;
         CHECK-COUNT-8: wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {{{.*}}}, %rd{{[0-9]+}}, %rd{{[0-9]+}}, p, 1, 1;
