@@ -74,16 +74,42 @@ def operands(row: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarra
     return x, w, (*lead, m, n)
 
 
-#: `build --tensor-cores`: issue #26's rows, (M, K, N, dtype, precision, target): bf16 and f16 at
-#: 4096^3 and 8192^3 with wgmma (sm_90a) and with mma.sync (sm_90), the ragged products (K or N odd:
-#: no TMA, mma.sync), TF32 at 4096^3. Compared with torch.matmul in the same dtype (TF32: with
-#: allow_tf32) and with a float64 product: relative to its largest element, within TOLERANCE * sqrt(K).
-TENSOR_CORES = [(m, k, n, dtype, "highest", target) for m, k, n in ((4096, 4096, 4096), (8192, 8192, 8192))
+#: `build --tensor-cores`: issue #26's rows, (M, K, N, dtype, precision, target, variant): bf16 and f16
+#: at 4096^3 and 8192^3 with wgmma (sm_90a) and with mma.sync (sm_90), the same product built for
+#: sm_90 + sm_90a (the wgmma variant of the sm_90a image) beside the sm_90a-only one, the ragged
+#: products (K or N odd: no TMA, mma.sync), TF32 at 4096^3, the bf16 MLP's 1024 x 2048 x 2048; a
+#: variant other than "" is the product built with TC_VARIANTS' schedule constants. The modules of
+#: one product (and torch) are timed in turns. Compared with torch.matmul in the same dtype (TF32:
+#: with allow_tf32) and with a float64 product: relative to its largest element, within TOLERANCE * sqrt(K).
+TENSOR_CORES = [(m, k, n, dtype, "highest", target, "") for m, k, n in ((4096, 4096, 4096), (8192, 8192, 8192))
                 for dtype in ("bfloat16", "float16") for target in ("cuda:sm_90a", "cuda:sm_90")] + \
-               [(4096, 4096, 4096, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a"),  # wgmma: the sm_90a image's
-                (4095, 4097, 4000, "bfloat16", "highest", "cuda:sm_90a"),
-                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a"),
-                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a")]
+               [(4096, 4096, 4096, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a", ""),  # wgmma: the sm_90a image's
+                (2048, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", ""),
+                (2048, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", "wg256"),
+                (1024, 2048, 2048, "bfloat16", "highest", "cuda:sm_90a", ""),
+                (1024, 2048, 2048, "bfloat16", "highest", "cuda:sm_90,cuda:sm_90a", ""),
+                (1000, 1000, 1032, "bfloat16", "highest", "cuda:sm_90a", ""),
+                (4095, 4097, 4000, "bfloat16", "highest", "cuda:sm_90a", ""),
+                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", ""),
+                (1000, 1024, 33, "bfloat16", "highest", "cuda:sm_90a", "mma128"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", ""),  # w at run time: mma.sync
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wt"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90a", "wttrunc"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90", "wt"),
+                (4096, 4096, 4096, "float32", "tf32", "cuda:sm_90,cuda:sm_90a", "wt"),
+                (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90a", "wt"),  # ragged M, N, K: TMA's zeros, guards
+                (1000, 1032, 1032, "float32", "tf32", "cuda:sm_90", "wt"),
+                (8192, 8192, 8192, "float32", "tf32", "cuda:sm_90a", "wt")]
+#: The variants' schedule constants, [(module, {name: value})]: "wg256" every product on 256x128
+#: wgmma tiles, "mma128" every mma.sync product on 128x128; "wt": TF32 with w K-major as
+#: pack-weights gives a constant's (here an argument: the run passes w^T, so square K x N only),
+#: x rounded to TF32 by the consumers in shared memory, or not at all ("wttrunc": the tensor cores
+#: truncate).
+_KMAJOR = ("hexir.passes.lower_to_tir", {"_request": "kmajor"})
+TC_VARIANTS = {"wg256": [("cuda_wgmma", {"WG_SMALL_TILE": (256, 128, 64)})],
+               "mma128": [("cuda_mma", {"MMA_NARROW": (128, 128, 32, 2, 4)})],
+               "wt": [_KMAJOR],
+               "wttrunc": [_KMAJOR, ("cuda_wgmma", {"TF32_ROUND": False})]}
 TOLERANCE = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -11}
 
 
@@ -91,72 +117,109 @@ def build_tensor_cores(out: Path) -> None:
     import hexir
 
     rows = []
-    for m, k, n, dtype, precision, target in TENSOR_CORES:
-        name = f"linear_{m}x{k}x{n}_{dtype}_{precision}_{target.replace('cuda:', '').replace(',', '_')}"
+    for m, k, n, dtype, precision, target, variant in TENSOR_CORES:
+        name = f"linear_{m}x{k}x{n}_{dtype}_{precision}_{target.replace('cuda:', '').replace(',', '_')}{variant}"
         options = {"matmul_precision": precision} if precision != "highest" else {}
-        hexir.export(lambda x, w: hexir.linear(x, w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
-                     hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": "cuda"},
-                     target=f"cpu:host,{target}", **options)
+        with contextlib.ExitStack() as changes:
+            for module, constants in TC_VARIANTS.get(variant, []):
+                if constants.get("_request") == "kmajor":
+                    constants = {"_request": _kmajor_request()}
+                changes.enter_context(_schedule(module, constants))
+            hexir.export(lambda x, w: hexir.linear(x, w), out / f"{name}.hxb", hexir.TensorSpec((m, k), dtype),
+                         hexir.TensorSpec((k, n), dtype), placement={"hexir.linear": "cuda"},
+                         target=f"cpu:host,{target}", **options)
         rows.append({"name": name, "m": m, "k": k, "n": n, "dtype": dtype, "device": "cuda", "precision": precision,
-                     "target": target, "tensor_cores": True})
+                     "target": target, "variant": variant, "tensor_cores": True})
     (out / "modules.json").write_text(json.dumps(rows, indent=1))
     print(f"built {len(rows)} modules in {out}")
     _pack(out)
 
 
+def _kmajor_request():
+    """lower-to-tir's `_request`, the linear's w K-major (as pack-weights marks a TF32 constant's)."""
+    from dataclasses import replace
+
+    from hexir.passes import lower_to_tir
+
+    original = lower_to_tir._request
+
+    def request(*args):
+        made, record = original(*args)
+        return replace(made, w_kmajor=made.op == "linear"), record
+    return request
+
+
 def run_tensor_cores(modules: Path, rows: list[dict], repeats: int) -> None:
-    """Each row's kernel on torch's tensors (the same buffers for both), CUDA events around
-    `repeats` launches back to back, against torch.matmul(out=) in the same dtype."""
+    """Each product's modules and torch.matmul(out=) in the same dtype, on torch's tensors (the
+    same x and w for all), timed in turns: 5 rounds, each `repeats` launches back to back
+    between CUDA events; the median round of each."""
     import torch
     from hexir_runtime.cuda import CudaDevice, DeviceBuffer
     from hexir_runtime.format import numpy_dtype, read
 
     place = CudaDevice()
     print(f"device: {torch.cuda.get_device_name(0)}; baseline: cuBLAS (torch {torch.__version__}) in the same "
-          f"dtype; {repeats} launches back to back, median of 5")
-    print(f"{'M x K x N':>20} {'dtype':>9} {'target':>7} {'hexir ms':>9} {'torch ms':>9} {'hexir TF/s':>10} "
+          f"dtype; {repeats} launches back to back, median of 5 rounds in turns")
+    print(f"{'M x K x N':>20} {'dtype':>9} {'target':>13} {'hexir ms':>9} {'torch ms':>9} {'hexir TF/s':>10} "
           f"{'torch TF/s':>10} {'ratio':>6} {'rel err':>8} {'bound':>8} {'torch err':>9}")
+    products: dict[tuple, list[dict]] = {}
     for row in rows:
-        m, k, n, dtype = row["m"], row["k"], row["n"], row["dtype"]
-        torch.backends.cuda.matmul.allow_tf32 = row["precision"] == "tf32"
+        products.setdefault((row["m"], row["k"], row["n"], row["dtype"], row["precision"]), []).append(row)
+    for (m, k, n, dtype, precision), group in products.items():
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         kind = getattr(torch, dtype)
         g = torch.Generator(device="cuda").manual_seed(0)
         x, w = (torch.randn(shape, device="cuda", generator=g).to(kind) for shape in ((m, k), (k, n)))
-        out, theirs = torch.empty((m, n), dtype=kind, device="cuda"), torch.empty((m, n), dtype=kind, device="cuda")
-        hxb = read(modules / f"{row['name']}.hxb")
-        program = place.load(hxb)
-        buffers = [DeviceBuffer(t.data_ptr(), tuple(t.shape), numpy_dtype(dtype)) for t in (x, w, out)]
-        launch = program.launcher(0, buffers, {})
-        stream = torch.cuda.ExternalStream(int(program.stream))
+        theirs = torch.empty((m, n), dtype=kind, device="cuda")
+        runs = []  # (row, program, launch, out, stream)
+        for row in group:
+            out = torch.empty((m, n), dtype=kind, device="cuda")
+            program = place.load(read(modules / f"{row['name']}.hxb"))
+            given = w.t().contiguous() if row.get("variant", "").startswith("wt") else w  # (K-major)
+            buffers = [DeviceBuffer(t.data_ptr(), tuple(t.shape), numpy_dtype(dtype)) for t in (x, given, out)]
+            row["keep"] = given
+            runs.append((row, program, program.launcher(0, buffers, {}), out,
+                         torch.cuda.ExternalStream(int(program.stream))))
 
         def timed(fn, on) -> float:
-            fn()
-            times = []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(on)
-                for _ in range(repeats):
-                    fn()
-                end.record(on)
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3 / repeats)
-            return statistics.median(times)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(on)
+            for _ in range(repeats):
+                fn()
+            end.record(on)
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / repeats
+        def base_fn(x=x, w=w, theirs=theirs) -> None:
+            torch.matmul(x, w, out=theirs)
         torch.cuda.synchronize()
-        ours = timed(launch, stream)
-        base = timed(lambda x=x, w=w, theirs=theirs: torch.matmul(x, w, out=theirs), torch.cuda.current_stream())
+        for _, _, launch, _, _ in runs:
+            launch()
+        base_fn()
+        torch.cuda.synchronize()
+        times: list[list[float]] = [[] for _ in range(len(runs) + 1)]
+        for _ in range(5):
+            for i, (_, _, launch, _, stream) in enumerate(runs):
+                times[i].append(timed(launch, stream))
+            times[-1].append(timed(base_fn, torch.cuda.current_stream()))
         torch.cuda.synchronize()
         reference = x.double() @ w.double()
         scale = float(reference.abs().max())
-        error = float((out.double() - reference).abs().max()) / scale
         torch_error = float((theirs.double() - reference).abs().max()) / scale
+        base = statistics.median(times[-1])
         bound = TOLERANCE[dtype] * math.sqrt(k)
         flops = 2.0 * m * k * n
-        print(f"{m:>6} x{k:>5} x{n:>5} {dtype if row['precision'] == 'highest' else 'tf32':>9} "
-              f"{row['target'].replace('cuda:', ''):>7} {ours * 1e3:9.3f} {base * 1e3:9.3f} "
-              f"{flops / ours / 1e12:10.1f} "
-              f"{flops / base / 1e12:10.1f} {base / ours:6.3f} {error:8.1e} {bound:8.1e} {torch_error:9.1e}"
-              f"{'' if error <= bound else '  WRONG'}", flush=True)
-        program.close()
+        for (row, program, _, out, _), mine in zip(runs, times, strict=False):
+            ours = statistics.median(mine)
+            error = float((out.double() - reference).abs().max()) / scale
+            target = row["target"].replace("cuda:", "") + (f" {row['variant']}" if row.get("variant") else "")
+            print(f"{m:>6} x{k:>5} x{n:>5} {dtype if precision == 'highest' else 'tf32':>9} "
+                  f"{target:>13} {ours * 1e3:9.3f} {base * 1e3:9.3f} {flops / ours / 1e12:10.1f} "
+                  f"{flops / base / 1e12:10.1f} {base / ours:6.3f} {error:8.1e} {bound:8.1e} {torch_error:9.1e}"
+                  f"{'' if error <= bound else '  WRONG'}", flush=True)
+            program.close()
+        del reference, runs
+        for row in group:
+            row.pop("keep", None)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
@@ -248,11 +311,14 @@ VARIANT_ROWS = {"stream64": 64}
 
 
 @contextlib.contextmanager
-def _schedule(changes: dict):
-    """hexir/schedules/cpu.py's constants set to `changes` while a variant builds (the compile
-    cache is off then: its key cannot see them)."""
-    from hexir.schedules import cpu as cpu_schedule
+def _schedule(module: str, changes: dict | None = None):
+    """The constants of hexir/schedules/`module`.py (default cpu) set to `changes` while a variant
+    builds (the compile cache is off then: its key cannot see them)."""
+    import importlib
 
+    if changes is None:
+        module, changes = "cpu", module
+    cpu_schedule = importlib.import_module(module if "." in module else f"hexir.schedules.{module}")
     saved = {name: getattr(cpu_schedule, name) for name in changes}
     cache, os.environ["HEXIR_CACHE_DIR"] = os.environ.get("HEXIR_CACHE_DIR"), ""
     try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlir import ir, passmanager
@@ -146,7 +146,7 @@ STAGES: list[tuple[str, Step]] = [
     ("mlir-hetero", _passes(("hexir-partition", lambda m, o: partition(m, dict(o.placement))))),
     ("mlir-tir", _passes(("hexir-widen", lambda m, o: widen(m, o.target, o.matmul_precision)),
                          ("hexir-fuse", lambda m, o: fuse(m)),
-                         ("hexir-pack-weights", lambda m, o: pack_weights(m)),
+                         ("hexir-pack-weights", lambda m, o: pack_weights(m, o.target, o.matmul_precision)),
                          ("hexir-lower-to-tir", lambda m, o: lower_to_tir(m, o.target, o.matmul_precision)), "cse",
                          ("hexir-share-kernels", lambda m, o: share_kernels(m)))),
     ("mlir-linalg", _passes(("hextir-to-loops", lambda m, o: tir_to_loops(m)))),
@@ -170,7 +170,31 @@ def run_stage(module: ir.Module, stage: str, options: Options) -> ir.Module | st
         result = step(module, options)
         if name == stage:
             return result
+        if name == "mlir-hetero":  # (the devices are known from here on)
+            options = with_wgmma(module, options)
     raise AssertionError("unreachable: the stage is in the list")
+
+
+def with_wgmma(module: ir.Module, options: Options) -> Options:
+    """The options with sm_90a added to a target of sm_90 (without it) where a cuda linear would
+    run on wgmma there (twice mma.sync's rate; docs/api.md): 16-bit, or float32 in TF32 with a
+    constant w, K (and N) such that TMA can read the operands. Other modules do not pay for
+    the image's compile."""
+    archs = options.target.cuda_archs
+    if "sm_90" not in archs or "sm_90a" in archs:
+        return options
+    for op in hx.main_function(module).regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "hexir.linear" or hx.device_of(op) != "cuda":
+            continue
+        dtype, (k, n) = hx.dtype_of(op.result.type), hx.shape_of(op.operands[1].type)
+        if not isinstance(k, int) or not isinstance(n, int):
+            continue
+        constant = not isinstance(op.operands[1].owner, ir.Block) and op.operands[1].owner.name == "hexir.constant"
+        if dtype in hx.HALVES and k % 8 == n % 8 == 0 or dtype == "float32" and \
+                options.matmul_precision == "tf32" and constant and k % 4 == 0:
+            return replace(options, target=replace(options.target, cuda_archs=(*archs, "sm_90a")))
+    return options
 
 
 def compile_module(module: ir.Module, options: Options) -> bytes:

@@ -52,6 +52,7 @@ RESULT_FORM = "hexir.result_form"  # on @main: how the function returned ("none"
 EXPR = "expr"                      # on a pointwise or reduce op: its tree (or program) as JSON
 EPILOGUE = "hexir.epilogue"        # on a linear: the tree applied to its sums (+ bias) as they are stored
 W_PANELS = "hexir.w_panels"        # on a cpu linear: its w is a constant packed in panels (pack-weights)
+W_KMAJOR = "hexir.w_kmajor"        # on a cuda TF32 linear: its w is a constant given transposed, [N, K] (pack-weights)
 
 _DEVICE = one_of("device", ("auto", *DEVICES))
 _compute_ops: dict[str, tuple[str, ...]] = {}
@@ -357,12 +358,12 @@ def set_expr(op: ir.Operation, tree: object, name: str = EXPR) -> None:
     op.attributes[name] = _str(json.dumps(tree, separators=(",", ":")))
 
 
-def set_w_panels(op: ir.Operation) -> None:
-    op.attributes[W_PANELS] = ir.UnitAttr.get()
+def set_w_panels(op: ir.Operation, layout: str = W_PANELS) -> None:
+    op.attributes[layout] = ir.UnitAttr.get()
 
 
-def has_w_panels(op: ir.Operation) -> bool:
-    return W_PANELS in op.attributes
+def has_w_panels(op: ir.Operation, layout: str = W_PANELS) -> bool:
+    return layout in op.attributes
 
 
 def constant_array(op: ir.Operation) -> np.ndarray:

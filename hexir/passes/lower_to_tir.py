@@ -112,8 +112,9 @@ def lower_to_tir(module: ir.Module, target: Target, precision: str = "highest") 
                     if variants:
                         ht.set_variants(kernel, [(o.function, below) for o, (_, below) in zip(others, variants,
                                                                                               strict=True)])
-                for kernel in _cpu_kernels(name, device == "cuda", arg_types, schedules["cpu"], request,
-                                           record):  # (the cpu twin lets `hexir-run --device=cpu` run it)
+                for kernel in [] if request.w_kmajor else _cpu_kernels(
+                        name, device == "cuda", arg_types, schedules["cpu"], request, record):
+                    # (the cpu twin lets `hexir-run --device=cpu` run it; the cpu kernels read no w^T)
                     if device == "cuda":
                         ht.set_fallback_of(kernel, name)
         for kernel in ht.kernels(module) if views else ():
@@ -216,7 +217,7 @@ def _request(op: ir.Operation, definition: ops.OpDef, target: Target, symbols: t
     record = sums if expr is None else \
         scalars.substitute(expr, [sums, *(["arg", 1 + bias + i] for i in range(extras))])
     return Request(definition.name, dtype, target, symbols, expr, bias, extras,
-                   panels=hx.has_w_panels(op) or packed), record
+                   panels=hx.has_w_panels(op) or packed, w_kmajor=hx.has_w_panels(op, hx.W_KMAJOR)), record
 
 
 def _cpu_kernels(name: str, twin: bool, arg_types: list[ir.Type], build: Builder, request: Request,
@@ -235,7 +236,7 @@ def _cpu_kernels(name: str, twin: bool, arg_types: list[ir.Type], build: Builder
 def _kernel(identity: ht.KernelId, arg_types: list[ir.Type], build: Builder, request: Request,
             record: object) -> ir.Operation:
     kernel = func.FuncOp(identity.function, ir.FunctionType.get(arg_types, []))
-    op = request.op + ("_panels" if request.panels else "")  # (linear_panels: docs/hxb-format.md)
+    op = request.op + ("_panels" if request.panels else "_t" if request.w_kmajor else "")  # (docs/hxb-format.md)
     ht.tag_kernel(kernel.operation, identity.device, op, record, request.symbols)
     ht.set_dims(kernel.operation, request.shapes)
     ht.set_identity(kernel.operation, identity)

@@ -33,25 +33,28 @@ from mlir import ir
 from hexir import ops
 from hexir.dialects import hexir as hx
 from hexir.schedules.cpu import NC_BYTES, PANEL_BYTES
+from hexir.target import Target
 
 
-def pack_weights(module: ir.Module) -> None:
-    """Give every cpu linear with a constant w a packed copy of it (see the module's docstring);
-    linears sharing a weight share its copy."""
+def pack_weights(module: ir.Module, target: Target | None = None, precision: str = "highest") -> None:
+    """Give every cpu linear with a constant w a packed copy of it (see the module's docstring),
+    and every cuda TF32 linear one transposed for wgmma, where sm_90a is a target; linears sharing
+    a weight share its copy."""
     packed: dict[ir.Operation, ir.Value | None] = {}  # constant -> its panels (None: left as it is)
     for op in list(hx.main_function(module).regions[0].blocks[0].operations):
         op = op.operation
-        if not ops.reads_weights(op) or hx.device_of(op) != "cpu" or isinstance(op.operands[1].owner, ir.Block):
+        if not ops.reads_weights(op) or isinstance(op.operands[1].owner, ir.Block):
             continue
-        source = op.operands[1].owner.operation
-        if source.name != "hexir.constant":
+        source, device = op.operands[1].owner.operation, hx.device_of(op)
+        kmajor = device == "cuda" and target is not None and _kmajor(op, target, precision)
+        if source.name != "hexir.constant" or device != "cpu" and not kmajor:
             continue
         if source not in packed:
-            packed[source] = _panels(source)
+            packed[source] = _transposed(source) if kmajor else _panels(source)
         if packed[source] is None:
             continue
         op.operands[1] = packed[source]
-        hx.set_w_panels(op)
+        hx.set_w_panels(op, hx.W_KMAJOR if kmajor else hx.W_PANELS)
         if not list(source.result.uses):
             del packed[source]
             source.erase()
@@ -71,6 +74,21 @@ def _panels(source: ir.Operation) -> ir.Value | None:
     with ir.InsertionPoint(source), source.location:
         return hx.constant(panels.reshape(w.shape[0], count, lanes).transpose(1, 0, 2),
                            hx.string_attr(source, "name") + ".panels", "cpu")
+
+
+def _kmajor(op: ir.Operation, target: Target, precision: str) -> bool:
+    """A cuda linear in TF32 whose wgmma (sm_90a) reads w K-major: rows of 16 bytes for TMA."""
+    return op.name == "hexir.linear" and precision == "tf32" and "sm_90a" in target.cuda_archs and \
+        hx.dtype_of(op.result.type) == "float32" and hx.shape_of(op.operands[1].type)[0] % 4 == 0
+
+
+def _transposed(source: ir.Operation) -> ir.Value:
+    """w^T [N, K], rounded to TF32 as the tensor cores' inputs are (to nearest, ties away: cvt.rna)."""
+    w = hx.constant_array(source)
+    bits = w.view(np.uint32)
+    rounded = np.where(np.isfinite(w), (bits + 0x1000) & 0xFFFFE000, bits).view(np.float32)
+    with ir.InsertionPoint(source), source.location:
+        return hx.constant(np.ascontiguousarray(rounded.T), hx.string_attr(source, "name") + ".tf32t", "cuda")
 
 
 def _one_row_only(constant: ir.Operation) -> bool:

@@ -45,6 +45,7 @@ class Request:
     panels: bool = False  # a cpu linear's w comes packed in panels (passes/pack_weights.py)
     shapes: tuple[tuple[exprs.Expr, ...], ...] = ()  # each buffer argument's extents (ints, size expressions)
     precision: str = "highest"  # a contract's float32 products: "highest" (float32) or "tf32" (cuda: tensor cores)
+    w_kmajor: bool = False  # a cuda linear's w comes transposed, [N, K] (pack-weights: TF32 on wgmma)
 
     def with_args(self, args: Sequence[ir.Value]) -> Request:
         return replace(self, args=tuple(args))

@@ -257,6 +257,10 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
         return (cuda_wgmma.linear_wgmma if cuda_wgmma.uses_wgmma(request, k, n) else cuda_mma.linear_mma)(
             args, symbols, request)
     m = extent(args[0], 0, request)
+    if uses_tf32(request) and request.w_kmajor:
+        k = extent(args[0], 1, request)
+        return (cuda_wgmma.linear_wgmma if cuda_wgmma.uses_wgmma(request, k, 0) else cuda_mma.linear_mma)(
+            args, symbols, request)
     if uses_tf32(request) and not (isinstance(m, int) and m <= ROWS_MAX):
         return cuda_mma.linear_mma(args, symbols, request)
     if isinstance(m, int) and 0 < m <= ROWS_MAX:

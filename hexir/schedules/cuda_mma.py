@@ -32,6 +32,9 @@ from hexir.schedules import Request, cuda, extent
 
 #: (block rows, block columns, k slice, warps along rows, warps along columns)
 MMA_TILING = (128, 128, 32, 2, 4)
+#: The tiling of a product of at most 64 columns (4 warps of 32x32): 1000 x 1024 x 33 in bf16 from
+#: 0.80 to 1.45 of cuBLAS (the 128-column tile computed 95 idle columns; docs/tuning.md, "round 8").
+MMA_NARROW = (64, 64, 32, 2, 2)
 #: Shared buffers of slices in flight (cp.async) and the padding of a slice's rows (elements) for
 #: 16-bit inputs and for TF32: 16 bytes spread ldmatrix's rows over the banks; TF32's x loads (8
 #: rows x 4 k's a warp) need rows 4 banks apart, w's (4 k's x 8 columns) 8 apart.
@@ -48,12 +51,13 @@ _PTX = {"bfloat16": "bf16", "float16": "f16"}
 def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     x, w, out = args[0], args[1], args[-1]
     bias = args[2] if request.bias else None
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    kmajor = request.w_kmajor  # TF32's w given transposed, [N, K] (pack-weights): read as x is
+    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 0 if kmajor else 1, request)
     element = ir.MemRefType(x.type).element_type
     bits = ir.FloatType(element).width
     tf32 = bits == 32
     f32 = ir.F32Type.get()
-    tile_m, tile_n, step, warps_m, warps_n = MMA_TILING
+    tile_m, tile_n, step, warps_m, warps_n = MMA_NARROW if n <= MMA_NARROW[1] else MMA_TILING
     threads = 32 * warps_m * warps_n
     frags_m, frags_n = tile_m // warps_m // 16, tile_n // warps_n // 8
     mma_k = 8 if tf32 else 16
@@ -61,16 +65,17 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
     splits = mma_splits(tiles[0] * tiles[1], k_extent) if isinstance(m, int) else 1
     grid = (*tiles, splits)
     rows, columns = ht.size_value(m, symbols), ht.index(n)
-    run = copy_elements(k_extent, n, bits)
+    run = copy_elements(k_extent, k_extent if kmajor else n, bits)
     stages = MMA_STAGES if run else 2
-    pad_x, pad_w = MMA_PAD[bits]
+    pad_x, pad_w = MMA_PAD[bits][0], MMA_PAD[bits][0 if kmajor else 1]
     ht.set_variant("tf32" if tf32 else "mma")
     with cuda._splits_loop(splits) as split, \
             ht.loop(0, ht.size_value(grid[1], symbols), "parallel", "blockIdx.y") as block_row, \
             ht.loop(0, grid[0], "parallel", "blockIdx.x") as block_column:
         k_length, k_first, depth = cuda._k_range(k_extent, step, splits, split)
         x_tile = ht.alloc_local([stages, tile_m, step + pad_x], element, "shared")
-        w_tile = ht.alloc_local([stages, step, tile_n + pad_w], element, "shared")
+        w_tile = ht.alloc_local([stages, tile_n, step + pad_w] if kmajor else [stages, step, tile_n + pad_w], element,
+                                "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = cuda._zeros([frags_m, frags_n, 4], f32)
             warp, lane = cuda._split(thread, 32)
@@ -84,7 +89,7 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                 for kk in range(0, step, mma_k):  # unrolled here: constant shared offsets
                     if tf32:
                         a, b = _tf32_fragments(x_tile, w_tile, buffer, kk, (warp_row, warp_column),
-                                               (group, in_group), (frags_m, frags_n))
+                                               (group, in_group), (frags_m, frags_n), kmajor)
                     else:
                         a = [_ldmatrix(x_tile, [buffer, cuda._plus(warp_row, cuda._plus(ht.index(16 * f), in_half)),
                                                 cuda._plus(ht.index(kk), cuda._times(half, 8))], False)
@@ -108,8 +113,10 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                     k0 = k0 if split is None else cuda._plus(k_first, k0)
                     return (cuda._copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads,
                                              (row0, k0), (rows, depth), run, bypass)
-                            + cuda._copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
-                                               (k0, column0), (depth, columns), run, bypass))
+                            + (cuda._copy_async(w, w_tile, buffer, thread, threads, step, tile_n * step // threads,
+                                                (column0, k0), (columns, depth), run, bypass) if kmajor else
+                               cuda._copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
+                                                (k0, column0), (depth, columns), run, bypass)))
                 cuda._pipeline_async(k_length, step, stages, copy, compute)
             else:
                 x_staged = ht.alloc_local([tile_m * step // threads], element)
@@ -220,15 +227,16 @@ def _ldmatrix(tile: ir.Value, at: list[ir.Value], transpose: bool) -> list[ir.Va
 
 
 def _tf32_fragments(x_tile: ir.Value, w_tile: ir.Value, buffer: ir.Value, kk: int, warp: tuple[ir.Value, ir.Value],
-                    lane: tuple[ir.Value, ir.Value], frags: tuple[int, int]) -> tuple[list, list]:
+                    lane: tuple[ir.Value, ir.Value], frags: tuple[int, int], kmajor: bool) -> tuple[list, list]:
     """m16n8k8 TF32 fragments, each f32 rounded to TF32 (rna): A (rows g, g + 8; k's t, t + 4), B (k's
     t, t + 4; column g), for g, t = the lane's group and place in it."""
     (warp_row, warp_column), (group, in_group) = warp, lane
     k = [cuda._plus(ht.index(kk + 4 * h), in_group) for h in range(2)]
     a = [[_to_tf32(ht.load(x_tile, [buffer, cuda._plus(warp_row, cuda._plus(ht.index(16 * f + 8 * r), group)), k[h]]))
           for h in range(2) for r in range(2)] for f in range(frags[0])]
-    b = [[_to_tf32(ht.load(w_tile, [buffer, k[h], cuda._plus(warp_column, cuda._plus(ht.index(8 * f), group))]))
-          for h in range(2)] for f in range(frags[1])]
+    columns = [cuda._plus(warp_column, cuda._plus(ht.index(8 * f), group)) for f in range(frags[1])]
+    b = [[_to_tf32(ht.load(w_tile, [buffer, column, k[h]] if kmajor else [buffer, k[h], column])) for h in range(2)]
+         for column in columns]
     return a, b
 
 

@@ -45,8 +45,8 @@ def linear_variants(types: list[ir.Type], request: Request) -> list[tuple[str, d
     cores): the smaller tiles run the batches too small for the larger ones to give the GPU
     enough blocks (what the static choice does at compile time, done per call)."""
     m, n = extent(0, 0, request), extent(len(types) - 1, 1, request)
-    if request.dtype in ("bfloat16", "float16"):  # (the tensor-core kernels' one tiling serves every batch)
-        return arch_variants(request)
+    if request.dtype in ("bfloat16", "float16") or request.w_kmajor:  # (the tensor-core kernels' one tiling
+        return arch_variants(request)  # serves every batch)
     if isinstance(m, int) or request.precision == "tf32":
         return []
     m = exprs.to_text(m)  # a symbol, or the product of x's leading ones (`mul(batch, seq)`)
@@ -68,7 +68,7 @@ def arch_variants(request: Request) -> list[tuple[str, dict[str, int]]]:
     archs = request.target.cuda_archs
     if all(a.endswith("a") for a in archs):
         return []
-    k, n = extent(0, 1, request), extent(1, 1, request)
+    k, n = extent(0, 1, request), extent(1, 0 if request.w_kmajor else 1, request)
     return [(f"wgmma_{a}", {}) for a in archs if a.endswith("a")
             and uses_wgmma(replace(request, target=replace(request.target, cuda_archs=(a,))), k, n)]
 

@@ -32,12 +32,13 @@ def _pointwise(tree: Any) -> Callable[..., None]:
     return pointwise
 
 
-def _linear(tree: Any, panels: bool = False) -> Callable[..., None]:
+def _linear(tree: Any, op: str = "linear") -> Callable[..., None]:
     """tree(x @ w, epilogue inputs...); w given as panels[p, k, j] = w[k, p * L + j] for
-    `linear_panels`."""
+    `linear_panels`, as w^T for `linear_t`."""
     def linear(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> None:
         out = rest[-1]
-        if panels:
+        w = w.T if op == "linear_t" else w
+        if op == "linear_panels":
             w = w.transpose(1, 0, 2).reshape(w.shape[1], w.shape[0] * w.shape[2])[:, :out.shape[-1]]  # (K may be 0)
         dtype = compute_dtype([out.dtype.name])  # 16-bit: products and sums in float32
         sums = np.matmul(x.astype(dtype, copy=False), w.astype(dtype, copy=False))
@@ -112,8 +113,8 @@ def numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | Non
 
 
 def _numpy_function(kernel: Kernel, label: str = "") -> Callable[..., None] | None:
-    if kernel.op in ("linear", "linear_panels", "matmul"):
-        return _linear(kernel.expr, kernel.op == "linear_panels")
+    if kernel.op in ("linear", "linear_panels", "linear_t", "matmul"):
+        return _linear(kernel.expr, kernel.op)
     if kernel.op == "attention":
         return _attention(kernel.expr)
     if kernel.op == "pointwise":

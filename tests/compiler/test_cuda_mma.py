@@ -166,12 +166,28 @@ def test_an_sm_90a_image_beside_the_sm_90_one_carries_the_wgmma_kernel_as_its_ow
 
 
 def test_a_product_of_few_tiles_splits_k_and_its_last_block_adds_the_parts():
-    """1000 x 1024 x 33: 8 tiles; split-K (cuda.py's) gives the GPU 64 blocks, each walking 128 k's,
-    their f32 parts in a module global, the tile's last block (an atomic count) adding them."""
+    """1000 x 1024 x 33: 16 tiles of 64x64 (MMA_NARROW: N <= 64); split-K (cuda.py's) gives the GPU
+    128 blocks, each walking 128 k's, their f32 parts in a module global, the tile's last block
+    (an atomic count) adding them."""
     text = ptx(1000, 1024, 33, "bfloat16")
     assert "atom.global.add.u32" in text and ".global .align 16 .b8 k_global0" in text
     module, context = cuda_kernel(linear_mma, [(1000, 1024), (1024, 33), (1000, 33)], "bfloat16")
     with context:
         kernel = next(op for op in next(op for op in module.body.operations if op.operation.name == "gpu.module")
                       .regions[0].blocks[0].operations if op.operation.name == "gpu.func")
-        assert ht.record_of(kernel.operation).grid == (1, 8, 8)
+        assert ht.record_of(kernel.operation).grid == (1, 16, 8)
+
+
+def test_tf32_with_w_k_major_copies_w_transposed_16_bytes_at_a_time():
+    """w^T [N, K] (a constant TF32 weight, pack-weights) is read as x is: N odd costs nothing,
+    every copy of x and w^T is 16 bytes (K a multiple of 4); its B fragments, rows of w^T."""
+    module, context = cuda_kernel(linear_mma, [(2048, 260), (1151, 260), (2048, 1151)], "float32",
+                                  precision="tf32", w_kmajor=True)
+    with context:
+        text = cuda_backend.ptx_of(module, "sm_90")
+    copies = {line.split(",")[-2].strip() for line in text.splitlines() if "cp.async." in line and "[" in line}
+    assert copies == {"16"}
+    filecheck(text, """
+        CHECK: cvt.rna.tf32.f32
+        CHECK: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+        """)

@@ -229,3 +229,32 @@ def test_a_mlir_input_may_convert_with_the_identity_tree_only(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hexir.cli", str(path), "-emit=mlir"], capture_output=True,
                             text=True)
     assert result.returncode == 1 and "relu: result type is bfloat16[2], expected float32[2]" in result.stderr
+
+
+def test_a_tf32_cuda_linear_stores_its_constant_w_k_major_rounded_and_the_reference_agrees_with_numpy(tmp_path):
+    """matmul_precision="tf32", w a constant, on cuda: pack-weights stores w^T [N, K] rounded to
+    TF32 to nearest, ties away (cvt.rna), for wgmma (the default sm_90 target gains sm_90a); the
+    kernel is a `linear_t`, which the numpy reference runs (within TF32's rounding of numpy's
+    float64 product) and the cpu device refuses by name (its cpu kernels read no w^T)."""
+    import hexir_runtime
+    from hexir_runtime import DeviceError
+    from hexir_runtime.format import read
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 40)).astype(np.float32)
+    w[0, :3] = [1 + 2**-11, 1 + 2**-12, -(1 + 2**-11)]  # a tie (away from 0), below one, a negative tie
+    path = hexir.export(lambda x: hexir.linear(x, w), tmp_path / "tf32.hxb", hexir.TensorSpec(("batch", 64), "float32"),
+                        placement={"hexir.linear": "cuda"}, matmul_precision="tf32")
+    kernel = read(path).manifest.kernels[0]
+    assert kernel.op == "linear_t" and kernel.args[1].shape == (40, 64) and kernel.cpu_code is None
+    assert set(kernel.gpu_code.images) == {"sm_90", "sm_90a", "compute_90"}
+    assert [v.symbol.endswith("wgmma_sm_90a") for v in kernel.gpu_code.variants] == [True]
+    module = hexir_runtime.load(path, device="reference")
+    first = module.main(np.eye(1, 64, dtype=np.float32))[0]  # row 0 of w as stored
+    np.testing.assert_array_equal(first[:3], np.array([1 + 2**-10, 1, -(1 + 2**-10)], np.float32))
+    assert np.abs(first - w[0]).max() <= 2**-11 * np.abs(w[0]).max()
+    x = rng.standard_normal((7, 64)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(module.main(x) - exact).max() <= 2**-11 * np.sqrt(64) * np.abs(exact).max()
+    with pytest.raises(DeviceError, match=r"kernels\[0\] \(linear_0\) runs on cuda and has no cpu_fallback"):
+        hexir_runtime.load(path, device="cpu")

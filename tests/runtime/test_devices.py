@@ -350,3 +350,21 @@ def test_the_reference_runs_linear_panels_and_the_checks_count_the_panels(module
                                                  r"w\[P, K, L\] \(P = ceil\(N / L\)\), epilogue inputs "
                                                  r"\(leading axes out.s, or 1\), out\[\.\.\., N\]"):
             hxb.encode(bad, blobs)
+
+
+def test_the_reference_runs_linear_t_and_the_checks_want_w_transposed(modules):
+    """`linear_t` (docs/hxb-format.md): w given as w^T [N, K] (a TF32 weight for cuda's wgmma);
+    the reference device transposes it back; w as [K, N] is refused when the file is read."""
+    rng = np.random.default_rng(6)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 8), (8, 40), (40,)))
+    builder = modules.Builder()
+    constants = builder.constant("W.tf32t", np.ascontiguousarray(w.T)), builder.constant("b", b)
+    kernel = builder.kernel("linear_bias", [[3, 8], [40, 8], [40], [3, 40]])
+    builder.kernels[kernel]["op"] = "linear_t"
+    entry = builder.entry()
+    entry.ret(entry.call(kernel, entry.input("x", [3, 8]), *(entry.constant(c) for c in constants)))
+    manifest, blobs = builder.build()
+    np.testing.assert_allclose(load(hxb.encode(manifest, blobs), "reference").main(x), x @ w + b, rtol=1e-5, atol=1e-5)
+    manifest["kernels"][kernel]["args"][1]["shape"] = [8, 40]
+    with pytest.raises(HxbFormatError, match=r"kernels\[0\]\.args: linear_t expects x\[\.\.\., K\], w\[N, K\], "):
+        hxb.encode(manifest, blobs)

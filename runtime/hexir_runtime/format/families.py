@@ -7,6 +7,7 @@ checked by its family, never by its name: a gelu, a bias add and a softmax are `
 |-----------------|--------------------------------------------|------|
 | `linear`        | x[..., K], w[K, N], epilogue inputs, out[..., N] | a tree: a0 = x @ w, a1... the epilogue inputs |
 | `linear_panels` | x[..., K], w[P, K, L], epilogue inputs, out[..., N] | as linear |
+| `linear_t`      | x[..., K], w[N, K] (w transposed), epilogue inputs, out[..., N] | as linear |
 | `matmul`        | a[..., M, K], b[..., K, N], epilogue inputs, out[..., M, N] (matmul.py) | as linear |
 | `attention`     | q[..., Sq, D], k[..., Sk, D], v[..., Sk, Dv], mask?, out[..., Sq, Dv] | a0 = q . k, a1 the mask |
 | `pack_panels`   | w[K, N], out[P, K, L]                      | none |
@@ -31,7 +32,8 @@ from .fields import _choice, _fail, _json, _tensor
 from .matmul import check_matmul
 from .types import Dim, TensorType
 
-FAMILIES = ("linear", "linear_panels", "matmul", "attention", "pack_panels", "pointwise", "reduce", "layout")
+FAMILIES = ("linear", "linear_panels", "linear_t", "matmul", "attention", "pack_panels", "pointwise", "reduce",
+            "layout")
 FLOATS = ("float32", "float64", "bfloat16", "float16")
 
 
@@ -94,7 +96,7 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
     if op == "attention":
         check_attention(args, path, broadcasts)
         return scalars.check(kernel["expr"], f"{path}.expr", len(args) - 3)
-    if op in ("linear", "linear_panels", "matmul"):
+    if op in ("linear", "linear_panels", "linear_t", "matmul"):
         _check_broadcasts(args, range(2, len(args) - 1), out, path)
         if op == "matmul":
             check_matmul(args, path)
@@ -122,18 +124,18 @@ def check_family(op: str, args: tuple[TensorType, ...], kernel: dict[str, Any], 
 
 def _check_linear(op: str, args: tuple[TensorType, ...], path: str) -> None:
     """x[..., K], w[K, N] (or its panels [P, K, L], static, covering N with fewer than L to
-    spare), out[..., N] (x's leading axes); an epilogue input's leading axes are out's or all 1
-    (the kernel reads it as rows of out)."""
+    spare; or w^T [N, K]), out[..., N] (x's leading axes); an epilogue input's leading axes are
+    out's or all 1 (the kernel reads it as rows of out)."""
     x, w, out = args[0].shape, args[1].shape, args[-1].shape
     n = out[-1] if out else None
-    consistent = len(x) >= 1 and len(w) == (2 if op == "linear" else 3) and x[-1] == w[op != "linear"] \
-        and out == (*x[:-1], w[1] if op == "linear" else n)
-    if op != "linear":
+    consistent = len(x) >= 1 and len(w) == (3 if op == "linear_panels" else 2) and x[-1] == w[op != "linear"] \
+        and out == (*x[:-1], {"linear": w[1], "linear_t": w[0]}.get(op, n))
+    if op == "linear_panels":
         consistent = consistent and all(type(d) is int for d in (*w, n)) and w[2] > 0 and w[0] == -(-n // w[2])
     consistent = consistent and all(len(a.shape) < 2 or all(d == 1 for d in a.shape[:-1]) or a.shape[:-1] == out[:-1]
                                     for a in args[2:-1])
     if not consistent:
-        expected = ["x[..., K]", "w[K, N]" if op == "linear" else "w[P, K, L] (P = ceil(N / L))",
+        expected = ["x[..., K]", {"linear": "w[K, N]", "linear_t": "w[N, K]"}.get(op, "w[P, K, L] (P = ceil(N / L))"),
                     *(["epilogue inputs (leading axes out's, or 1)"] if len(args) > 3 else []), "out[..., N]"]
         _fail(f"{path}.args", f"{op} expects {', '.join(expected)}, got {', '.join(map(str, args))}")
 
