@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import platform
 import tempfile
@@ -40,6 +41,7 @@ from .device import HostMemory
 from .elf import check_dynamic
 from .errors import DeviceError, HxbFormatError, KernelError
 from .format import Cpu, CpuLibrary, Expr, Hxb, Work, check_build, check_table, evaluate, parse_table
+from .reference import numpy_function
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # ELF e_machine -> architecture, for the clear error; dlopen refuses other foreign objects itself.
@@ -321,8 +323,11 @@ class CpuDevice(HostMemory):
         its kernel table, and look up every kernel's code among the library's own symbols."""
         manifest, functions = hxb.manifest, {}
         kernels = {index: kernel for index, kernel in enumerate(manifest.kernels) if kernel.device in self.kinds}
-        for index, kernel in kernels.items():
-            if kernel.cpu_code is None:
+        for index, kernel in list(kernels.items()):
+            if kernel.cpu_code is None and kernel.op == "linear_t":  # (a TF32 linear's w^T: no twin)
+                functions[index] = (_NumpyKernel(numpy_function(kernel, f"kernels[{index}] ({kernel.name})")), None, ())
+                del kernels[index]
+            elif kernel.cpu_code is None:
                 other = ("a custom kernel has no numpy version for --device=reference" if kernel.custom
                          else "or with --device=reference, in numpy")
                 raise DeviceError(f"kernels[{index}] ({kernel.name}) runs on cuda and has no cpu_fallback: "
@@ -388,6 +393,29 @@ def _patched(base: list[int], overrides: Sequence[tuple[int, np.ndarray]]) -> li
     return arguments
 
 
+class _NumpyKernel:
+    """A cuda kernel that has no cpu code by design (a TF32 linear on wgmma, whose constant w the
+    module holds transposed: `linear_t`) run on the cpu by the reference device's numpy function
+    (BLAS), so that such a module still runs where there is no GPU."""
+
+    def __init__(self, function: Callable[..., None]) -> None:
+        self.function = function
+
+    class Launch:
+        def __init__(self, function: Callable[..., None], layouts: list[tuple[tuple[int, ...], np.dtype]]) -> None:
+            self.function, self.layouts = function, layouts
+
+        def __call__(self, *words: int) -> None:  # the buffers' addresses (a call's own inputs patched in)
+            arrays = []
+            for word, (shape, dtype) in zip(words, self.layouts, strict=True):
+                memory = (ctypes.c_char * (max(1, math.prod(shape)) * dtype.itemsize)).from_address(word)
+                arrays.append(np.ndarray(shape, dtype, memory))
+            self.function(*arrays)
+
+    def bound(self, buffers: Sequence[np.ndarray]) -> _NumpyKernel.Launch:
+        return _NumpyKernel.Launch(self.function, [(buffer.shape, buffer.dtype) for buffer in buffers])
+
+
 class CpuProgram:
     """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
     custom kernel) and the size expressions they take after their pointers."""
@@ -407,6 +435,8 @@ class CpuProgram:
         if kernel not in self.kernels:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
         function, work, integers = self.kernels[kernel]
+        if isinstance(function, _NumpyKernel):  # (run once, in the caller's thread, by numpy's BLAS)
+            return function.bound(buffers), [buffer.ctypes.data for buffer in buffers], 0, [()]
         values = [evaluate(expr, sizes) for expr in integers]
         extent = 0 if work is None else evaluate(work.extent, sizes)
         if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
@@ -477,6 +507,8 @@ class CpuProgram:
         `hexir_pool_sequence` where a launch is split, else this library's own (launches of one
         chunk start no pool); None where there is none, or a launch has too many arguments."""
         native = found = None
+        if any(isinstance(function, _NumpyKernel.Launch) for function, *_ in launches):
+            return None  # (a Python function: not for the native sequence)
         if any(len(ranges) > 1 for *_, ranges in launches):
             native = native_pool(self.library)
             found = native.sequence if native is not None else None
