@@ -293,10 +293,13 @@ def describe(tensor: DeviceTensor) -> str:
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _delete(managed: int) -> None:
+def _delete(managed: int, _word=ctypes.c_void_p.from_address, _decref=_DECREF,
+            _at=DLManagedTensor.manager_ctx.offset) -> None:
     """The deleter of our DLManagedTensors: drop the capsule's reference to its DLPackArray
-    (its manager_ctx, read from the struct's bytes: no ctypes structure built)."""
-    _DECREF(ctypes.c_void_p.from_address(managed + _MANAGER_AT).value)
+    (its manager_ctx, read from the struct's bytes: no ctypes structure built). What it calls is
+    bound here: a consumer (jax) may free a tensor at interpreter exit, after this module's
+    globals are gone."""
+    _decref(_word(managed + _at).value)
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -377,9 +380,9 @@ class DLPackArray:
         self._exports.append(managed)
         return _NEW_CAPSULE(ctypes.addressof(managed), b"dltensor", _DESTROY_AT)
 
-    def __del__(self) -> None:
-        if self._free is not None:
-            self._free(self.pointer)
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        if self._free is not None and not _finalizing():  # (at exit the driver frees it, and the
+            self._free(self.pointer)                      # runtime's modules may be gone already)
 
     def __repr__(self) -> str:
         return f"<DLPackArray {self.dtype.name}[{', '.join(map(str, self.shape))}] on device {self.device}>"

@@ -338,3 +338,17 @@ def test_cupy_takes_device_outputs_too(gpu_modules):
     x = cupy.random.standard_normal((64, 784), dtype=cupy.float32)
     y = cupy.from_dlpack(module.main(x, outputs="device"))
     np.testing.assert_allclose(cupy.asnumpy(y), module.main(cupy.asnumpy(x)), rtol=1e-6)
+
+
+def test_an_array_dropped_while_the_interpreter_exits_frees_nothing():
+    """A consumer (jax) may drop our arrays while the interpreter shuts down, when the modules
+    their free() needs are gone (seen on the H200: `Exception ignored ... NoneType`, from
+    cuda.py's free): then nothing is freed (the driver frees all at exit); otherwise it is."""
+    freed = []
+    memory = np.zeros(4, np.float32)
+    array = DLPackArray(memory.ctypes.data, (4,), np.float32, (CPU, 0), free=freed.append)
+    array.__del__(_finalizing=lambda: True)
+    assert freed == []
+    array.__del__()
+    assert freed == [memory.ctypes.data]
+    array._free = None  # (freed once)
