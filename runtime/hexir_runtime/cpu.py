@@ -412,9 +412,6 @@ class _NumpyKernel:
                 arrays.append(np.ndarray(shape, dtype, memory))
             self.function(*arrays)
 
-    def bound(self, buffers: Sequence[np.ndarray]) -> _NumpyKernel.Launch:
-        return _NumpyKernel.Launch(self.function, [(buffer.shape, buffer.dtype) for buffer in buffers])
-
 
 class CpuProgram:
     """The module's CPU kernels as ctypes functions, with their parallel loops (None for a
@@ -436,7 +433,8 @@ class CpuProgram:
             raise KernelError(f"kernels[{kernel}] is not a CPU kernel of this module")
         function, work, integers = self.kernels[kernel]
         if isinstance(function, _NumpyKernel):  # (run once, in the caller's thread, by numpy's BLAS)
-            return function.bound(buffers), [buffer.ctypes.data for buffer in buffers], 0, [()]
+            layouts = [(buffer.shape, buffer.dtype) for buffer in buffers]
+            return _NumpyKernel.Launch(function.function, layouts), [buffer.ctypes.data for buffer in buffers], 0, [()]
         values = [evaluate(expr, sizes) for expr in integers]
         extent = 0 if work is None else evaluate(work.extent, sizes)
         if max([extent, *values]) >= 2**63:  # would wrap in ctypes: the kernel would run on garbage
