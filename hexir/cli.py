@@ -206,6 +206,12 @@ def _text(result: ir.Module | str, keep_constants: bool) -> str:
     return text
 
 
+def _error(message: str, code: int) -> int:
+    """Say what went wrong (on stderr) and give the exit code."""
+    print(f"hexir: error: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -215,45 +221,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"-sign-with signs modules: it needs -emit=hxb, not -emit={args.emit}")
     output = Path(args.output or ("out.hxb" if args.emit == "hxb" else "."))
     if args.output and output.is_dir() or not output.parent.is_dir():  # before the work, not after it
-        what = "is a folder" if output.is_dir() else f"the folder {output.parent} does not exist"
-        print(f"hexir: error: cannot write {output}: {what}", file=sys.stderr)
-        return 1
+        return _error(f"cannot write {output}: " + ("is a folder" if output.is_dir() else
+                                                    f"the folder {output.parent} does not exist"), 1)
     for folder in args.kernel_search_path:
         if not Path(folder).is_dir():
-            print(f"hexir: error: --kernel-search-path {folder}: no such folder", file=sys.stderr)
-            return 1
+            return _error(f"--kernel-search-path {folder}: no such folder", 1)
     try:
         key = None if args.sign_with is None else signing.signing_key(args.sign_with)
     except KeyFileError as error:
-        print(f"hexir: error: -sign-with {error}", file=sys.stderr)
-        return 2
+        return _error(f"-sign-with {error}", 2)
     try:
         result = compile_input(args)
-    except (ArgumentError, PlacementError, TargetError) as error:
-        print(f"hexir: error: {error}", file=sys.stderr)
-        return 2
     except HexirError as error:
-        print(f"hexir: error: {error}", file=sys.stderr)
-        return 1
+        return _error(str(error), 2 if isinstance(error, (ArgumentError, PlacementError, TargetError)) else 1)
     if isinstance(result, bytes):
-        output = Path(args.output or "out.hxb")
-        result = result if key is None else signing.sign(result, key)
-        try:
-            output.write_bytes(result)
-        except OSError as error:
-            print(f"hexir: error: cannot write {output}: {error.strerror}", file=sys.stderr)
-            return 1
-        print(f"wrote {output}", file=sys.stderr)
-        return 0
-    text = _text(result, args.keep_constants or bool(args.output))  # a file is for resuming: complete
-    if args.output:
-        try:
-            Path(args.output).write_text(text)
-        except OSError as error:
-            print(f"hexir: error: cannot write {args.output}: {error.strerror}", file=sys.stderr)
-            return 1
+        data = result if key is None else signing.sign(result, key)
     else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        text = _text(result, args.keep_constants or bool(args.output))  # a file is for resuming: complete
+        if not args.output:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            return 0
+        data = text.encode()
+    try:
+        output.write_bytes(data)
+    except OSError as error:
+        return _error(f"cannot write {output}: {error.strerror}", 1)
+    if isinstance(result, bytes):
+        print(f"wrote {output}", file=sys.stderr)
     return 0
 
 

@@ -162,10 +162,6 @@ class JitFunction:
                 statics[position] = value
         return tuple(specs), statics
 
-    def specs_of(self, args: tuple, kwargs: dict | None = None) -> tuple[TensorSpec, ...]:
-        """The abstract values of the tensor arguments of a call (arrays or TensorSpecs), checked."""
-        return self.split(self.bind(args, kwargs or {}))[0]
-
     def cache_key(self, specs: tuple[TensorSpec, ...], statics: dict[int, Any] | None = None) -> tuple:
         static = tuple((position, _static_key(value)) for position, value in sorted((statics or {}).items()))
         return (specs, static, current_device(), self.options)

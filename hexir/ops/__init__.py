@@ -21,7 +21,6 @@ manifest. Each family's kernel per device is one builder (`hexir/schedules/<devi
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -238,10 +237,6 @@ def normalize_axis(op: str, axis: object, rank: int) -> int:
     if not -rank <= axis < rank:
         raise TraceError(f"{op}: axis {axis} is out of range for a tensor of rank {rank}")
     return axis % rank
-
-
-def expr_json(tree: object) -> str:
-    return json.dumps(tree.to_json() if isinstance(tree, sc.Program) else tree, separators=(",", ":"))
 
 
 from hexir.ops import library  # noqa: E402,F401 - the built-in ops register themselves
