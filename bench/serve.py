@@ -68,8 +68,9 @@ def wide_reference(x: np.ndarray) -> np.ndarray:
     return np.maximum(np.maximum(x @ WIDE[0], 0) @ WIDE[1], 0) @ WIDE[2]
 
 
-def server_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of `root` and its live descendants."""
+def process_cpu_seconds(root: int) -> dict[int, float]:
+    """User + system CPU seconds of `root` and of each of its live descendants, by pid (also
+    bench/serve_cpu.py's, per role)."""
     parents, times = {}, {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -77,12 +78,17 @@ def server_cpu_seconds(root: int) -> float:
         except OSError:
             continue
         parents[int(entry)], times[int(entry)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
-    total, frontier = 0.0, [root]
+    seconds, frontier = {}, [root]
     while frontier:
         pid = frontier.pop()
-        total += times.get(pid, 0.0)
+        seconds[pid] = times.get(pid, 0.0)
         frontier += [child for child, parent in parents.items() if parent == pid]
-    return total
+    return seconds
+
+
+def server_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of `root` and its live descendants."""
+    return sum(process_cpu_seconds(root).values())
 
 
 # The server: one one-node cluster on 127.0.0.1 serving the module twice, as b1 (max-batch 1) and
@@ -294,10 +300,15 @@ def main() -> None:
     lines.append("- every response checked against numpy: all correct")
     encoded = "encoded beforehand" if args.pre_encoded else "encoded by each client per request"
     lines.append(f"- request bodies {encoded}")
+    publish(lines, args.out)
+
+
+def publish(lines: list[str], out: str | None) -> None:
+    """Print a report (markdown lines) and, with --out, write it there too (bench/serve_cpu.py's also)."""
     report = "\n".join(lines)
     print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+    if out:
+        Path(out).write_text(report + "\n")
 
 
 if __name__ == "__main__":

@@ -47,23 +47,13 @@ def role(pid: int) -> str:
 
 
 def cpu_by_role(root: int) -> dict[str, float]:
-    """CPU seconds of `root`'s live descendants, summed per role."""
-    parents, times = {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        parents[int(entry)], times[int(entry)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / bench.TICK
+    """CPU seconds of `root` and its live descendants, summed per role."""
     totals: dict[str, float] = defaultdict(float)
-    frontier = [root]
-    while frontier:
-        pid = frontier.pop()
+    for pid, seconds in bench.process_cpu_seconds(root).items():
         try:
-            totals[role(pid)] += times.get(pid, 0.0)
-        except OSError:
+            totals[role(pid)] += seconds
+        except OSError:  # gone meanwhile
             pass
-        frontier += [child for child, parent in parents.items() if parent == pid]
     return totals
 
 
@@ -146,10 +136,7 @@ def main() -> None:
         report.append("| req/s per round | " + " | ".join(", ".join(f"{rps:.0f}" for _, rps in counts[name, setting])
                                                        for setting in per) + " |")
     report.append(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; every response correct")
-    text = "\n".join(report)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    bench.publish(report, args.out)
 
 
 if __name__ == "__main__":
