@@ -36,6 +36,7 @@ import numpy as np
 from .dlpack import CUDA, DLPackArray
 from .errors import DeviceError, KernelError
 from .format import Hxb, Kernel, Launch, evaluate, to_text
+from .format.attention import misaligned_view
 from .tensormap import TensorMaps
 
 
@@ -227,6 +228,8 @@ class CudaDevice:
                 code = kernel.gpu_code
                 if code is None:
                     continue
+                if kernel.op == "attention" and (why := misaligned_view(kernel.args, kernel.views)):
+                    raise KernelError(f"kernels[{index}] ({kernel.name}).{why}")
                 arch, blob = pick_image(code.images, *self.capability)
                 code = code.for_image(arch)  # (an sm_XYa variant: only from its own image)
                 if blob not in modules:

@@ -169,3 +169,21 @@ def test_a_crafted_strided_view_is_refused(modules, name):
         hxb.encode(manifest, blobs)
     assert caught.value.field == field, str(caught.value)
     assert text in caught.value.reason, str(caught.value)
+
+
+def test_a_view_the_cuda_kernel_cannot_copy_16_bytes_at_a_time_is_named():
+    """The cuda device refuses (at load, before a launch could fault) a strided view whose rows
+    do not start on 16 bytes; the format itself accepts it (the cpu reads it in place)."""
+    from hexir_runtime.format.attention import misaligned_view
+    from hexir_runtime.format.types import TensorType
+
+    buffer = TensorType(("b", "s", 24), F32)
+    def view(spec):
+        return hxb.attention.check_view(spec, buffer, "view", False)
+    assert misaligned_view((buffer,) * 3, tuple(view(heads(2, 4, at)) for at in (0, 8, 16))) is None
+    shifted = view(heads(2, 4, 2))  # (inside its buffer: columns 2-9)
+    assert "args[1]: its view's rows do not all start on 16 bytes (start [0, 0, 2]" in \
+        misaligned_view((buffer,) * 2, (view(heads(2, 4, 0)), shifted))
+    narrow = TensorType(("b", "s", 18), F32)  # (rows of 72 bytes)
+    assert "args[0]" in misaligned_view((narrow,), (hxb.attention.check_view(heads(2, 4, 0), narrow, "view", False),))
+    assert "args[0]" in misaligned_view((buffer,), (view(heads(3, 2, 0)),))  # (heads 8 bytes apart)

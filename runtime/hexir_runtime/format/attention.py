@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fields import _dim, _fail, _int, _json, _list, _object
-from .types import Dim, TensorType
+from .types import DTYPES, Dim, TensorType
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,20 @@ def check_view(spec: Any, buffer: TensorType, path: str, written: bool) -> Strid
     if written and count(shape) != count(buffer.shape):  # (no element twice, so then each once)
         _fail(f"{path}.shape", f"the view {list(shape)} leaves elements of its buffer {buffer} unwritten")
     return StridedView(shape, buffer.dtype, tuple(axes), start)
+
+
+def misaligned_view(args: tuple[TensorType, ...], views: tuple[TensorType | None, ...]) -> str | None:
+    """What makes a cuda attention kernel's strided view unfit for its 16-byte row copies (a
+    row's start, the buffer's row length or a step along the buffer's rows not a multiple of 16
+    bytes: the compiler folds no such view; a crafted module may), or None."""
+    for j, (arg, view) in enumerate(zip(args, views, strict=True)):
+        if isinstance(view, StridedView):
+            last = len(arg.shape) - 1
+            steps = [view.start[-1], arg.shape[-1], *(c for a, c in view.axes[:-1] if a == last)]
+            if not all(type(n) is int and n * DTYPES[arg.dtype] % 16 == 0 for n in steps):
+                return (f"args[{j}]: its view's rows do not all start on 16 bytes (start {list(view.start)}, "
+                        f"[axis, step]s {[list(a) for a in view.axes]} of {arg}); the cuda kernel copies 16 at a time")
+    return None
 
 
 def check_attention(args: tuple[TensorType, ...], path: str, broadcasts) -> tuple[Dim, ...]:
