@@ -309,7 +309,10 @@ def _secret(folder: int) -> bytes:
         try:
             descriptor = os.open(_SECRET, _OPEN_ENTRY, dir_fd=folder)
         except FileNotFoundError:
-            _make_secret(folder)
+            try:  # linked into place: a reader sees all of it or none; of processes racing, the first wins
+                _put_in_place(folder, _SECRET, secrets.token_bytes(_TAG_BYTES), link=True)
+            except FileExistsError:
+                pass
             continue
         except OSError as error:
             raise _Refused(f"has a {_SECRET} that is not a regular 0600 file of this user ({error.strerror})") from None
@@ -323,20 +326,22 @@ def _secret(folder: int) -> bytes:
     raise _Refused(f"has a {_SECRET} that keeps disappearing")
 
 
-def _make_secret(folder: int) -> None:
-    """Write a secret in a temporary file and link it into place: a reader sees all of it or
-    none, and of processes racing to make it, the first one's wins."""
+def _put_in_place(folder: int, name: str, data: bytes, link: bool = False) -> None:
+    """Write `data` to a temporary 0600 file and give it the name `name`: by renaming it (a link
+    there is replaced, not its target) or, `link`, by linking it (FileExistsError if the name is
+    taken). A reader never sees part of it; the temporary file never stays."""
     temporary = f".tmp-{secrets.token_hex(8)}"
     descriptor = os.open(temporary, _NEW_FILE, 0o600, dir_fd=folder)
     try:
         with open(descriptor, "wb") as file:
             os.fchmod(descriptor, 0o600)  # whatever the umask
-            file.write(secrets.token_bytes(_TAG_BYTES))
-        os.link(temporary, _SECRET, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
-    except FileExistsError:
-        pass
+            file.write(data)
+        if link:
+            os.link(temporary, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        else:
+            os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
     finally:
-        os.unlink(temporary, dir_fd=folder)
+        _unlink(folder, temporary)
 
 
 def _tag(secret: bytes, name: str, data: bytes) -> bytes:
@@ -368,19 +373,6 @@ def _read(folder: int, name: str, secret: bytes) -> bytes | None:
         return data
 
 
-def _write(folder: int, name: str, secret: bytes, data: bytes) -> None:
-    temporary = f".tmp-{secrets.token_hex(8)}"
-    descriptor = os.open(temporary, _NEW_FILE, 0o600, dir_fd=folder)
-    try:
-        with open(descriptor, "wb") as file:
-            file.write(_tag(secret, name, data))
-            file.write(data)
-        os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)  # replaces a link, not its target
-    except BaseException:
-        os.unlink(temporary, dir_fd=folder)
-        raise
-
-
 def compile_cached(module: ir.Module, options: Options, use: bool = True) -> bytes:
     """The .hxb bytes of `module`: from the cache when it holds them, else compiled and stored."""
     path = directory() if use else None
@@ -410,7 +402,7 @@ def compile_cached(module: ir.Module, options: Options, use: bool = True) -> byt
             _warn_once(f"hexir: an entry of the compile cache in {path} is {_why(error)}; it is rebuilt, not used")
         data = compile_module(module, options)
         try:
-            _write(folder, name, secret, data)
+            _put_in_place(folder, name, _tag(secret, name, data) + data)
             _evict(folder)
         except OSError as error:
             _warn_once(f"hexir: the compile cache in {path} cannot be written ({error.strerror}); "

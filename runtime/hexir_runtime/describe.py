@@ -15,6 +15,7 @@ from .cpu import pick_library
 from .errors import DeviceError
 from .format import Code, Hxb, Kernel, Work, layouts, to_text
 from .format.scalars import Program, program_text, text
+from .module import Signature
 from .signing import Key, signer
 
 
@@ -39,9 +40,7 @@ def describe(hxb: Hxb, path: str, verified: Key | None = None) -> str:
     lines.append(field("signed by", f"key {key} (Ed25519, {check})" if key else "nobody (unsigned)"))
     constants, kernels = manifest.constants, manifest.kernels
     for entry in manifest.entries:
-        arguments = ", ".join(f"{name}: {tensor}" for name, tensor in entry.inputs)
-        outputs = ", ".join(map(str, entry.outputs))
-        lines += ["", f"entry {entry.name}({arguments}) -> {outputs if len(entry.outputs) == 1 else f'({outputs})'}"]
+        lines += ["", f"entry {Signature.of(entry)}"]
         for command in entry.program:
             if command.op == "input":
                 text, dst = f"input {entry.inputs[command.index][0]}", command.dst
