@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -161,6 +161,25 @@ def loop(lower: int | ir.Value, upper: int | ir.Value, kind: str, bind: str = ""
     with ir.InsertionPoint(for_op.body):
         yield for_op.induction_variable
         scf.YieldOp([])
+
+
+@contextmanager
+def when(condition: ir.Value) -> Iterator[None]:
+    """Build the body of `if condition` (no else, no results) in the `with` block."""
+    with ir.InsertionPoint(scf.IfOp(condition).then_block):
+        yield
+        scf.YieldOp([])
+
+
+def choose(condition: ir.Value, then: Callable[[], Sequence[ir.Value] | None],
+           otherwise: Callable[[], Sequence[ir.Value] | None], types: Sequence[ir.Type] = ()) -> list[ir.Value]:
+    """`if condition` with an else: then() or otherwise() builds its branch and gives the values
+    it yields (of `types`; None: no values); the if's results."""
+    choice = scf.IfOp(condition, list(types), has_else=True)
+    for block, build in ((choice.then_block, then), (choice.else_block, otherwise)):
+        with ir.InsertionPoint(block):
+            scf.YieldOp(list(build() or ()))
+    return list(choice.results)
 
 
 def load(buffer: ir.Value, indices: Sequence[ir.Value]) -> ir.Value:

@@ -176,16 +176,9 @@ def pack_panels(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         if n % lanes == 0:
             copy(lanes)
         else:  # the last panel holds n % L columns of w
-            last = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, panel, _i(count - 1)).result, has_else=True)
-            for region, width in ((last.then_block, n % lanes), (last.else_block, lanes)):
-                with ir.InsertionPoint(region):
-                    copy(width)
-                    scf.YieldOp([])
+            ht.choose(arith.CmpIOp(arith.CmpIPredicate.eq, panel, _i(count - 1)).result, lambda: copy(n % lanes),
+                      lambda: copy(lanes))
     return ht.Work(count * blocks)
-
-
-def _zero(element: ir.Type) -> ir.Value:
-    return arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
 
 
 def _splat_zero(type_: ir.VectorType) -> ir.Value:
@@ -232,13 +225,9 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
         if last_width == nc:
             _tile(operands, packed, xs, c0, nc, row_span, k_extent, mr, nr)
         else:  # the last column tile is narrower: its own copy, so that every width is static
-            last = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, c0, _i(n - last_width)).result, has_else=True)
-            with ir.InsertionPoint(last.then_block):
-                _tile(operands, packed, xs, c0, last_width, row_span, k_extent, mr, nr)
-                scf.YieldOp([])
-            with ir.InsertionPoint(last.else_block):
-                _tile(operands, packed, xs, c0, nc, row_span, k_extent, mr, nr)
-                scf.YieldOp([])
+            ht.choose(arith.CmpIOp(arith.CmpIPredicate.eq, c0, _i(n - last_width)).result,
+                      lambda: _tile(operands, packed, xs, c0, last_width, row_span, k_extent, mr, nr),
+                      lambda: _tile(operands, packed, xs, c0, nc, row_span, k_extent, mr, nr))
     return ht.Work(tiles)
 
 
@@ -286,11 +275,9 @@ def _stream(operands, m: int, k_extent: int, n: int, nr: int, nc: int) -> ht.Wor
                         with ht.loop(arith.MulIOp(whole, _i(per_call)).result, vectors, "serial") as slot:
                             call(slot, [lanes], r0, rows)
                 if n % lanes:  # the narrow last vector, in the sub-block that ends at n
-                    tail = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, s1, _i(n)).result)
-                    with ir.InsertionPoint(tail.then_block):
+                    with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, s1, _i(n)).result):
                         for r0, rows, _ in _stream_groups(m, request.target.cpu, 1):
                             call(vectors, [n % lanes], r0, rows)
-                        scf.YieldOp([])
     return ht.Work(-(-n // nc), spans=True)  # a thread's chunk is its span: one chunk a thread
 
 
@@ -335,12 +322,8 @@ def _copy_x(x: ir.Value, xs: ir.Value, block, m: int) -> None:
 
     if k_extent % ks == 0:  # (xs is K wide where K is less than a block)
         return whole()
-    choice = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(ks)).result,
-                      has_else=True)
-    for region, build in ((choice.then_block, whole), (choice.else_block, part)):
-        with ir.InsertionPoint(region):
-            build()
-            scf.YieldOp([])
+    ht.choose(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(ks)).result, whole,
+              part)
 
 
 def _packs(m: exprs.Expr, mc: int) -> bool:
@@ -385,15 +368,11 @@ def _tile(operands, packed, xs, c0, width, row_span, k_extent, mr, nr) -> None:
         if packed is None:
             body(None)
         else:
-            many = arith.CmpIOp(arith.CmpIPredicate.uge, arith.SubIOp(r1, r0).result, _i(PACK_FROM_ROWS)).result
-            choice = scf.IfOp(many, has_else=True)
-            with ir.InsertionPoint(choice.then_block):
+            def packing() -> None:
                 _pack(operands[1], packed, block, c0, pieces)
                 body(packed)
-                scf.YieldOp([])
-            with ir.InsertionPoint(choice.else_block):
-                body(None)
-                scf.YieldOp([])
+            many = arith.CmpIOp(arith.CmpIPredicate.uge, arith.SubIOp(r1, r0).result, _i(PACK_FROM_ROWS)).result
+            ht.choose(many, packing, lambda: body(None))
 
 
 #: Vector registers by x86-64 level (AVX-512: 32, else 16), of which the micro-kernel leaves
@@ -428,12 +407,8 @@ def _copy_rows(x: ir.Value, xs: ir.Value, block, r0: ir.Value, r1: ir.Value, k_e
 
     if k_extent <= KC or not rest:
         return copy(min(KC, k_extent))
-    choice = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(KC)).result,
-                      has_else=True)
-    for region, width in ((choice.then_block, KC), (choice.else_block, rest)):
-        with ir.InsertionPoint(region):
-            copy(width)
-            scf.YieldOp([])
+    ht.choose(arith.CmpIOp(arith.CmpIPredicate.eq, arith.SubIOp(block.k1, block.k0).result, _i(KC)).result,
+              lambda: copy(KC), lambda: copy(rest))
 
 
 def _pack(w: ir.Value, packed: ir.Value, block, c0: ir.Value, pieces: list[tuple[int, int]]) -> None:
@@ -533,13 +508,9 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
         store([(out, [i, j0]) for i, j0, _ in slots],
               _choose(block.last, finished, lambda: results, [t for *_, t in slots]))
         return
-    last = scf.IfOp(block.last, has_else=True)  # out at the last block, else held
-    with ir.InsertionPoint(last.then_block):
-        store([(out, [i, j0]) for i, j0, _ in slots], finished())
-        scf.YieldOp([])
-    with ir.InsertionPoint(last.else_block):
-        store(between, results)
-        scf.YieldOp([])
+    # out at the last block, else the sums held
+    ht.choose(block.last, lambda: store([(out, [i, j0]) for i, j0, _ in slots], finished()),
+              lambda: store(between, results))
 
 
 def _w_at(w: ir.Value, j0: ir.Value, request: Request) -> Callable[[ir.Value], list[ir.Value]]:
@@ -554,12 +525,5 @@ def _w_at(w: ir.Value, j0: ir.Value, request: Request) -> Callable[[ir.Value], l
 
 def _choose(condition, then, otherwise, types):
     """then() when `condition` holds (None: always), else otherwise(), as values."""
-    if condition is None:
-        return then()
-    choice = scf.IfOp(condition, types, has_else=True)
-    with ir.InsertionPoint(choice.then_block):
-        scf.YieldOp(then())
-    with ir.InsertionPoint(choice.else_block):
-        scf.YieldOp(otherwise())
-    return list(choice.results)
+    return then() if condition is None else ht.choose(condition, then, otherwise, types)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, memref
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
@@ -80,13 +80,8 @@ def _concat(axis: int, inputs: list[ir.Value], at: list[ir.Value], offset: int) 
         return ht.load(first, shifted)
     end = offset + ir.MemRefType(first.type).shape[axis]
     element = ir.MemRefType(first.type).element_type
-    branch = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, at[axis], ht.index(end)).result, [element],
-                      has_else=True)
-    with ir.InsertionPoint(branch.then_block):
-        scf.YieldOp([ht.load(first, shifted)])
-    with ir.InsertionPoint(branch.else_block):
-        scf.YieldOp([_concat(axis, inputs[1:], at, end)])
-    return branch.result
+    return ht.choose(arith.CmpIOp(arith.CmpIPredicate.ult, at[axis], ht.index(end)).result,
+                     lambda: [ht.load(first, shifted)], lambda: [_concat(axis, inputs[1:], at, end)], [element])[0]
 
 
 def layout(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, llvm, memref, nvgpu, scf, vector
+from mlir.dialects import arith, llvm, memref, nvgpu, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, cuda_mma, cuda_wgmma, extent
@@ -105,19 +105,15 @@ def _times(a: ir.Value, b: int) -> ir.Value:
     return arith.MulIOp(a, ht.index(b)).result
 
 
-def _plus(a: ir.Value, b: ir.Value) -> ir.Value:
-    return arith.AddIOp(a, b).result
+def _plus(a: ir.Value, b: int | ir.Value) -> ir.Value:
+    return arith.AddIOp(a, ht.index(b)).result
 
 
 def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: ir.Value, columns: ir.Value) -> ir.Value:
     """buffer[row, column] where that is inside [rows, columns), else 0 (no load happens)."""
     element = ir.MemRefType(buffer.type).element_type
-    inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result, [element], has_else=True)
-    with ir.InsertionPoint(inside.then_block):
-        scf.YieldOp([ht.load(buffer, [row, column])])
-    with ir.InsertionPoint(inside.else_block):
-        scf.YieldOp([arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result])
-    return inside.results[0]
+    return ht.choose(arith.AndIOp(_less(row, rows), _less(column, columns)).result,
+                     lambda: [ht.load(buffer, [row, column])], lambda: [_zero(element)], [element])[0]
 
 
 def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
@@ -125,13 +121,11 @@ def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.
     """out[row, column] = epilogues(value()) where row < M and column < N (the store guard): the
     bias of the column, then the fused ops, each an instruction here and no pass over memory."""
     (row, column), (rows, columns) = at, bounds
-    inside = scf.IfOp(arith.AndIOp(_less(row, rows), _less(column, columns)).result)
-    with ir.InsertionPoint(inside.then_block):
+    with ht.when(arith.AndIOp(_less(row, rows), _less(column, columns)).result):
         result = value()
         if bias is not None:
             result = arith.AddFOp(result, ht.load(bias, [column])).result
         ht.store(request.epilogue(result, [row, column]), out, [row, column])
-        scf.YieldOp([])
 
 
 def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, width: int,
@@ -153,13 +147,9 @@ def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, w
         return
     assert count * threads % width == 0, "a whole block's rows must be whole rows of the slice"
     last = _plus(origin[0], ht.index(count * threads // width)), _plus(origin[1], ht.index(width))
-    inside = scf.IfOp(arith.AndIOp(arith.CmpIOp(arith.CmpIPredicate.ule, last[0], bounds[0]).result,
-                                   arith.CmpIOp(arith.CmpIPredicate.ule, last[1], bounds[1]).result).result,
-                      has_else=True)
-    for block, guarded in ((inside.then_block, False), (inside.else_block, True)):
-        with ir.InsertionPoint(block):
-            load(guarded)
-            scf.YieldOp([])
+    ht.choose(arith.AndIOp(arith.CmpIOp(arith.CmpIPredicate.ule, last[0], bounds[0]).result,
+                           arith.CmpIOp(arith.CmpIPredicate.ule, last[1], bounds[1]).result).result,
+              lambda: load(False), lambda: load(True))
 
 
 def _put(staged: ir.Value, tile: ir.Value, buffer: ir.Value, thread: ir.Value, threads: int, width: int,
@@ -270,15 +260,20 @@ def linear(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     return linear_simt(args, symbols, request)
 
 
+def _operands(args: Sequence[ir.Value], request: Request, kmajor: bool = False) -> tuple:
+    """A linear's x, w, out, bias (or None), M, K and N (w is [N, K] where `kmajor`)."""
+    x, w = args[0], args[1]
+    return (x, w, args[-1], args[2] if request.bias else None, extent(x, 0, request), extent(x, 1, request),
+            extent(w, 0 if kmajor else 1, request))
+
+
 def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
     """M <= ROWS_MAX rows: w is read once, coalesced. A block's 32 lanes take 32 columns, its warps
     split K (warp y takes k = y, y + warps, ...), each thread keeping the M sums of its column
     in registers; x comes through shared memory, a chunk of its columns at a time (pipelined as
     the tiled kernels' slices are), each k's M values read as 128-bit vectors; the warps'
     partial sums are added through shared memory at the end, a row at a time."""
-    x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if request.bias else None
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    x, w, out, bias, m, k_extent, n = _operands(args, request)
     element = ir.MemRefType(out.type).element_type
     size = _width_bytes(element)
     width = 16 // size                                  # elements per 128-bit shared load
@@ -323,23 +318,19 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
             for r in range(m):  # row by row, the warps' partial sums added by warp r % warps
                 ht.store(ht.load(sums, [ht.index(r)]), partial, [warp, lane])
                 ht.barrier()
-                mine = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warp, ht.index(r % warps)).result)
-                with ir.InsertionPoint(mine.then_block):
+                with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, warp, ht.index(r % warps)).result):
                     def total(lane=lane) -> ir.Value:
                         value = ht.load(partial, [ht.index(0), lane])
                         for other in range(1, warps):
                             value = arith.AddFOp(value, ht.load(partial, [ht.index(other), lane])).result
                         return value
                     _store(total, out, (ht.index(r), column), (rows, columns), bias, request)
-                    scf.YieldOp([])
                 ht.barrier()
     return ht.Launch((exprs.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
 
 def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if request.bias else None
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    x, w, out, bias, m, k_extent, n = _operands(args, request)
     element = ir.MemRefType(out.type).element_type
     tile, step, per = linear_tiling(m, n, k_extent, _width_bytes(element)) if request.variant is None else \
         next(t for t, _ in TILINGS if f"t{t[0]}" == request.variant)
@@ -444,15 +435,12 @@ def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
         ht.store(value(), partial, [split, tile, ht.index(c), thread])
     _fence()
     ht.barrier()
-    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
-    with ir.InsertionPoint(first.then_block):
+    with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
         one = arith.ConstantOp(i32, 1).result
         ht.store(memref.AtomicRMWOp(arith.AtomicRMWKind.addi, one, arrivals, [tile]).result, last, [ht.index(0)])
-        scf.YieldOp([])
     ht.barrier()
-    mine = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, ht.load(last, [ht.index(0)]),
-                                 arith.ConstantOp(i32, splits - 1).result).result)
-    with ir.InsertionPoint(mine.then_block):
+    with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, ht.load(last, [ht.index(0)]),
+                              arith.ConstantOp(i32, splits - 1).result).result):
         _fence()
         for c in range(len(values)):
             def total(c: int = c) -> ir.Value:
@@ -461,21 +449,22 @@ def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
                     value = arith.AddFOp(value, ht.load(partial, [ht.index(other), tile, ht.index(c), thread])).result
                 return value
             finish(c, total)
-        reset = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
-        with ir.InsertionPoint(reset.then_block):
+        with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
             ht.store(arith.ConstantOp(i32, 0).result, arrivals, [tile])
-            scf.YieldOp([])
-        scf.YieldOp([])
 
 
 def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
     """A thread's private buffer of sums, zeroed. Its every index is a constant (the loops over
     it are unrolled here, not left to LLVM), so NVVM keeps it in registers, never on the stack."""
     sums = ht.alloc_local(shape, element)
-    zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+    zero = _zero(element)
     for at in itertools.product(*map(range, shape)):
         ht.store(zero, sums, list(map(ht.index, at)))
     return sums
+
+
+def _zero(element: ir.Type) -> ir.Value:
+    return arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
 
 
 def _spread(i: int, threads: int, width: int) -> int:
@@ -500,10 +489,60 @@ def _width_bytes(element: ir.Type) -> int:
     return ir.FloatType(element).width // 8
 
 
+def _warp_places(thread: ir.Value, block: tuple[ir.Value, ir.Value], tiling: Sequence[int]) -> tuple:
+    """A thread of a block of warps (the tensor-core kernels'): its lane, the lane's (group, place in
+    it), where its warp's part of the tile starts in the tile and where the block's tile starts in out."""
+    tile_m, tile_n, warps_m, warps_n = tiling
+    warp, lane = _split(thread, 32)
+    group, in_group = _split(lane, 4)
+    warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
+    warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
+    return lane, (group, in_group), (warp_row, warp_column), (_times(block[0], tile_m), _times(block[1], tile_n))
+
+
+def _c_place(places: tuple, mma_m: int, i: int, j: int, h: int) -> tuple[ir.Value, ir.Value]:
+    """Where C value h of a warp's mma tile (i, j) goes in out (`places`: `_warp_places`' last three):
+    rows group [+ 8], columns 2 in_group + (0, 1)."""
+    (group, in_group), (warp_row, warp_column), (row0, column0) = places
+    row = _plus(row0, _plus(warp_row, _plus(ht.index(mma_m * i + 8 * (h // 2)), group)))
+    return row, _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
+
+
+def _slices(operands: tuple, tiles: tuple, thread: ir.Value, threads: int, tiling: tuple[int, int, int],
+            origin: tuple[ir.Value, ir.Value], bounds: tuple, k_part: tuple, compute: Callable, stages: int,
+            run: int, whole: bool = True, bypass: bool = False, kmajor: bool = False) -> None:
+    """Walk the block's part of K (`k_part`: its length, its start, the split or None) through the
+    shared tiles of x and w: `stages` buffers filled by cp.async (`run` elements a copy; `bypass`:
+    past L1), or with stages 0 two buffers through registers (`whole` as `_fetch` has it). w is
+    [K, N], or [N, K] (`kmajor`: read as x is)."""
+    (x, w), (x_tile, w_tile), (tile_m, tile_n, step), (row0, column0), (rows, depth, columns) = \
+        operands, tiles, tiling, origin, bounds
+    k_length, k_first, split = k_part
+    x_count, w_count = tile_m * step // threads, tile_n * step // threads
+    if stages:
+        def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
+            k0 = k0 if split is None else _plus(k_first, k0)
+            w_part = (step, (column0, k0), (columns, depth)) if kmajor else (tile_n, (k0, column0), (depth, columns))
+            return (_copy_async(x, x_tile, buffer, thread, threads, step, x_count, (row0, k0), (rows, depth), run,
+                                bypass)
+                    + _copy_async(w, w_tile, buffer, thread, threads, w_part[0], w_count, *w_part[1:], run, bypass))
+        return _pipeline_async(k_length, step, stages, copy, compute)
+    element = ir.MemRefType(x_tile.type).element_type
+    x_staged, w_staged = ht.alloc_local([x_count], element), ht.alloc_local([w_count], element)
+
+    def fetch(k0: ir.Value) -> None:
+        k0 = k0 if split is None else _plus(k_first, k0)
+        _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), whole)
+        _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), whole)
+
+    def put(buffer: ir.Value) -> None:
+        _put(x_staged, x_tile, buffer, thread, threads, step)
+        _put(w_staged, w_tile, buffer, thread, threads, tile_n)
+    _pipeline(k_length, step, fetch, put, compute)
+
+
 def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if request.bias else None
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 1, request)
+    x, w, out, bias, m, k_extent, n = _operands(args, request)
     element = ir.MemRefType(out.type).element_type
     tiling = dmma_tiling(m, n, k_extent, request.target.cuda_archs) if request.variant is None else \
         next(t for t, _ in DMMA_TILINGS if dmma_name(t) == request.variant)
@@ -533,12 +572,8 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         k_length, k_first, depth = _k_range(k_extent, step, splits, split)
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = _zeros([frags_m, frags_n, sums_per], element)
-            warp = arith.DivUIOp(thread, ht.index(32)).result
-            lane = arith.RemUIOp(thread, ht.index(32)).result
-            group, in_group = arith.DivUIOp(lane, ht.index(4)).result, arith.RemUIOp(lane, ht.index(4)).result
-            warp_row = _times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
-            warp_column = _times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
-            row0, column0 = _times(block_row, tile_m), _times(block_column, tile_n)
+            _, *spots = _warp_places(thread, (block_row, block_column), (tile_m, tile_n, warps_m, warps_n))
+            (group, in_group), (warp_row, warp_column), _ = spots
 
             def a_row(f: int, r: int) -> ir.Value:
                 return _plus(warp_row, _plus(ht.index(mma_m * f + 8 * r), group))
@@ -570,49 +605,19 @@ def linear_dmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                             for h in range(sums_per):
                                 ht.store(llvm.ExtractValueOp(element, d, [h]).result, sums, [*at, ht.index(h)])
 
-            if stages:
-                def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
-                    k0 = k0 if split is None else _plus(k_first, k0)
-                    return (_copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads,
-                                        (row0, k0), (rows, depth), run)
-                            + _copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
-                                          (k0, column0), (depth, columns), run))
-                _pipeline_async(k_length, step, stages, copy, compute)
-            else:  # registers staging the next slice
-                x_staged = ht.alloc_local([tile_m * step // threads], element)
-                w_staged = ht.alloc_local([tile_n * step // threads], element)
-
-                def fetch(k0: ir.Value) -> None:
-                    k0 = k0 if split is None else _plus(k_first, k0)
-                    _fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), DMMA_WHOLE)
-                    _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), DMMA_WHOLE)
-
-                def put(buffer: ir.Value) -> None:
-                    _put(x_staged, x_tile, buffer, thread, threads, step)
-                    _put(w_staged, w_tile, buffer, thread, threads, tile_n)
-                _pipeline(k_length, step, fetch, put, compute)
+            _slices((x, w), (x_tile, w_tile), thread, threads, (tile_m, tile_n, step), spots[2], (rows, depth, columns),
+                    (k_length, k_first, split), compute, stages, run, DMMA_WHOLE)
             places = list(itertools.product(range(frags_m), range(frags_n), range(sums_per)))
 
             def finish(c: int, value: Callable[[], ir.Value]) -> None:
-                i, j, h = places[c]  # C: rows group [+ 8], columns 2 in_group + (0, 1)
-                row = _plus(row0, _plus(warp_row, _plus(ht.index(mma_m * i + 8 * (h // 2)), group)))
-                column = _plus(column0, _plus(warp_column, _plus(ht.index(8 * j + h % 2), _times(in_group, 2))))
-                _store(value, out, (row, column), (rows, columns), bias, request)
+                _store(value, out, _c_place(spots, mma_m, *places[c]), (rows, columns), bias, request)
             values = [lambda at=at: ht.load(sums, list(map(ht.index, at))) for at in places]
             _reduce_splits(values, element, finish, split, (block_row, block_column), grid, thread, threads)
     return ht.Launch(grid, (threads, 1, 1))
 
 
 def _mma_f64(m: int, a: list[ir.Value], b: ir.Value, c: list[ir.Value]) -> ir.Value:
-    """D = A B + C on the FP64 tensor cores, `mma.sync.aligned.m{m}n8k4.row.col.f64` (inline PTX:
-    NVVM's mma op knows only m8n8k4 for f64), as a struct of the thread's C values."""
-    operands = [*a, b, *c]  # after the outputs $0.., in the order the text names them
-    count = len(c)
-
-    def places(first: int, n: int) -> str:
-        return ", ".join(f"${i}" for i in range(first, first + n))
-    text = (f"mma.sync.aligned.m{m}n8k4.row.col.f64.f64.f64.f64 {{{places(0, count)}}}, "
-            f"{{{places(count, len(a))}}}, {{${count + len(a)}}}, {{{places(count + len(a) + 1, count)}}};")
-    result = ir.Type.parse("!llvm.struct<(" + ", ".join(["f64"] * count) + ")>")
-    return llvm.InlineAsmOp(result, operands, text, ",".join(["=d"] * count + ["d"] * len(operands))).result
+    """D = A B + C on the FP64 tensor cores, `mma.sync.aligned.m{m}n8k4.row.col.f64` (NVVM's mma
+    op knows only m8n8k4 for f64), as a struct of the thread's C values."""
+    return cuda_mma.mma_sync(f"m{m}n8k4.row.col.f64.f64.f64.f64", a, [b], c, "f64", "d")
 

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request
 from hexir.schedules.cpu_matmul import Layout
-from hexir.schedules.cuda import _contract, _zeros
+from hexir.schedules.cuda import _contract, _less, _plus, _times, _zero, _zeros
 from hexir.schedules.emit import compute_type, convert
 
 TILE = 64   # out's rows and columns per block
@@ -43,26 +43,9 @@ PER = TILE // SIDE  # rows (and columns) of sums per thread
 THREADS = SIDE * SIDE
 
 
-def _less(a: ir.Value, bound: ir.Value) -> ir.Value:
-    return arith.CmpIOp(arith.CmpIPredicate.ult, a, bound).result
-
-
-def _plus(a: ir.Value, b: int | ir.Value) -> ir.Value:
-    return arith.AddIOp(a, ht.index(b)).result
-
-
-def _times(a: ir.Value, b: int) -> ir.Value:
-    return arith.MulIOp(a, ht.index(b)).result
-
-
 def _guarded(buffer: ir.Value, at: list[ir.Value], inside: ir.Value, element: ir.Type) -> ir.Value:
     """buffer[at] as `element` where `inside`, else 0 (no load happens)."""
-    choice = scf.IfOp(inside, [element], has_else=True)
-    with ir.InsertionPoint(choice.then_block):
-        scf.YieldOp([convert(ht.load(buffer, at), element)])
-    with ir.InsertionPoint(choice.else_block):
-        scf.YieldOp([arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result])
-    return choice.results[0]
+    return ht.choose(inside, lambda: [convert(ht.load(buffer, at), element)], lambda: [_zero(element)], [element])[0]
 
 
 def _slice(source: ir.Value, tile: ir.Value, thread: ir.Value, width: int, at, inside) -> None:
@@ -116,10 +99,8 @@ def matmul(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             for i, row in enumerate(rows):
                 for j, column in enumerate(columns):
                     out_row, out_column = _plus(row0, row), _plus(column0, column)
-                    inside = scf.IfOp(arith.AndIOp(_less(out_row, m), _less(out_column, n)).result)
-                    with ir.InsertionPoint(inside.then_block):
+                    with ht.when(arith.AndIOp(_less(out_row, m), _less(out_column, n)).result):
                         at = layout.at_out(batch, out_row, out_column)
                         value = request.epilogue(ht.load(sums, [ht.index(i), ht.index(j)]), at)
                         ht.store(convert(value, ir.MemRefType(layout.out.type).element_type), layout.out, at)
-                        scf.YieldOp([])
     return ht.Launch(grid, (SIDE, SIDE, 1))

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, llvm, nvgpu, scf, vector
+from mlir.dialects import arith, llvm, nvgpu, vector
 
 from hexir.dialects import hextir as ht
-from hexir.schedules import Request, cuda, extent
+from hexir.schedules import Request, cuda
 
 #: (block rows, block columns, k slice, warps along rows, warps along columns)
 MMA_TILING = (128, 128, 32, 2, 4)
@@ -49,10 +49,8 @@ _PTX = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
-    x, w, out = args[0], args[1], args[-1]
-    bias = args[2] if request.bias else None
     kmajor = request.w_kmajor  # TF32's w given transposed, [N, K] (pack-weights): read as x is
-    m, k_extent, n = extent(x, 0, request), extent(x, 1, request), extent(w, 0 if kmajor else 1, request)
+    x, w, out, bias, m, k_extent, n = cuda._operands(args, request, kmajor)
     element = ir.MemRefType(x.type).element_type
     bits = ir.FloatType(element).width
     tf32 = bits == 32
@@ -78,11 +76,8 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                                 "shared")
         with ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
             sums = cuda._zeros([frags_m, frags_n, 4], f32)
-            warp, lane = cuda._split(thread, 32)
-            group, in_group = cuda._split(lane, 4)
-            warp_row = cuda._times(arith.DivUIOp(warp, ht.index(warps_n)).result, tile_m // warps_m)
-            warp_column = cuda._times(arith.RemUIOp(warp, ht.index(warps_n)).result, tile_n // warps_n)
-            row0, column0 = cuda._times(block_row, tile_m), cuda._times(block_column, tile_n)
+            lane, *spots = cuda._warp_places(thread, (block_row, block_column), (tile_m, tile_n, warps_m, warps_n))
+            (group, in_group), (warp_row, warp_column), _ = spots
             half, in_half = cuda._split(lane, 16)   # ldmatrix: lane l gives row l % 16 of column 8 (l / 16)
 
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
@@ -106,36 +101,13 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
                         for h in range(4):
                             ht.store(llvm.ExtractValueOp(f32, d, [h]).result, sums, [*at, ht.index(h)])
 
-            if run:
-                bypass = run * bits == 128  # 16-byte copies past L1 (cp.async.cg)
+            # (16-byte copies past L1: cp.async.cg)
+            cuda._slices((x, w), (x_tile, w_tile), thread, threads, (tile_m, tile_n, step), spots[2],
+                         (rows, depth, columns), (k_length, k_first, split), compute, stages if run else 0, run,
+                         bypass=run * bits == 128, kmajor=kmajor)
 
-                def copy(k0: ir.Value, buffer: ir.Value) -> list[ir.Value]:
-                    k0 = k0 if split is None else cuda._plus(k_first, k0)
-                    return (cuda._copy_async(x, x_tile, buffer, thread, threads, step, tile_m * step // threads,
-                                             (row0, k0), (rows, depth), run, bypass)
-                            + (cuda._copy_async(w, w_tile, buffer, thread, threads, step, tile_n * step // threads,
-                                                (column0, k0), (columns, depth), run, bypass) if kmajor else
-                               cuda._copy_async(w, w_tile, buffer, thread, threads, tile_n, tile_n * step // threads,
-                                                (k0, column0), (depth, columns), run, bypass)))
-                cuda._pipeline_async(k_length, step, stages, copy, compute)
-            else:
-                x_staged = ht.alloc_local([tile_m * step // threads], element)
-                w_staged = ht.alloc_local([tile_n * step // threads], element)
-
-                def fetch(k0: ir.Value) -> None:
-                    k0 = k0 if split is None else cuda._plus(k_first, k0)
-                    cuda._fetch(x, x_staged, thread, threads, step, (row0, k0), (rows, depth), True)
-                    cuda._fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), True)
-
-                def put(buffer: ir.Value) -> None:
-                    cuda._put(x_staged, x_tile, buffer, thread, threads, step)
-                    cuda._put(w_staged, w_tile, buffer, thread, threads, tile_n)
-                cuda._pipeline(k_length, step, fetch, put, compute)
-
-            def place(fi: int, fj: int, h: int) -> tuple[ir.Value, ir.Value]:  # C: rows g, g + 8, columns 2t, 2t + 1
-                row = cuda._plus(row0, cuda._plus(warp_row, cuda._plus(ht.index(16 * fi + 8 * (h // 2)), group)))
-                return row, cuda._plus(column0, cuda._plus(warp_column, cuda._plus(ht.index(8 * fj + h % 2),
-                                                                                    cuda._times(in_group, 2))))
+            def place(fi: int, fj: int, h: int) -> tuple[ir.Value, ir.Value]:
+                return cuda._c_place(spots, 16, fi, fj, h)
             if split is None:
                 for fi, fj, h in itertools.product(range(frags_m), range(frags_n), (0, 2)):  # pairs of columns
                     pair = [ht.load(sums, list(map(ht.index, (fi, fj, h + e)))) for e in range(2)]
@@ -174,15 +146,13 @@ def store_f32(value, out: ir.Value, at: tuple[ir.Value, ir.Value], bounds: tuple
     row < M and column < N."""
     (row, column), (rows, columns) = at, bounds
     f32 = ir.F32Type.get()
-    inside = scf.IfOp(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result)
-    with ir.InsertionPoint(inside.then_block):
+    with ht.when(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result):
         result = value()
         if bias is not None:
             result = arith.AddFOp(result, _widen(ht.load(bias, [column]), f32)).result
         result = request.epilogue(result, [row, column])
         element = ir.MemRefType(out.type).element_type
         ht.store(result if element == f32 else arith.TruncFOp(element, result).result, out, [row, column])
-        scf.YieldOp([])
 
 
 def store_pair(values: list[ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
@@ -195,8 +165,7 @@ def store_pair(values: list[ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Val
             store_f32(lambda value=value: value, out, (row, cuda._plus(column, ht.index(e))), bounds, bias, request)
         return
     f32, element = ir.F32Type.get(), ir.MemRefType(out.type).element_type
-    inside = scf.IfOp(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result)
-    with ir.InsertionPoint(inside.then_block):
+    with ht.when(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result):
         results = []
         for e, value in enumerate(values):
             here = cuda._plus(column, ht.index(e))
@@ -206,7 +175,6 @@ def store_pair(values: list[ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Val
             results.append(value if element == f32 else arith.TruncFOp(element, value).result)
         pair = vector.FromElementsOp(ir.VectorType.get([2], element), results).result
         vector.StoreOp(pair, out, [row, column], alignment=2 * ir.FloatType(element).width // 8)
-        scf.YieldOp([])
 
 
 def _widen(value: ir.Value, to: ir.Type) -> ir.Value:
@@ -246,14 +214,21 @@ def _to_tf32(value: ir.Value) -> ir.Value:
 
 
 def _mma(kind: str, a: list[ir.Value], b: list[ir.Value], c: list[ir.Value]) -> ir.Value:
-    """D = A B + C, `mma.sync.aligned` m16n8k16 (bf16, f16) or m16n8k8 (tf32), f32 sums: a struct
-    of the thread's four C values (inline PTX, as the f64 kernel's)."""
+    """D = A B + C, `mma.sync.aligned` m16n8k16 (bf16, f16) or m16n8k8 (tf32), f32 sums."""
     shape, ptx = ("m16n8k8", "tf32") if kind == "tf32" else ("m16n8k16", _PTX[kind])
+    return mma_sync(f"{shape}.row.col.f32.{ptx}.{ptx}.f32", a, b, c, "f32", "r")
 
-    def places(first: int, count: int) -> str:
-        return "{" + ", ".join(f"${i}" for i in range(first, first + count)) + "}"
-    text = (f"mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {places(0, 4)}, {places(4, len(a))}, "
-            f"{places(4 + len(a), len(b))}, {places(4 + len(a) + len(b), 4)};")
-    result = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
-    constraints = ",".join(["=f"] * 4 + ["r"] * (len(a) + len(b)) + ["f"] * 4)
-    return llvm.InlineAsmOp(result, [*a, *b, *c], text, constraints).result
+
+def mma_sync(instruction: str, a: list[ir.Value], b: list[ir.Value], c: list[ir.Value], sums: str,
+             inputs: str) -> ir.Value:
+    """D = A B + C by `mma.sync.aligned.<instruction>` (inline PTX: NVVM's mma op lacks some of
+    ours), A and B in registers of constraint `inputs`: a struct of the thread's C values (`sums`)."""
+    first, groups = 0, []
+    for count in (len(c), len(a), len(b), len(c)):  # $0.. the outputs, then the operands in the order named
+        groups.append("{" + ", ".join(f"${n}" for n in range(first, first + count)) + "}")
+        first += count
+    result = ir.Type.parse(f"!llvm.struct<({', '.join([sums] * len(c))})>")
+    register = {"f32": "f", "f64": "d"}[sums]
+    constraints = ",".join([f"={register}"] * len(c) + [inputs] * (len(a) + len(b)) + [register] * len(c))
+    return llvm.InlineAsmOp(result, [*a, *b, *c], f"mma.sync.aligned.{instruction} {', '.join(groups)};",
+                            constraints).result

@@ -70,10 +70,6 @@ def uses_wgmma(request: Request, k: int, n: int) -> bool:
     return (sixteen or tf32) and all(a.endswith("a") and arch_number(a) == 90 for a in request.target.cuda_archs)
 
 
-def _c(value: int) -> ir.Value:
-    return ht.index(value)
-
-
 def _view(base: ir.Value, offset: int | ir.Value, shape: Sequence[int], element: ir.Type) -> ir.Value:
     """A [shape] view of the shared bytes `base` at byte `offset`."""
     type_ = ir.MemRefType.get(list(shape), element, memory_space=ir.Attribute.parse(_WORKGROUP))
@@ -90,7 +86,7 @@ def _tensor_map(pointer: ir.Value, box: Sequence[int], element: ir.Type) -> ir.V
 def _parity(round_: ir.Value, flip: bool) -> ir.Value:
     """The mbarrier phase parity to wait for in round `round_` of a stage (`flip`: the producer's
     wait on `empty`, which passes in round 0)."""
-    odd = arith.CmpIOp(arith.CmpIPredicate.ne, arith.RemUIOp(round_, _c(2)).result, _c(0)).result
+    odd = arith.CmpIOp(arith.CmpIPredicate.ne, arith.RemUIOp(round_, ht.index(2)).result, ht.index(0)).result
     return arith.XOrIOp(odd, arith.ConstantOp(ir.IntegerType.get_signless(1), 1).result).result if flip else odd
 
 
@@ -121,24 +117,22 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
         with ht.loop(0, 384, "parallel", "threadIdx.x") as thread:
             group = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {_WORKGROUP}, num_barriers = {WG_STAGES}>")
             full, empty = nvgpu.MBarrierCreateOp(group).result, nvgpu.MBarrierCreateOp(group).result
-            first = arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(0)).result
+            first = arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result
             for s in range(WG_STAGES):
-                nvgpu.MBarrierInitOp(full, _c(1), _c(s), predicate=first)
-                nvgpu.MBarrierInitOp(empty, _c(8), _c(s), predicate=first)  # a consumer warp's lane 0 each
+                nvgpu.MBarrierInitOp(full, ht.index(1), ht.index(s), predicate=first)
+                nvgpu.MBarrierInitOp(empty, ht.index(8), ht.index(s), predicate=first)  # a consumer warp's lane 0 each
             ht.barrier()
             tm_x, tm_w = _tensor_map(maps[0], (half, step), element), _tensor_map(maps[1], w_box, element)
-            warpgroup = arith.DivUIOp(thread, _c(128)).result
-            roles = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, _c(2)).result, has_else=True)
+            warpgroup = arith.DivUIOp(thread, ht.index(128)).result
+            roles = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, ht.index(2)).result, has_else=True)
             with ir.InsertionPoint(roles.then_block):
                 # the producer warpgroup gives registers up to the consumers (setmaxnreg)
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[0], nvvm.SetMaxRegisterAction.decrease)
-                producer = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, _c(256)).result)
-                with ir.InsertionPoint(producer.then_block):
+                with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(256)).result):
                     nvgpu.TmaPrefetchOp(tm_x)
                     nvgpu.TmaPrefetchOp(tm_w)
                     with _tiles(block, shape) as (origin, done):
                         _produce(tm_x, tm_w, full, empty, shared, origin, done, shape)
-                    scf.YieldOp([])
                 scf.YieldOp([])
             with ir.InsertionPoint(roles.else_block):
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[1], nvvm.SetMaxRegisterAction.increase)
@@ -173,7 +167,7 @@ def _tiles(block: ir.Value, shape: _Shape):
     many k slices the block walked before it (its stages and phases go on from there)."""
     tile_m, tile_n, _ = shape.tile
     mine = arith.CeilDivUIOp(arith.SubIOp(shape.tiles, block).result, shape.blocks).result
-    loop = scf.ForOp(_c(0), mine, _c(1))
+    loop = scf.ForOp(ht.index(0), mine, ht.index(1))
     with ir.InsertionPoint(loop.body):
         tile = cuda._plus(block, arith.MulIOp(loop.induction_variable, shape.blocks).result)
         tile_row, tile_column = _raster(tile, shape.tiles_m, shape.tiles_n)
@@ -185,14 +179,14 @@ def _tiles(block: ir.Value, shape: _Shape):
 def _raster(tile: ir.Value, tiles_m: ir.Value, tiles_n: int) -> tuple[ir.Value, ir.Value]:
     """Tile t's place: groups of GROUP_M tile rows, each walked column by column."""
     per_group = GROUP_M * tiles_n
-    first = cuda._times(arith.DivUIOp(tile, _c(per_group)).result, GROUP_M)
-    size = arith.MinUIOp(arith.SubIOp(tiles_m, first).result, _c(GROUP_M)).result
-    within = arith.RemUIOp(tile, _c(per_group)).result
+    first = cuda._times(arith.DivUIOp(tile, ht.index(per_group)).result, GROUP_M)
+    size = arith.MinUIOp(arith.SubIOp(tiles_m, first).result, ht.index(GROUP_M)).result
+    within = arith.RemUIOp(tile, ht.index(per_group)).result
     return cuda._plus(first, arith.RemUIOp(within, size).result), arith.DivUIOp(within, size).result
 
 
 def _stage(count: ir.Value) -> tuple[ir.Value, ir.Value]:
-    return arith.RemUIOp(count, _c(WG_STAGES)).result, arith.DivUIOp(count, _c(WG_STAGES)).result
+    return arith.RemUIOp(count, ht.index(WG_STAGES)).result, arith.DivUIOp(count, ht.index(WG_STAGES)).result
 
 
 def _produce(tm_x, tm_w, full, empty, shared, origin, done: ir.Value, shape: _Shape) -> None:
@@ -201,24 +195,24 @@ def _produce(tm_x, tm_w, full, empty, shared, origin, done: ir.Value, shape: _Sh
     tile_m, tile_n, step = shape.tile
     half, size = tile_m // 2, ir.FloatType(shape.element).width // 8
     row0, column0 = origin
-    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1))
+    loop = scf.ForOp(ht.index(0), ht.index(shape.slices), ht.index(1))
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
         stage, round_ = _stage(cuda._plus(done, i))
-        nvgpu.MBarrierTryWaitParityOp(empty, _parity(round_, True), _c(10_000_000), mbarId=stage)
-        nvgpu.MBarrierArriveExpectTxOp(full, _c(shape.stage_bytes), stage)
+        nvgpu.MBarrierTryWaitParityOp(empty, _parity(round_, True), ht.index(10_000_000), mbarId=stage)
+        nvgpu.MBarrierArriveExpectTxOp(full, ht.index(shape.stage_bytes), stage)
         base = cuda._times(stage, shape.stage_bytes)
         k0 = cuda._times(i, step)
         for h in range(2):  # coordinates innermost first: (k, row) in x, (column, k) in w, (k, column) in w^T
-            nvgpu.TmaAsyncLoadOp(_view(shared, cuda._plus(base, _c(h * half * step * size)), [half, step],
-                                       shape.element), full, tm_x, [k0, cuda._plus(row0, _c(h * half))], stage)
-            w_at = cuda._plus(base, _c(tile_m * step * size + h * step * 64 * size))
+            nvgpu.TmaAsyncLoadOp(_view(shared, cuda._plus(base, ht.index(h * half * step * size)), [half, step],
+                                       shape.element), full, tm_x, [k0, cuda._plus(row0, ht.index(h * half))], stage)
+            w_at = cuda._plus(base, ht.index(tile_m * step * size + h * step * 64 * size))
             if size == 4 and h == 0:
                 nvgpu.TmaAsyncLoadOp(_view(shared, w_at, [tile_n, step], shape.element), full, tm_w, [k0, column0],
                                      stage)
             elif size == 2:
                 nvgpu.TmaAsyncLoadOp(_view(shared, w_at, [step, 64], shape.element), full, tm_w,
-                                     [cuda._plus(column0, _c(64 * h)), k0], stage)
+                                     [cuda._plus(column0, ht.index(64 * h)), k0], stage)
         scf.YieldOp([])
 
 
@@ -233,7 +227,7 @@ def _consume(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.Value,
 
     def slice_(base: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         a = _view(shared, cuda._plus(base, cuda._times(warpgroup, half * step * 2)), [half, step], element)
-        b = _view(shared, cuda._plus(base, _c(2 * half * step * 2)), [step, tile_n], element)
+        b = _view(shared, cuda._plus(base, ht.index(2 * half * step * 2)), [step, tile_n], element)
         return [nvgpu.WarpgroupMmaOp(accumulator, nvgpu.WarpgroupGenerateDescriptorOp(a_type, a, tm_x).result,
                                      nvgpu.WarpgroupGenerateDescriptorOp(b_type, b, tm_w).result, sums[0],
                                      transposeB=True).result]
@@ -263,14 +257,14 @@ def _consume_tf32(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.V
     def slice_(base: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         a = cuda._plus(base, cuda._times(warpgroup, half * step * 4))
         if TF32_ROUND:
-            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, _c(128)).result, warpgroup)
+            _round_tf32(_view(shared, a, [half * step], f32), arith.RemUIOp(thread, ht.index(128)).result, warpgroup)
         nvvm.WgmmaFenceAlignedOp()
         out = list(sums)
         for k in range(step // 8):
             for p in range(len(out)):  # m64 pieces: 64 rows of 128 bytes = 8 KiB apart
                 out[p] = nvvm.wgmma_mma_async(
-                    values, out[p], _descriptor(start, cuda._plus(a, _c(p * 64 * step * 4 + 32 * k))),
-                    _descriptor(start, cuda._plus(base, _c(tile_m * step * 4 + 32 * k))), *kinds)
+                    values, out[p], _descriptor(start, cuda._plus(a, ht.index(p * 64 * step * 4 + 32 * k))),
+                    _descriptor(start, cuda._plus(base, ht.index(tile_m * step * 4 + 32 * k))), *kinds)
         nvvm.WgmmaGroupSyncAlignedOp()
         nvvm.WgmmaWaitGroupSyncOp(1)
         return out
@@ -292,38 +286,34 @@ def _round_tf32(slab: ir.Value, lane: ir.Value, warpgroup: ir.Value) -> None:
     at a time), make the stores visible to wgmma (the async proxy), wait for the warpgroup."""
     f32 = ir.F32Type.get()
     for j in range(ir.MemRefType(slab.type).shape[0] // 512):
-        at = [cuda._plus(cuda._times(lane, 4), _c(512 * j))]
+        at = [cuda._plus(cuda._times(lane, 4), ht.index(512 * j))]
         four = vector.LoadOp(ir.VectorType.get([4], f32), slab, at).result
         rounded = [arith.BitcastOp(f32, _to_tf32(vector.ExtractOp(four, [], [e]).result)).result for e in range(4)]
         vector.StoreOp(vector.FromElementsOp(ir.VectorType.get([4], f32), rounded).result, slab, at)
-    number = arith.IndexCastOp(ir.IntegerType.get_signless(32), cuda._plus(warpgroup, _c(1))).result
+    number = arith.IndexCastOp(ir.IntegerType.get_signless(32), cuda._plus(warpgroup, ht.index(1))).result
     llvm.InlineAsmOp(None, [number], "fence.proxy.async.shared::cta;\nbar.sync $0, 128;", "r", has_side_effects=True)
 
 
 def _k_loop(full, empty, thread, done: ir.Value, shape: _Shape, zero: list[ir.Value], slice_) -> list[ir.Value]:
     """The consumers' walk over a tile's k slices: wait for each stage, `slice_(its byte offset,
     sums)` -> sums, and release the stage once its wgmma are done."""
-    lane0 = arith.CmpIOp(arith.CmpIPredicate.eq, arith.RemUIOp(thread, _c(32)).result, _c(0)).result
+    lane0 = arith.CmpIOp(arith.CmpIPredicate.eq, arith.RemUIOp(thread, ht.index(32)).result, ht.index(0)).result
 
     def release(count: ir.Value) -> None:
-        if_ = scf.IfOp(lane0)
-        with ir.InsertionPoint(if_.then_block):
+        with ht.when(lane0):
             nvgpu.MBarrierArriveOp(empty, _stage(count)[0])
-            scf.YieldOp([])
-    loop = scf.ForOp(_c(0), _c(shape.slices), _c(1), zero)
+    loop = scf.ForOp(ht.index(0), ht.index(shape.slices), ht.index(1), zero)
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
         stage, round_ = _stage(cuda._plus(done, i))
-        nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), _c(10_000_000), mbarId=stage)
+        nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), ht.index(10_000_000), mbarId=stage)
         sums = slice_(cuda._times(stage, shape.stage_bytes), list(loop.inner_iter_args))
         # this slice's wgmma are in flight, the one before is done (wait_group 1): free its stage
-        later = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ugt, i, _c(0)).result)
-        with ir.InsertionPoint(later.then_block):
-            release(arith.SubIOp(cuda._plus(done, i), _c(1)).result)
-            scf.YieldOp([])
+        with ht.when(arith.CmpIOp(arith.CmpIPredicate.ugt, i, ht.index(0)).result):
+            release(arith.SubIOp(cuda._plus(done, i), ht.index(1)).result)
         scf.YieldOp(sums)
     nvvm.WgmmaWaitGroupSyncOp(0)
-    release(cuda._plus(done, _c(shape.slices - 1)))
+    release(cuda._plus(done, ht.index(shape.slices - 1)))
     return list(loop.results)
 
 
@@ -335,14 +325,14 @@ def _epilogue(pieces: list[ir.Value], origin, warpgroup, thread, args, symbols, 
     half, out = tile_m // 2, args[-1]
     m, n = extent(args[0], 0, request), ir.MemRefType(out.type).shape[-1]
     f32 = ir.F32Type.get()
-    lane = arith.RemUIOp(thread, _c(32)).result
+    lane = arith.RemUIOp(thread, ht.index(32)).result
     group, in_group = cuda._split(lane, 4)
-    warp = arith.RemUIOp(arith.DivUIOp(thread, _c(32)).result, _c(4)).result
+    warp = arith.RemUIOp(arith.DivUIOp(thread, ht.index(32)).result, ht.index(4)).result
     row0 = cuda._plus(origin[0], cuda._plus(cuda._times(warpgroup, half), cuda._plus(cuda._times(warp, 16), group)))
     column0 = cuda._plus(origin[1], cuda._times(in_group, 2))
     bounds = ht.size_value(m, symbols), ht.index(n)
     for h, part in enumerate(pieces):
         for v in range(0, tile_n // 2, 2):
-            at = (cuda._plus(row0, _c(64 * h + 8 * (v % 4 // 2))), cuda._plus(column0, _c(8 * (v // 4))))
+            at = (cuda._plus(row0, ht.index(64 * h + 8 * (v % 4 // 2))), cuda._plus(column0, ht.index(8 * (v // 4))))
             pair = [llvm.ExtractValueOp(f32, part, [v + e]).result for e in range(2)]
             store_pair(pair, out, at, bounds, args[2] if request.bias else None, request)
