@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import _check_meaning
-from .fields import _describe, _fail, _int, _list, _no_constant, _object, _str, _unique_keys
+from .fields import _describe, _fail, _int, _is_object, _list, _no_constant, _object, _str, _unique_keys
 from .types import Manifest
 from .upgrade import _upgrade_cpu, _upgrade_epilogues, _upgrade_v1
 
@@ -73,8 +73,7 @@ def encode(manifest: dict[str, Any], blobs: list[tuple[str, bytes]]) -> bytes:
     offsets, sizes and checksums and the header, then decodes the result so that an invalid
     module raises HxbFormatError here rather than in the runtime.
     """
-    if not isinstance(manifest, dict):
-        _fail("manifest", f"expected an object, got {_describe(manifest)}")
+    _is_object(manifest, "manifest")
     if "blobs" in manifest:
         _fail("blobs", "encode computes the blob table: pass the blobs separately")
     payloads = [data if isinstance(data, bytes) else bytes(memoryview(data)) for _, data in blobs]
@@ -147,8 +146,7 @@ def _check_structure(data: bytes) -> tuple[int, dict[str, Any]]:
         manifest = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         _fail("manifest", f"not valid UTF-8 JSON: {error}")
-    if not isinstance(manifest, dict):
-        _fail("manifest", f"expected an object, got {_describe(manifest)}")
+    _is_object(manifest, "manifest")
     if "blobs" not in manifest:
         _fail("blobs", "missing")
     _check_blob_table(data, _list(manifest["blobs"], "blobs"), end)

@@ -28,9 +28,7 @@ def _describe(value: Any) -> str:
 
 
 def _object(value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        _fail(path, f"expected an object, got {_describe(value)}")
-    for key in value:
+    for key in _is_object(value, path):
         if key not in required and key not in optional:
             allowed = ", ".join(required + optional) or "none"
             _fail(f"{path}.{key}" if path else key, f"unknown key (allowed: {allowed})")
