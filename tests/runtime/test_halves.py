@@ -121,8 +121,8 @@ def test_print_writes_16_bit_values_as_floats():
 
 def test_serving_names_bfloat16_bf16():
     assert protocol.DATATYPES["bfloat16"] == "BF16" and protocol.DATATYPES["float16"] == "FP16"
-    body, headers = protocol._message({"outputs": [protocol._tensor("y", np.array([1, 2], BF16), True)[0]]},
-                                      [np.array([1, 2], BF16).tobytes()])
+    blobs: list[bytes] = []
+    body, headers = protocol._message({"outputs": [protocol._tensor("y", np.array([1, 2], BF16), True, blobs)]}, blobs)
     decoded = protocol.decode_response(body, int(headers[protocol.HEADER_LENGTH]))
     assert decoded["y"].dtype == BF16 and decoded["y"].tolist() == [1, 2]
 

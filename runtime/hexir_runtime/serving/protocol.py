@@ -258,12 +258,9 @@ def _split(outputs: tuple[np.ndarray, ...], rows: list[int]) -> list[tuple[np.nd
 def encode_response(model: str, signature: Signature, request: Request,
                     outputs: Sequence[np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The response body for `request` and its headers (binary: the JSON header's length)."""
-    names, tensors, blobs = output_names(signature), [], []
-    for position in request.outputs:
-        tensor, binary = _tensor(names[position], outputs[position], position in request.binary)
-        tensors.append(tensor)
-        if binary is not None:
-            blobs.append(binary)
+    names, blobs = output_names(signature), []
+    tensors = [_tensor(names[position], outputs[position], position in request.binary, blobs)
+               for position in request.outputs]
     response: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": tensors}
     if request.id is not None:
         response["id"] = request.id
@@ -274,12 +271,8 @@ def encode_request(inputs: Mapping[str, np.ndarray], *, binary: bool = True, bin
                    identifier: str | None = None) -> tuple[bytes, dict[str, str]]:
     """A client's request body for `inputs` and its headers; outputs come back binary when
     `binary_outputs` (default: as `binary`)."""
-    tensors, blobs = [], []
-    for name, array in inputs.items():
-        tensor, blob = _tensor(name, np.asarray(array), binary)
-        tensors.append(tensor)
-        if blob is not None:
-            blobs.append(blob)
+    blobs: list[bytes] = []
+    tensors = [_tensor(name, np.asarray(array), binary, blobs) for name, array in inputs.items()]
     request: dict[str, Any] = {"inputs": tensors}
     if identifier is not None:
         request["id"] = identifier
@@ -288,16 +281,17 @@ def encode_request(inputs: Mapping[str, np.ndarray], *, binary: bool = True, bin
     return _message(request, blobs)
 
 
-def _tensor(name: str, array: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes | None]:
+def _tensor(name: str, array: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    """The protocol's tensor for `array`: its data in JSON, or (`binary`) its bytes appended to `blobs`."""
     if array.dtype.name not in DATATYPES:
         raise ProtocolError(f"{name}: the protocol has no datatype for {array.dtype}", 500)
     tensor: dict[str, Any] = {"name": name, "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
     if not binary:
         tensor["data"] = array.ravel().tolist()
-        return tensor, None
-    blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-    tensor["parameters"] = {"binary_data_size": len(blob)}
-    return tensor, blob
+        return tensor
+    blobs.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+    tensor["parameters"] = {"binary_data_size": len(blobs[-1])}
+    return tensor
 
 
 def _message(header: dict[str, Any], blobs: list[bytes]) -> tuple[bytes, dict[str, str]]:
