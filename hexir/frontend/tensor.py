@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,16 @@ class TensorSpec:
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+def _operators(name: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
+    """A Tensor's `x <op> other` and reflected `other <op> x`: the pointwise op `name`."""
+    def forward(self: Tensor, other: Any) -> Tensor:
+        return self._op(name, self, other)
+
+    def reflected(self: Tensor, other: Any) -> Tensor:
+        return self._op(name, other, self)
+    return forward, reflected
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,29 +166,10 @@ class Tensor:
 
         return pointwise(name, operands, **params)
 
-    def __add__(self, other: Any) -> Tensor:
-        return self._op("add", self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return self._op("add", other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return self._op("sub", self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return self._op("sub", other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return self._op("mul", self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return self._op("mul", other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return self._op("div", self, other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return self._op("div", other, self)
+    __add__, __radd__ = _operators("add")
+    __sub__, __rsub__ = _operators("sub")
+    __mul__, __rmul__ = _operators("mul")
+    __truediv__, __rtruediv__ = _operators("div")
 
     def __neg__(self) -> Tensor:
         return self._op("neg", self)

@@ -22,6 +22,16 @@ Number = int | float
 _state = threading.local()
 
 
+def _operators(op: str) -> tuple[Callable[..., Scalar], Callable[..., Scalar]]:
+    """A Scalar's `x <op> other` and reflected `other <op> x` (a number on the left): the tree `[op, ...]`."""
+    def forward(self: Scalar, other: Scalar | Number) -> Scalar:
+        return _binary(op, self, other)
+
+    def reflected(self: Scalar, other: Number) -> Scalar:
+        return _binary(op, other, self)
+    return forward, reflected
+
+
 class Scalar:
     """One element of a tensor inside an op's definition: arithmetic builds the tree."""
 
@@ -34,29 +44,10 @@ class Scalar:
     def arg(index: int) -> Scalar:
         return Scalar(["arg", index])
 
-    def __add__(self, other: Scalar | Number) -> Scalar:
-        return _binary("add", self, other)
-
-    def __radd__(self, other: Number) -> Scalar:
-        return _binary("add", other, self)
-
-    def __sub__(self, other: Scalar | Number) -> Scalar:
-        return _binary("sub", self, other)
-
-    def __rsub__(self, other: Number) -> Scalar:
-        return _binary("sub", other, self)
-
-    def __mul__(self, other: Scalar | Number) -> Scalar:
-        return _binary("mul", self, other)
-
-    def __rmul__(self, other: Number) -> Scalar:
-        return _binary("mul", other, self)
-
-    def __truediv__(self, other: Scalar | Number) -> Scalar:
-        return _binary("div", self, other)
-
-    def __rtruediv__(self, other: Number) -> Scalar:
-        return _binary("div", other, self)
+    __add__, __radd__ = _operators("add")
+    __sub__, __rsub__ = _operators("sub")
+    __mul__, __rmul__ = _operators("mul")
+    __truediv__, __rtruediv__ = _operators("div")
 
     def __neg__(self) -> Scalar:
         return Scalar(["const", -self.tree[1]]) if self.tree[0] == "const" else Scalar(["neg", self.tree])
