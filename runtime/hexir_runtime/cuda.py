@@ -135,12 +135,9 @@ class CudaDevice:
         if ordinal >= count:
             raise DeviceError(f"no CUDA device {ordinal}: this machine has {count}")
         self.device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-        attribute = driver.CUdevice_attribute
-        self.capability = (
-            check(driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device),
-                  "cuDeviceGetAttribute"),
-            check(driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device),
-                  "cuDeviceGetAttribute"))
+        self.capability = tuple(check(driver.cuDeviceGetAttribute(getattr(
+            driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{part}"), self.device),
+            "cuDeviceGetAttribute") for part in ("MAJOR", "MINOR"))  # (major, minor)
         raw = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.gpu_name = raw.split(b"\0")[0].decode()
         self.name = f"cuda ({self.gpu_name})"
