@@ -154,7 +154,8 @@ class Executor:
         # How a caller's CUDA tensor written on another stream is waited for (the first GPU's stream).
         self.wait = self.gpus[0].wait_for if self.gpus else None
         self.views: list[Any] = [None] * len(entry.buffers)  # each buffer, with the last plan's shape
-        # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements, owner].
+        # Buffers to size per call: index -> [its flat allocation or None, its capacity in elements,
+        # what allocates it, what frees it (a staging buffer's: the GPU's page-locked memory, `pinned`)].
         self.allocations: dict[int, list[Any]] = {}
         self.constants = {command.dst for command in entry.program if command.op == "constant"}
         self.returns: tuple[int, ...] = next((c.srcs for c in entry.program if c.op == "return"), ())
@@ -179,7 +180,8 @@ class Executor:
         self._analyse()
         for index in range(len(entry.buffers)):
             if index not in self.constants:
-                self.allocations[index] = [None, 0, self.pinned.get(index, self.places[index])]
+                place = self.places[index]
+                self.allocations[index] = [None, 0, *self.pinned.get(index, (place.alloc, place.free))]
         if not any(tensor.symbols for _, tensor in entry.inputs):
             try:  # static shapes: plan now, so that a module that cannot fit fails when it loads
                 self._plan((tuple(tensor.shape for _, tensor in entry.inputs), False))
@@ -208,11 +210,11 @@ class Executor:
         def only_kernels(index: int, kinds: tuple[str, ...] = ("read",)) -> bool:
             return all(kind in kinds for _, kind in uses[index])
 
-        self.pinned: dict[int, Any] = {}  # host buffer -> the GPU device whose staging memory it is
+        self.pinned: dict[int, tuple] = {}  # host buffer -> the alloc and free of the GPU's staging memory
         for command in program:
             if command.op == "transfer" and gpu(command.src) != gpu(command.dst):
                 host, device = (command.dst, command.src) if gpu(command.src) else (command.src, command.dst)
-                self.pinned[host] = _Pinned(places[device])
+                self.pinned[host] = (places[device].alloc_pinned, places[device].free_pinned)
         self.host_inputs: dict[int, int] = {}  # input -> its buffer, read in place when it can be
         self.device_inputs: dict[int, int] = {}  # input -> its GPU buffer, a caller's CUDA tensor when given
         for command in program:
@@ -424,15 +426,15 @@ class Executor:
                                  f"[{', '.join(map(str, shape))}], 2^63 bytes or more")
         grew = False
         for index, slot in self.allocations.items():
-            owner, shape, dtype = slot[2], shapes[index], self.entry.buffers[index].type.dtype
+            shape, dtype = shapes[index], self.entry.buffers[index].type.dtype
             count = math.prod(shape)
             if slot[0] is None or count > slot[1]:
                 if slot[0] is not None:
                     slot[0], old, slot[1] = None, slot[0], 0
-                    owner.free(old)
+                    slot[3](old)
                 grew = True
                 try:
-                    slot[0], slot[1] = owner.alloc((count,), dtype), count
+                    slot[0], slot[1] = slot[2]((count,), dtype), count
                 except (MemoryError, ValueError):  # numpy: "Unable to allocate", or "array is too big"
                     raise DeviceError(f"{self.entry.name}(): out of memory allocating {self._role(index)} "
                                       f"(buffer {index}), {dtype}[{', '.join(map(str, shape))}]: "
@@ -455,20 +457,7 @@ class Executor:
             if slot[0] is not None:
                 slot[0], buffer = None, slot[0]
                 slot[1] = 0
-                slot[2].free(buffer)
-
-
-class _Pinned:
-    """Allocates a host buffer that meets the GPU in page-locked memory (a staging buffer)."""
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-
-    def alloc(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        return self.device.alloc_pinned(shape, dtype)
-
-    def free(self, buffer: np.ndarray) -> None:
-        self.device.free_pinned(buffer)
+                slot[3](buffer)
 
 
 def _sent_directly(array: Any) -> bool:
