@@ -119,13 +119,27 @@ def _guarded_load(buffer: ir.Value, row: ir.Value, column: ir.Value, rows: ir.Va
 def _store(value: Callable[[], ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
            bounds: tuple[ir.Value, ir.Value], bias: ir.Value | None, request: Request) -> None:
     """out[row, column] = epilogues(value()) where row < M and column < N (the store guard): the
-    bias of the column, then the fused ops, each an instruction here and no pass over memory."""
+    bias of the column, then the fused ops, each an instruction here and no pass over memory
+    (`_finished`: float32 sums of 16-bit data stored in out's 16 bits)."""
     (row, column), (rows, columns) = at, bounds
     with ht.when(arith.AndIOp(_less(row, rows), _less(column, columns)).result):
-        result = value()
-        if bias is not None:
-            result = arith.AddFOp(result, ht.load(bias, [column])).result
-        ht.store(request.epilogue(result, [row, column]), out, [row, column])
+        ht.store(_finished(value(), out, (row, column), bias, request), out, [row, column])
+
+
+def _finished(value: ir.Value, out: ir.Value, at: tuple[ir.Value, ir.Value], bias: ir.Value | None,
+              request: Request) -> ir.Value:
+    """epilogues(value + bias[column]) in the sums' type (a 16-bit bias widened), as out's element type."""
+    row, column = at
+    sums = value.type
+    if bias is not None:
+        value = arith.AddFOp(value, _widen(ht.load(bias, [column]), sums)).result
+    value = request.epilogue(value, [row, column])
+    element = ir.MemRefType(out.type).element_type
+    return value if element == sums else arith.TruncFOp(element, value).result
+
+
+def _widen(value: ir.Value, to: ir.Type) -> ir.Value:
+    return value if value.type == to else arith.ExtFOp(to, value).result
 
 
 def _fetch(source: ir.Value, staged: ir.Value, thread: ir.Value, threads: int, width: int,

@@ -115,7 +115,7 @@ def linear_mma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: 
             else:  # the tile's last block adds the parts (cuda.py's split-K)
                 places = list(itertools.product(range(frags_m), range(frags_n), range(4)))
                 cuda._reduce_splits([lambda at=at: ht.load(sums, list(map(ht.index, at))) for at in places], f32,
-                                    lambda c, value: store_f32(value, out, place(*places[c]), (rows, columns), bias,
+                                    lambda c, value: cuda._store(value, out, place(*places[c]), (rows, columns), bias,
                                                                request),
                                     split, (block_row, block_column), grid, thread, threads)
     return ht.Launch(grid, (threads, 1, 1))
@@ -140,45 +140,21 @@ def copy_elements(k: int, n: int, bits: int) -> int:
     return 0
 
 
-def store_f32(value, out: ir.Value, at: tuple[ir.Value, ir.Value], bounds: tuple[ir.Value, ir.Value],
-              bias: ir.Value | None, request: Request) -> None:
-    """out[row, column] = epilogue(value() + bias) computed in f32 and stored in out's type, where
-    row < M and column < N."""
-    (row, column), (rows, columns) = at, bounds
-    f32 = ir.F32Type.get()
-    with ht.when(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result):
-        result = value()
-        if bias is not None:
-            result = arith.AddFOp(result, _widen(ht.load(bias, [column]), f32)).result
-        result = request.epilogue(result, [row, column])
-        element = ir.MemRefType(out.type).element_type
-        ht.store(result if element == f32 else arith.TruncFOp(element, result).result, out, [row, column])
-
-
 def store_pair(values: list[ir.Value], out: ir.Value, at: tuple[ir.Value, ir.Value],
                bounds: tuple[ir.Value, ir.Value], bias: ir.Value | None, request: Request) -> None:
-    """out[row, column + e] = values[e] as `store_f32` does, e = 0, 1 (column even): one 4-byte
+    """out[row, column + e] = values[e] as `cuda._store` does, e = 0, 1 (column even): one 4-byte
     store where N is even (then both or neither are inside, and aligned), else two."""
     (row, column), (rows, columns) = at, bounds
     if ir.MemRefType(out.type).shape[1] % 2:
         for e, value in enumerate(values):
-            store_f32(lambda value=value: value, out, (row, cuda._plus(column, ht.index(e))), bounds, bias, request)
+            cuda._store(lambda value=value: value, out, (row, cuda._plus(column, ht.index(e))), bounds, bias, request)
         return
-    f32, element = ir.F32Type.get(), ir.MemRefType(out.type).element_type
+    element = ir.MemRefType(out.type).element_type
     with ht.when(arith.AndIOp(cuda._less(row, rows), cuda._less(column, columns)).result):
-        results = []
-        for e, value in enumerate(values):
-            here = cuda._plus(column, ht.index(e))
-            if bias is not None:
-                value = arith.AddFOp(value, _widen(ht.load(bias, [here]), f32)).result
-            value = request.epilogue(value, [row, here])
-            results.append(value if element == f32 else arith.TruncFOp(element, value).result)
+        results = [cuda._finished(value, out, (row, cuda._plus(column, ht.index(e))), bias, request)
+                   for e, value in enumerate(values)]
         pair = vector.FromElementsOp(ir.VectorType.get([2], element), results).result
         vector.StoreOp(pair, out, [row, column], alignment=2 * ir.FloatType(element).width // 8)
-
-
-def _widen(value: ir.Value, to: ir.Type) -> ir.Value:
-    return value if value.type == to else arith.ExtFOp(to, value).result
 
 
 def _ldmatrix(tile: ir.Value, at: list[ir.Value], transpose: bool) -> list[ir.Value]:
