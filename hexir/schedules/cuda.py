@@ -333,12 +333,8 @@ def linear_rows(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                 ht.store(ht.load(sums, [ht.index(r)]), partial, [warp, lane])
                 ht.barrier()
                 with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, warp, ht.index(r % warps)).result):
-                    def total(lane=lane) -> ir.Value:
-                        value = ht.load(partial, [ht.index(0), lane])
-                        for other in range(1, warps):
-                            value = arith.AddFOp(value, ht.load(partial, [ht.index(other), lane])).result
-                        return value
-                    _store(total, out, (ht.index(r), column), (rows, columns), bias, request)
+                    _store(lambda: _sum(lambda other: ht.load(partial, [ht.index(other), lane]), warps), out,
+                           (ht.index(r), column), (rows, columns), bias, request)
                 ht.barrier()
     return ht.Launch((exprs.ceildiv(n, 32), 1, 1), (32, warps, 1))
 
@@ -352,7 +348,6 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         ht.set_variant(request.variant)
     threads = tile // per                                    # 16 threads per axis
     width = min(per, 16 // _width_bytes(element))                  # elements per 128-bit shared load
-    loads = tile * step // (threads * threads)               # elements each thread stages per slice
     tiles = (exprs.ceildiv(n, tile), exprs.ceildiv(m, tile))
     splits = 1 if not isinstance(m, int) else split_k(tiles[0] * tiles[1], k_extent, step,
                                                   tile * tile * _width_bytes(element))
@@ -370,19 +365,8 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
         with ht.loop(0, threads, "parallel", "threadIdx.y") as ty, \
                 ht.loop(0, threads, "parallel", "threadIdx.x") as tx:
             sums = _zeros([per, per], element)
-            x_staged, w_staged = ht.alloc_local([loads], element), ht.alloc_local([loads], element)
             thread = _plus(_times(ty, threads), tx)
             row0, column0 = _times(block_row, tile), _times(block_column, tile)
-
-            def fetch(k0: ir.Value) -> None:
-                whole = tile in SIMT_WHOLE_TILES
-                k0 = k0 if split is None else _plus(k_first, k0)
-                _fetch(x, x_staged, thread, threads * threads, step, (row0, k0), (rows, depth), whole)
-                _fetch(w, w_staged, thread, threads * threads, tile, (k0, column0), (depth, columns), whole)
-
-            def put(buffer: ir.Value) -> None:
-                _put(x_staged, x_tile, buffer, thread, threads * threads, step, transpose=True)
-                _put(w_staged, w_tile, buffer, thread, threads * threads, tile)
 
             def compute(buffer: ir.Value, k0: ir.Value) -> None:
                 # the sums read once and written once a slice, SSA values between (the same code
@@ -396,7 +380,9 @@ def linear_simt(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request:
                                             fastmath=_contract()).result for c, total in enumerate(running)]
                 for total, index in zip(running, at, strict=True):
                     ht.store(total, sums, index)
-            _pipeline(k_length, step, fetch, put, compute)
+            _slices((x, w), (x_tile, w_tile), thread, threads * threads, (tile, tile, step), (row0, column0),
+                    (rows, depth, columns), (k_length, k_first, split), compute, 0, 0, tile in SIMT_WHOLE_TILES,
+                    x_transposed=True)
 
             def finish(c: int, value: Callable[[], ir.Value]) -> None:
                 i, j = divmod(c, per)
@@ -457,14 +443,18 @@ def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
                               arith.ConstantOp(i32, splits - 1).result).result):
         _fence()
         for c in range(len(values)):
-            def total(c: int = c) -> ir.Value:
-                value = ht.load(partial, [ht.index(0), tile, ht.index(c), thread])
-                for other in range(1, splits):
-                    value = arith.AddFOp(value, ht.load(partial, [ht.index(other), tile, ht.index(c), thread])).result
-                return value
-            finish(c, total)
+            finish(c, lambda c=c: _sum(lambda part: ht.load(partial, [ht.index(part), tile, ht.index(c), thread]),
+                                       splits))
         with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
             ht.store(arith.ConstantOp(i32, 0).result, arrivals, [tile])
+
+
+def _sum(load: Callable[[int], ir.Value], count: int) -> ir.Value:
+    """load(0) + load(1) + ... + load(count - 1), added in that order."""
+    value = load(0)
+    for other in range(1, count):
+        value = arith.AddFOp(value, load(other)).result
+    return value
 
 
 def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
@@ -524,11 +514,12 @@ def _c_place(places: tuple, mma_m: int, i: int, j: int, h: int) -> tuple[ir.Valu
 
 def _slices(operands: tuple, tiles: tuple, thread: ir.Value, threads: int, tiling: tuple[int, int, int],
             origin: tuple[ir.Value, ir.Value], bounds: tuple, k_part: tuple, compute: Callable, stages: int,
-            run: int, whole: bool = True, bypass: bool = False, kmajor: bool = False) -> None:
+            run: int, whole: bool = True, bypass: bool = False, kmajor: bool = False, x_transposed: bool = False
+            ) -> None:
     """Walk the block's part of K (`k_part`: its length, its start, the split or None) through the
     shared tiles of x and w: `stages` buffers filled by cp.async (`run` elements a copy; `bypass`:
-    past L1), or with stages 0 two buffers through registers (`whole` as `_fetch` has it). w is
-    [K, N], or [N, K] (`kmajor`: read as x is)."""
+    past L1), or with stages 0 two buffers through registers (`whole` as `_fetch` has it; x's
+    tile k-major where `x_transposed`). w is [K, N], or [N, K] (`kmajor`: read as x is)."""
     (x, w), (x_tile, w_tile), (tile_m, tile_n, step), (row0, column0), (rows, depth, columns) = \
         operands, tiles, tiling, origin, bounds
     k_length, k_first, split = k_part
@@ -550,7 +541,7 @@ def _slices(operands: tuple, tiles: tuple, thread: ir.Value, threads: int, tilin
         _fetch(w, w_staged, thread, threads, tile_n, (k0, column0), (depth, columns), whole)
 
     def put(buffer: ir.Value) -> None:
-        _put(x_staged, x_tile, buffer, thread, threads, step)
+        _put(x_staged, x_tile, buffer, thread, threads, step, x_transposed)
         _put(w_staged, w_tile, buffer, thread, threads, tile_n)
     _pipeline(k_length, step, fetch, put, compute)
 
