@@ -154,10 +154,4 @@ class CustomKernel:
             raise tracing._at_user_line(error) from None
 
 
-def kernel(name: str, *, cuda: str | os.PathLike | None = None, cpu: str | os.PathLike | None = None,
-           out: Callable[..., TensorSpec], grid: Callable[..., Sequence[int]] | Sequence[int] | None = None,
-           block: Sequence[int] = (256, 1, 1), search_path: Sequence[str | os.PathLike] = (),
-           dtypes: Sequence[str] | None = None) -> CustomKernel:
-    """Declare a user-written kernel (see the module docstring and docs/custom-kernels.md)."""
-    return CustomKernel(name, cuda=cuda, cpu=cpu, out=out, grid=grid, block=block, search_path=search_path,
-                        dtypes=dtypes)
+kernel = CustomKernel  # hexir.kernel(name, cuda=..., cpu=..., out=..., ...): declares a user-written kernel
