@@ -124,23 +124,22 @@ def linear_wgmma(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request
             ht.barrier()
             tm_x, tm_w = _tensor_map(maps[0], (half, step), element), _tensor_map(maps[1], w_box, element)
             warpgroup = arith.DivUIOp(thread, ht.index(128)).result
-            roles = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, ht.index(2)).result, has_else=True)
-            with ir.InsertionPoint(roles.then_block):
-                # the producer warpgroup gives registers up to the consumers (setmaxnreg)
+
+            def producer() -> None:  # the producer warpgroup gives registers up to the consumers (setmaxnreg)
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[0], nvvm.SetMaxRegisterAction.decrease)
                 with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(256)).result):
                     nvgpu.TmaPrefetchOp(tm_x)
                     nvgpu.TmaPrefetchOp(tm_w)
                     with _tiles(block, shape) as (origin, done):
                         _produce(tm_x, tm_w, full, empty, shared, origin, done, shape)
-                scf.YieldOp([])
-            with ir.InsertionPoint(roles.else_block):
+
+            def consumers() -> None:
                 nvvm.SetMaxRegisterOp(WG_REGISTERS[1], nvvm.SetMaxRegisterAction.increase)
                 with _tiles(block, shape) as (origin, done):
                     sums = (_consume_tf32 if tf32 else _consume)(tm_x, tm_w, full, empty, shared, warpgroup,
                                                                  thread, done, shape)
                     _epilogue(sums, origin, warpgroup, thread, args, symbols, request, tile)
-                scf.YieldOp([])
+            ht.choose(arith.CmpIOp(arith.CmpIPredicate.eq, warpgroup, ht.index(2)).result, producer, consumers)
     return ht.Launch((blocks, 1, 1), (384, 1, 1))
 
 
