@@ -131,15 +131,12 @@ class HexirModel:
             return _error(404, f"no endpoint {request.url.path} (model {self.name!r} has {{,/ready,/infer}})")
         if request.method != "POST":
             return _error(405, f"{request.url.path} takes POST")
-        try:
+        try:  # a ProtocolError: the request's (400), or an output the protocol cannot carry (500)
             length = protocol.header_length(request.headers.get(protocol.HEADER_LENGTH))
             decoded = protocol.decode_request(await request.body(), self.signature, length)
-        except protocol.ProtocolError as error:
-            return _error(error.status, f"model {self.name!r}: {error}")
-        result = await self.infer_batch(decoded.arrays)
-        if isinstance(result, BaseException):
-            return _error(400 if isinstance(result, InputError) else 500, f"model {self.name!r}: {result}")
-        try:
+            result = await self.infer_batch(decoded.arrays)  # (a call's error comes back as its result)
+            if isinstance(result, BaseException):
+                return _error(400 if isinstance(result, InputError) else 500, f"model {self.name!r}: {result}")
             body, headers = protocol.encode_response(self.name, self.signature, decoded, result)
         except protocol.ProtocolError as error:
             return _error(error.status, f"model {self.name!r}: {error}")
