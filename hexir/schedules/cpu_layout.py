@@ -29,10 +29,7 @@ from hexir.schedules.cpu_families import CHUNK_ELEMENTS, _grain, _static_product
 
 def total(buffer: ir.Value, request: Request) -> exprs.Expr:
     """The element count of `buffer` as a size expression."""
-    count: exprs.Expr = 1
-    for axis in range(ir.MemRefType(buffer.type).rank):
-        count = exprs.mul(count, extent(buffer, axis, request))
-    return count
+    return exprs.product(extent(buffer, axis, request) for axis in range(ir.MemRefType(buffer.type).rank))
 
 
 def flat(buffer: ir.Value, count: exprs.Expr, symbols: dict[str, ir.Value]) -> ir.Value:

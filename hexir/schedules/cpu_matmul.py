@@ -60,10 +60,7 @@ class Layout:
                    extent(b, rb - 1, request) if rb > 1 else 1)
 
     def batches(self) -> exprs.Expr:
-        count: exprs.Expr = 1
-        for e in self.batch:
-            count = exprs.mul(count, e)
-        return count
+        return exprs.product(self.batch)
 
     def coordinates(self, flat: ir.Value, symbols: dict[str, ir.Value]) -> list[ir.Value]:
         """The batch index (out's) of the row-major `flat` one."""

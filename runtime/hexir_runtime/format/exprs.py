@@ -14,8 +14,9 @@ and what `-emit` and `--info` print.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .fields import _choice, _describe, _fail, _identifier, _int
@@ -42,6 +43,11 @@ def ceildiv(a: Expr, b: int) -> Expr:
 
 def mul(a: Expr, b: Expr) -> Expr:
     return a if b == 1 else b if a == 1 else _make("mul", a, b)
+
+
+def product(values: Iterable[Expr]) -> Expr:
+    """The product of size expressions, folded as `mul` folds them (1 for none)."""
+    return functools.reduce(mul, values, 1)
 
 
 # --- reading -----------------------------------------------------------------------------------
