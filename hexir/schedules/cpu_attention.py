@@ -1,21 +1,23 @@
-"""cpu attention (ops/attention.py; the same algorithm as cuda_attention.py): out = softmax(
+"""cpu attention (ops/attention.py; the online softmax of cuda_attention.py): out = softmax(
 tree(q @ kᵀ, mask)) @ v in one pass over the keys, a running max and sum per query row.
 
 The args are q[..., Sq, D], k[..., Sk, D], v[..., Sk, Dv], the mask?, out[..., Sq, Dv] (each
 operand read at its own, broadcast, batch index: an axis of extent 1 at 0). The parallel work
-items are (batch index, ROWS query rows). A row walks the keys KEYS at a time: the block's scores
-(a vector dot product each, the tree applied) go to a small buffer on the stack, their max
-raises the row's running max m, the row's sum l and its Dv sums (a vector in registers) are
-rescaled by exp(m_old - m), the block's exp(s - m) are taken as one vector (mathlib's exp: a
-scalar exp per key cost as much as the dot products) and added to l, and each, times v's row,
-to the sums; out = sums / l. A row whose scores are all -inf keeps m = -inf (its exps taken against 0:
-all 0), so it ends 0 / 0 = NaN, as the unfused softmax gives.
+items are (batch index, ROWS query rows). Both products are the batched matmul's micro-kernel
+(cpu.py's MICRO: MR x NR sums in vector registers, an FMA of a broadcast and a vector a step).
+An item copies its rows of q transposed (qt[D, ROWS], rows past Sq repeat the last) and walks
+the keys KEYS at a time: the block's scores transposed, s[j, rows] = tree(k[j] @ qt, mask), MR
+keys x NR rows a micro-kernel, so the max, the exps (mathlib's vector exp) and the sums run
+along the rows as vectors, no horizontal reduction anywhere; then the sums acc[ROWS, Dv],
+rescaled by c = exp(m_old - m) as they are loaded, += p @ v[block], MR rows x NR columns a
+micro-kernel. A row whose scores are all -inf keeps m = -inf (its exps taken against 0: all 0),
+so it ends 0 / 0 = NaN, as the unfused softmax gives.
 
     for item in [0, batches * ceil(Sq / ROWS)) parallel
-      for i in the item's rows: m = -inf, l = 0, acc[Dv] = 0
-        for each KEYS keys: s[j] = tree(q[i] . k[j], mask[i, j]); m' = max(m, max s); c = exp(m - m')
-                            l = l c + sum exp(s - m'); acc = acc c + sum exp(s[j] - m') v[j]
-        out[i] = acc / l
+      qt = q[rows]ᵀ; m = -inf, l = 0, acc = 0
+      for each KEYS keys: s = tree(k[block] @ qt, mask);  m' = max(m, max_j s); c = exp(m - m')
+                          s = exp(s - m'); l = l c + sum_j s;  acc = acc c + sᵀ @ v[block]
+      out[rows] = acc / l
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ from mlir.dialects import arith, math, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
+from hexir.schedules.cpu import MICRO
 from hexir.schedules.emit import constant, emit
 
-ROWS = 8    # query rows a work item (k and v stay in the cache between them)
-KEYS = 64   # scores a row keeps on the stack
+#: A work item's query rows: at least ROWS, and 3 vectors of the widest NR (AVX-512's: every level's
+#: kernel walks the same items, the module's one work record; k and v stay in the cache between rows).
+ROWS = 48
+#: The keys of a block (the sums are rescaled once a block): a multiple of every level's MR and NR.
+KEYS = 96
+#: The steps of a micro-kernel's loop unrolled (cpu.py's UNROLL).
+UNROLL = 4
 
 
 def batch_coordinates(flat: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -66,60 +74,177 @@ def _serial(lower: ir.Value, upper: ir.Value, carried: list[ir.Value]) -> scf.Fo
     return walk
 
 
+def _walk(lower: ir.Value, upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
+    """carried = step(j, carried) for j in [lower, upper): UNROLL j's a trip, then the rest."""
+    whole = arith.MulIOp(arith.DivUIOp(arith.SubIOp(upper, lower).result, ht.index(UNROLL)).result,
+                         ht.index(UNROLL)).result
+    middle = arith.AddIOp(lower, whole).result
+    for begin, end, count in ((lower, middle, UNROLL), (middle, upper, 1)):
+        walk = scf.ForOp(begin, end, ht.index(count), carried)
+        walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
+        with ir.InsertionPoint(walk.body):
+            values = list(walk.inner_iter_args)
+            for u in range(count):
+                values = step(arith.AddIOp(walk.induction_variable, ht.index(u)).result if u else
+                              walk.induction_variable, values)
+            scf.YieldOp(values)
+        carried = list(walk.results)
+    return carried
+
+
+def _groups(count: ir.Value, size: int, body) -> None:
+    """body(first, size) for each `size` of [0, count), then body(i, 1) for each one left."""
+    full = arith.DivUIOp(count, ht.index(size)).result
+    with ht.loop(0, full, "serial") as g:
+        body(arith.MulIOp(g, ht.index(size)).result, size)
+    with ht.loop(arith.MulIOp(full, ht.index(size)).result, count, "serial") as i:
+        body(i, 1)
+
+
 def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
     q, k, v, out, mask = args[0], args[1], args[2], args[-1], (args[3] if len(args) == 5 else None)
     element = ir.MemRefType(out.type).element_type
     d, dv = ir.MemRefType(q.type).shape[-1], ir.MemRefType(v.type).shape[-1]
+    dtype = "float64" if isinstance(element, ir.F64Type) else "float32"
+    mr, nr = MICRO[request.target.cpu, dtype]
+    rows, keys = max(ROWS, 3 * MICRO["x86-64-v4", dtype][1]), KEYS
     batch = batch_extents(out, request)
     sq, sk = extent(out, len(batch), request), extent(k, ir.MemRefType(k.type).rank - 2, request)
-    row_blocks = exprs.ceildiv(sq, ROWS)
+    row_blocks = exprs.ceildiv(sq, rows)
     items = exprs.mul(product(batch), row_blocks)
-    row_type, out_type = ir.VectorType.get([d], element), ir.VectorType.get([dv], element)
-    block_type = ir.VectorType.get([KEYS], element)
+    panel = ir.VectorType.get([nr], element)
+    qt, scores = ht.alloc_local([d, rows], element), ht.alloc_local([keys, rows], element)
+    sums, stats = ht.alloc_local([rows, dv], element), ht.alloc_local([3, rows], element)  # stats: m, l, c
+    masks = ht.alloc_local([keys, rows], element) if mask is not None and _rows_of(mask) else None
+    zero, one, two = (ht.index(n) for n in range(3))
     with ht.loop(0, ht.size_value(items, symbols), "parallel") as item:
-        blocks, rows, keys = (ht.size_value(e, symbols) for e in (row_blocks, sq, sk))
+        blocks, sq_, sk_ = (ht.size_value(e, symbols) for e in (row_blocks, sq, sk))
         at = batch_coordinates(arith.DivUIOp(item, blocks).result, [ht.size_value(e, symbols) for e in batch])
-        r0 = arith.MulIOp(arith.RemUIOp(item, blocks).result, ht.index(ROWS)).result
-        scores = ht.alloc_local([KEYS], element)
-        zero = ht.index(0)
-        with ht.loop(r0, arith.MinUIOp(arith.AddIOp(r0, ht.index(ROWS)).result, rows).result, "serial") as i:
-            query = vector.LoadOp(row_type, q, broadcast_indices(q, [*at, i, zero])).result
-            ninf, nothing = constant(float("-inf"), element), constant(0.0, element)
-            walk = _serial(zero, arith.CeilDivUIOp(keys, ht.index(KEYS)).result, [ninf, nothing,
-                                                                                  constant(0.0, out_type)])
-            with ir.InsertionPoint(walk.body):
-                m, total, sums = walk.inner_iter_args
-                j0 = arith.MulIOp(walk.induction_variable, ht.index(KEYS)).result
-                j1 = arith.MinUIOp(arith.AddIOp(j0, ht.index(KEYS)).result, keys).result
-                vector.StoreOp(constant(float("-inf"), block_type), scores, [zero])  # (past j1: exp gives 0)
-                first = _serial(j0, j1, [m])
-                with ir.InsertionPoint(first.body):
-                    j = first.induction_variable
-                    key = vector.LoadOp(row_type, k, broadcast_indices(k, [*at, j, zero])).result
-                    dot = vector.ReductionOp(element, vector.CombiningKind.ADD,
-                                             arith.MulFOp(query, key).result).result
-                    extra = [ht.load(mask, broadcast_indices(mask, [*at, i, j]))] if mask is not None else []
-                    score = emit(request.expr, [dot, *extra]) if request.expr is not None else dot
-                    ht.store(score, scores, [arith.SubIOp(j, j0).result])
-                    scf.YieldOp([arith.MaximumFOp(first.inner_iter_args[0], score).result])
-                top = first.results[0]
+        r0 = arith.MulIOp(arith.RemUIOp(item, blocks).result, ht.index(rows)).result
+        count = arith.SubIOp(arith.MinUIOp(arith.AddIOp(r0, ht.index(rows)).result, sq_).result, r0).result
+        last = arith.SubIOp(count, one).result
+        panels = arith.CeilDivUIOp(count, ht.index(nr)).result
+
+        def row(t: ir.Value) -> ir.Value:  # the query row of the item's t-th (past Sq: the last)
+            return arith.AddIOp(r0, arith.MinUIOp(t, last).result).result
+
+        with ht.loop(0, arith.MulIOp(panels, ht.index(nr)).result, "serial") as t:
+            i = row(t)
+            with ht.loop(0, d, "serial") as c:
+                ht.store(ht.load(q, broadcast_indices(q, [*at, i, c])), qt, [c, t])
+        with ht.loop(0, panels, "serial") as p:
+            for stat, start in ((zero, float("-inf")), (one, 0.0)):
+                vector.StoreOp(constant(start, panel), stats, [stat, arith.MulIOp(p, ht.index(nr)).result])
+        with ht.loop(0, count, "serial") as t:
+            vector.StoreOp(constant(0.0, ir.VectorType.get([dv], element)), sums, [t, zero])
+        with ht.loop(0, arith.CeilDivUIOp(sk_, ht.index(keys)).result, "serial") as block:
+            j0 = arith.MulIOp(block, ht.index(keys)).result
+            nk = arith.SubIOp(arith.MinUIOp(arith.AddIOp(j0, ht.index(keys)).result, sk_).result, j0).result
+
+            if masks is not None:
+                _transpose_mask(mask, masks, at, row, (panels, nr), (j0, nk))
+
+            def scores_of(first: ir.Value, size: int) -> None:  # s[first:first+size, all rows]
+                with ht.loop(0, panels, "serial") as p:
+                    t0 = arith.MulIOp(p, ht.index(nr)).result
+                    key = [arith.AddIOp(j0, arith.AddIOp(first, ht.index(u)).result).result for u in range(size)]
+
+                    def step(c: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
+                        b = vector.LoadOp(panel, qt, [c, t0]).result
+                        return [vector.FMAOp(vector.BroadcastOp(panel, ht.load(k, broadcast_indices(
+                            k, [*at, j, c]))).result, b, a).result for j, a in zip(key, acc, strict=True)]
+                    products = _walk(zero, ht.index(d), [constant(0.0, panel)] * size, step)
+                    for u, (j, value) in enumerate(zip(key, products, strict=True)):
+                        jj = arith.AddIOp(first, ht.index(u)).result
+                        if masks is not None:
+                            value = emit(request.expr, [value, vector.LoadOp(panel, masks, [jj, t0]).result])
+                        elif mask is not None:  # one element a key: a row broadcast
+                            value = emit(request.expr, [value, vector.BroadcastOp(panel, ht.load(
+                                mask, broadcast_indices(mask, [*at, t0, j]))).result])
+                        elif request.expr is not None:
+                            value = emit(request.expr, [value])
+                        vector.StoreOp(value, scores, [jj, t0])
+            _groups(nk, mr, scores_of)
+            with ht.loop(0, panels, "serial") as p:
+                t0 = arith.MulIOp(p, ht.index(nr)).result
+                m = vector.LoadOp(panel, stats, [zero, t0]).result
+                top = _walk(zero, nk, [m], lambda j, acc: [arith.MaximumFOp(
+                    acc[0], vector.LoadOp(panel, scores, [j, t0]).result).result])[0]
                 base = safe_max(top)
                 scale = math.ExpOp(arith.SubFOp(m, base).result).result
-                weights = math.ExpOp(arith.SubFOp(vector.LoadOp(block_type, scores, [zero]).result,
-                                                  vector.BroadcastOp(block_type, base).result).result).result
-                vector.StoreOp(weights, scores, [zero])  # the block's exps as vectors (mathlib's exp)
-                total = arith.AddFOp(arith.MulFOp(total, scale).result,
-                                     vector.ReductionOp(element, vector.CombiningKind.ADD, weights).result).result
-                second = _serial(j0, j1, [arith.MulFOp(sums, vector.BroadcastOp(out_type, scale).result).result])
-                with ir.InsertionPoint(second.body):
-                    j = second.induction_variable
-                    p = ht.load(scores, [arith.SubIOp(j, j0).result])
-                    value = vector.LoadOp(out_type, v, broadcast_indices(v, [*at, j, zero])).result
-                    scf.YieldOp([vector.FMAOp(vector.BroadcastOp(out_type, p).result, value,
-                                              second.inner_iter_args[0]).result])
-                scf.YieldOp([top, total, second.results[0]])
-            _, total, sums = walk.results
-            result = arith.DivFOp(sums, vector.BroadcastOp(out_type, total).result).result
-            vector.StoreOp(result, out, [*at, i, zero])
-    per_item = ROWS * (d + dv) * (sk if isinstance(sk, int) else 64)
+
+                def exps(j: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
+                    e = math.ExpOp(arith.SubFOp(vector.LoadOp(panel, scores, [j, t0]).result, base).result).result
+                    vector.StoreOp(e, scores, [j, t0])
+                    return [arith.AddFOp(acc[0], e).result]
+                total = _walk(zero, nk, [arith.MulFOp(vector.LoadOp(panel, stats, [one, t0]).result, scale).result],
+                              exps)[0]
+                for stat, value in ((zero, top), (one, total), (two, scale)):
+                    vector.StoreOp(value, stats, [stat, t0])
+            def weigh(c0: ir.Value, width: int) -> None:
+                _groups(count, mr, lambda t0, size: _weigh(v, at, (scores, sums, stats), (j0, nk), t0, size, c0, width))
+            with ht.loop(0, dv // nr, "serial") as c:  # v's columns, NR at a time, then the dv % NR left
+                weigh(arith.MulIOp(c, ht.index(nr)).result, nr)
+            if dv % nr:
+                weigh(ht.index(dv - dv % nr), dv % nr)
+        with ht.loop(0, count, "serial") as t:
+            wide = ir.VectorType.get([dv], element)
+            total = vector.BroadcastOp(wide, ht.load(stats, [one, t])).result
+            vector.StoreOp(arith.DivFOp(vector.LoadOp(wide, sums, [t, zero]).result, total).result, out,
+                           [*at, arith.AddIOp(r0, t).result, zero])
+    per_item = rows * (d + dv) * (sk if isinstance(sk, int) else 64)
     return ht.Work(items, max(1, -(-65536 // per_item)))
+
+
+def _rows_of(mask: ir.Value) -> bool:
+    """Whether the mask has a query axis of its own (not one of extent 1 read for every row)."""
+    shape = ir.MemRefType(mask.type).shape
+    return len(shape) >= 2 and shape[-2] != 1
+
+
+def _transpose_mask(mask: ir.Value, masks: ir.Value, at: list[ir.Value], row, panels, block) -> None:
+    """masks[j, t] = mask[row t, j0 + j] for the block's keys and the item's rows: NR x NR tiles
+    read as NR rows of the mask and transposed in registers (log2 NR rounds of NR shuffles: an
+    element a time cost a third of the kernel), the keys past the last whole tile an element a time."""
+    (count, nr), (j0, nk) = panels, block
+    element = ir.MemRefType(masks.type).element_type
+    type_ = ir.VectorType.get([nr], element)
+    with ht.loop(0, count, "serial") as p:
+        t0 = arith.MulIOp(p, ht.index(nr)).result
+        rows = [row(arith.AddIOp(t0, ht.index(t)).result) for t in range(nr)]
+        whole = arith.DivUIOp(nk, ht.index(nr)).result
+        with ht.loop(0, whole, "serial") as c:
+            jc = arith.MulIOp(c, ht.index(nr)).result
+            tile = [vector.LoadOp(type_, mask, broadcast_indices(mask, [*at, i, arith.AddIOp(j0, jc).result])).result
+                    for i in rows]
+            h = nr // 2
+            while h:  # swap the off-diagonal h x h blocks of every 2h x 2h block
+                for i in [i for i in range(nr) if i % (2 * h) < h]:
+                    a, b = tile[i], tile[i + h]
+                    low = [x for s in range(0, nr, 2 * h) for x in [*range(s, s + h), *range(nr + s, nr + s + h)]]
+                    tile[i], tile[i + h] = (vector.ShuffleOp(a, b, [x + shift for x in low]).result for shift in (0, h))
+                h //= 2
+            for u, value in enumerate(tile):
+                vector.StoreOp(value, masks, [arith.AddIOp(jc, ht.index(u)).result, t0])
+        with ht.loop(arith.MulIOp(whole, ht.index(nr)).result, nk, "serial") as j:
+            column = [ht.load(mask, broadcast_indices(mask, [*at, i, arith.AddIOp(j0, j).result])) for i in rows]
+            vector.StoreOp(vector.FromElementsOp(type_, column).result, masks, [j, t0])
+
+
+def _weigh(v: ir.Value, at: list[ir.Value], buffers, block, t0: ir.Value, size: int, c0: ir.Value,
+           width: int) -> None:
+    """sums[t0:t0+size, c0:c0+width] = sums * c + s[:, t0:t0+size]ᵀ @ v[block, c0:c0+width]."""
+    scores, sums, stats = buffers
+    j0, nk = block
+    element = ir.MemRefType(v.type).element_type
+    type_ = ir.VectorType.get([width], element)
+    rows = [arith.AddIOp(t0, ht.index(u)).result if u else t0 for u in range(size)]
+    start = [arith.MulFOp(vector.LoadOp(type_, sums, [t, c0]).result, vector.BroadcastOp(
+        type_, ht.load(stats, [ht.index(2), t])).result).result for t in rows]
+
+    def step(j: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
+        b = vector.LoadOp(type_, v, broadcast_indices(v, [*at, arith.AddIOp(j0, j).result, c0])).result
+        return [vector.FMAOp(vector.BroadcastOp(type_, ht.load(scores, [j, t])).result, b, a).result
+                for t, a in zip(rows, acc, strict=True)]
+    for t, value in zip(rows, _walk(ht.index(0), nk, start, step), strict=True):
+        vector.StoreOp(value, sums, [t, c0])

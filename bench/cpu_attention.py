@@ -1,0 +1,155 @@
+"""Benchmark (#25, round 9): fused attention on the cpu, softmax(q @ kᵀ / sqrt(d) + mask) @ v with a
+causal (additive -inf) mask: hexir's fused kernel (recognised from the user's ops) against hexir's
+unfused form (kᵀ given, so the three kernels stay: batched matmul, softmax, batched matmul) and
+numpy evaluating the same expression (a temporary per op, its matmuls on OpenBLAS), side by side.
+
+    python bench/cpu_attention.py build DIR     # here (hexir): DIR/*.hxb.xz, float32 and float64
+    python bench/cpu_attention.py run DIR       # anywhere with hexir_runtime and numpy
+
+The run first checks each module against numpy (float64), then times each shape: wall clock and
+the process's CPU time per call (median of --repeats), hexir's cpu threads as many as the
+process's affinity allows (`taskset -c 0` for one; OPENBLAS_NUM_THREADS=1 for numpy's), and last
+the peak of numpy-tracked memory (tracemalloc) during one call at seq 4096, fused and unfused:
+the fused kernel holds no [seq, seq] scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+#: [batch, heads, seq, d] timed, per dtype
+SHAPES = ((8, 12, 512, 64), (8, 12, 512, 128), (2, 12, 1024, 64), (2, 12, 1024, 128))
+LONG = (1, 4, 4096, 64)  # the memory row (float32)
+DTYPES = ("float32", "float64")
+
+
+def attention(hexir, scale: float, transposed: bool):
+    def fused(q, k, v, mask):
+        kt = k if transposed else k.transpose(0, 1, 3, 2)
+        return hexir.softmax(q @ kt * scale + mask, axis=-1) @ v
+    return fused
+
+
+def numpy_attention(q, k, v, mask, scale):
+    scores = q @ np.swapaxes(k, -1, -2) * q.dtype.type(scale) + mask
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ v
+
+
+def _tag(shape, dtype: str) -> str:
+    return f"{'x'.join(map(str, shape))}-{dtype}"
+
+
+def build(out: Path) -> None:
+    os.environ["HEXIR_CACHE_DIR"] = ""  # (a schedule being tuned: no cached kernels)
+    import hexir
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [(shape, dtype) for dtype in DTYPES for shape in SHAPES] + [(LONG, "float32")]
+    for shape, dtype in rows:
+        b, h, s, d = shape
+        for kind in ("fused", "unfused"):
+            started = time.perf_counter()
+            k_shape = (b, h, d, s) if kind == "unfused" else shape
+            specs = [hexir.TensorSpec(x, dtype) for x in (shape, k_shape, shape, (s, s))]
+            path = out / f"{kind}-{_tag(shape, dtype)}.hxb"
+            hexir.export(attention(hexir, 1 / np.sqrt(d), kind == "unfused"), path, *specs, placement="*=cpu")
+            (out / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes(), preset=6))
+            path.unlink()
+            print(f"built {path.name} in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def _load(hexir_runtime, directory: Path, name: str):
+    return hexir_runtime.load(lzma.decompress((directory / f"{name}.hxb.xz").read_bytes()), "cpu")
+
+
+def _time(fn, repeats: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per call, medians."""
+    fn()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _inputs(shape, dtype: str, rng):
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    s = shape[2]
+    return q, k, v, np.triu(np.full((s, s), -np.inf, dtype), k=1)
+
+
+def _compare(hexir_runtime, directory: Path, shape, dtype: str, rng, repeats: int) -> int:
+    """One row: fused, unfused, numpy; 1 if hexir's results are off."""
+    q, k, v, mask = _inputs(shape, dtype, rng)
+    kt = np.ascontiguousarray(np.swapaxes(k, -1, -2))
+    fused, unfused = (_load(hexir_runtime, directory, f"{kind}-{_tag(shape, dtype)}") for kind in ("fused", "unfused"))
+    scale = 1 / np.sqrt(shape[-1])
+    want = numpy_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask, scale)
+    error = max(float(np.abs(got - want).max() / np.abs(want).max())
+                for got in (fused.main(q, k, v, mask), unfused.main(q, kt, v, mask)))
+    bad = error > (1e-4 if dtype == "float32" else 1e-10)
+    times = [_time(lambda: numpy_attention(q, k, v, mask, scale), repeats)]
+    times += [_time(lambda m=m, key=key: m.main(q, key, v, mask), repeats) for m, key in ((unfused, kt), (fused, k))]
+    (nw, nc), (uw, uc), (fw, fc) = times
+    print(f"{'x'.join(map(str, shape)):>16} {dtype:>8} {fw * 1e3:9.2f} {uw * 1e3:10.2f} {nw * 1e3:9.2f} "
+          f"{uw / fw:9.2f} {nw / fw:8.2f} {fc * 1e3:9.1f} {uc * 1e3:8.1f} {nc * 1e3:7.1f} {error:8.1e}"
+          f"{'  WRONG' if bad else ''}", flush=True)
+    fused.close()
+    unfused.close()
+    return int(bad)
+
+
+def run(directory: Path, repeats: int) -> int:
+    import hexir_runtime
+    rng, failures = np.random.default_rng(0), 0
+    print(f"hexir cpu threads: {len(os.sched_getaffinity(0))}; OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; median of {repeats}; causal mask")
+    print(f"{'shape':>16} {'dtype':>8} {'fused ms':>9} {'unfused ms':>10} {'numpy ms':>9} {'unf/fused':>9} "
+          f"{'np/fused':>8} {'fused cpu':>9} {'unf cpu':>8} {'np cpu':>7} {'error':>8}")
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            if (directory / f"fused-{_tag(shape, dtype)}.hxb.xz").exists():
+                failures += _compare(hexir_runtime, directory, shape, dtype, rng, repeats)
+    if (directory / f"fused-{_tag(LONG, 'float32')}.hxb.xz").exists():
+        q, k, v, mask = _inputs(LONG, "float32", rng)
+        kt = np.ascontiguousarray(np.swapaxes(k, -1, -2))
+        peaks = []
+        for kind, key in (("fused", k), ("unfused", kt)):
+            module = _load(hexir_runtime, directory, f"{kind}-{_tag(LONG, 'float32')}")
+            tracemalloc.start()
+            module.main(q, key, v, mask)
+            peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
+            tracemalloc.stop()
+            module.close()
+        print(f"seq 4096 {'x'.join(map(str, LONG))} float32, peak memory of a call (tracemalloc): fused "
+              f"{peaks[0]:.1f} MiB, unfused {peaks[1]:.1f} MiB (scores alone: "
+              f"{LONG[0] * LONG[1] * LONG[2] ** 2 * 4 / 2**20:.0f} MiB)")
+    print(f"failures: {failures}")
+    return int(failures > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("build", "run"))
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        build(args.dir)
+        return 0
+    return run(args.dir, args.repeats)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
