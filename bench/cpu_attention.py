@@ -9,8 +9,10 @@ numpy evaluating the same expression (a temporary per op, its matmuls on OpenBLA
 The run first checks each module against numpy (float64), then times each shape: wall clock and
 the process's CPU time per call (median of --repeats), hexir's cpu threads as many as the
 process's affinity allows (`taskset -c 0` for one; OPENBLAS_NUM_THREADS=1 for numpy's), and last
-the peak of numpy-tracked memory (tracemalloc) during one call at seq 4096, fused and unfused:
+how much one call at seq 4096 raises a fresh process's peak resident memory, fused and unfused:
 the fused kernel holds no [seq, seq] scores.
+
+    python bench/cpu_attention.py memory DIR fused|unfused   # (the run's child process)
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from __future__ import annotations
 import argparse
 import lzma
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -122,31 +125,38 @@ def run(directory: Path, repeats: int) -> int:
             if (directory / f"fused-{_tag(shape, dtype)}.hxb.xz").exists():
                 failures += _compare(hexir_runtime, directory, shape, dtype, rng, repeats)
     if (directory / f"fused-{_tag(LONG, 'float32')}.hxb.xz").exists():
-        q, k, v, mask = _inputs(LONG, "float32", rng)
-        kt = np.ascontiguousarray(np.swapaxes(k, -1, -2))
-        peaks = []
-        for kind, key in (("fused", k), ("unfused", kt)):
-            module = _load(hexir_runtime, directory, f"{kind}-{_tag(LONG, 'float32')}")
-            tracemalloc.start()
-            module.main(q, key, v, mask)
-            peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
-            tracemalloc.stop()
-            module.close()
-        print(f"seq 4096 {'x'.join(map(str, LONG))} float32, peak memory of a call (tracemalloc): fused "
-              f"{peaks[0]:.1f} MiB, unfused {peaks[1]:.1f} MiB (scores alone: "
+        grown = [subprocess.run([sys.executable, __file__, "memory", str(directory), kind], check=True, text=True,
+                                capture_output=True).stdout.strip() for kind in ("fused", "unfused")]
+        print(f"seq 4096 {'x'.join(map(str, LONG))} float32, the peak resident memory a call adds (a process "
+              f"each): fused {grown[0]} MiB, unfused {grown[1]} MiB (the scores alone: "
               f"{LONG[0] * LONG[1] * LONG[2] ** 2 * 4 / 2**20:.0f} MiB)")
     print(f"failures: {failures}")
     return int(failures > 0)
 
 
+def memory(directory: Path, kind: str) -> None:
+    """Print how much one call of the seq-4096 module raises this process's peak resident memory (MiB)."""
+    import hexir_runtime
+    q, k, v, mask = _inputs(LONG, "float32", np.random.default_rng(0))
+    key = np.ascontiguousarray(np.swapaxes(k, -1, -2)) if kind == "unfused" else k
+    module = _load(hexir_runtime, directory, f"{kind}-{_tag(LONG, 'float32')}")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    module.main(q, key, v, mask)
+    print(f"{(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024:.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("build", "run"))
+    parser.add_argument("action", choices=("build", "run", "memory"))
     parser.add_argument("dir", type=Path)
+    parser.add_argument("kind", nargs="?", default="fused", help="memory: fused or unfused")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     if args.action == "build":
         build(args.dir)
+        return 0
+    if args.action == "memory":
+        memory(args.dir, args.kind)
         return 0
     return run(args.dir, args.repeats)
 

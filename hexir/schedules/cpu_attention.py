@@ -22,6 +22,7 @@ so it ends 0 / 0 = NaN, as the unfused softmax gives.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
@@ -56,22 +57,13 @@ def batch_extents(out: ir.Value, request: Request) -> list[exprs.Expr]:
 
 
 def product(extents: Sequence[exprs.Expr]) -> exprs.Expr:
-    total: exprs.Expr = 1
-    for e in extents:
-        total = exprs.mul(total, e)
-    return total
+    return functools.reduce(exprs.mul, extents, 1)
 
 
 def safe_max(m: ir.Value) -> ir.Value:
     """The running max a row's exps are taken against: 0 while every score so far is -inf."""
     ninf = constant(float("-inf"), m.type)
     return arith.SelectOp(arith.CmpFOp(arith.CmpFPredicate.OEQ, m, ninf).result, constant(0.0, m.type), m).result
-
-
-def _serial(lower: ir.Value, upper: ir.Value, carried: list[ir.Value]) -> scf.ForOp:
-    walk = scf.ForOp(ht.index(lower), ht.index(upper), ht.index(1), carried)
-    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-    return walk
 
 
 def _walk(lower: ir.Value, upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
@@ -115,7 +107,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     panel = ir.VectorType.get([nr], element)
     qt, scores = ht.alloc_local([d, rows], element), ht.alloc_local([keys, rows], element)
     sums, stats = ht.alloc_local([rows, dv], element), ht.alloc_local([3, rows], element)  # stats: m, l, c
-    masks = ht.alloc_local([keys, rows], element) if mask is not None and _rows_of(mask) else None
+    masks = ht.alloc_local([keys, rows], element) if mask is not None else None  # the mask's block, transposed
     zero, one, two = (ht.index(n) for n in range(3))
     with ht.loop(0, ht.size_value(items, symbols), "parallel") as item:
         blocks, sq_, sk_ = (ht.size_value(e, symbols) for e in (row_blocks, sq, sk))
@@ -154,16 +146,11 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         return [vector.FMAOp(vector.BroadcastOp(panel, ht.load(k, broadcast_indices(
                             k, [*at, j, c]))).result, b, a).result for j, a in zip(key, acc, strict=True)]
                     products = _walk(zero, ht.index(d), [constant(0.0, panel)] * size, step)
-                    for u, (j, value) in enumerate(zip(key, products, strict=True)):
-                        jj = arith.AddIOp(first, ht.index(u)).result
-                        if masks is not None:
-                            value = emit(request.expr, [value, vector.LoadOp(panel, masks, [jj, t0]).result])
-                        elif mask is not None:  # one element a key: a row broadcast
-                            value = emit(request.expr, [value, vector.BroadcastOp(panel, ht.load(
-                                mask, broadcast_indices(mask, [*at, t0, j]))).result])
-                        elif request.expr is not None:
-                            value = emit(request.expr, [value])
-                        vector.StoreOp(value, scores, [jj, t0])
+                    for u, value in enumerate(products):
+                        j = arith.AddIOp(first, ht.index(u)).result
+                        extra = [vector.LoadOp(panel, masks, [j, t0]).result] if masks is not None else []
+                        value = emit(request.expr, [value, *extra]) if request.expr is not None else value
+                        vector.StoreOp(value, scores, [j, t0])
             _groups(nk, mr, scores_of)
             with ht.loop(0, panels, "serial") as p:
                 t0 = arith.MulIOp(p, ht.index(nr)).result
@@ -196,39 +183,36 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     return ht.Work(items, max(1, -(-65536 // per_item)))
 
 
-def _rows_of(mask: ir.Value) -> bool:
-    """Whether the mask has a query axis of its own (not one of extent 1 read for every row)."""
-    shape = ir.MemRefType(mask.type).shape
-    return len(shape) >= 2 and shape[-2] != 1
-
-
 def _transpose_mask(mask: ir.Value, masks: ir.Value, at: list[ir.Value], row, panels, block) -> None:
     """masks[j, t] = mask[row t, j0 + j] for the block's keys and the item's rows: NR x NR tiles
-    read as NR rows of the mask and transposed in registers (log2 NR rounds of NR shuffles: an
-    element a time cost a third of the kernel), the keys past the last whole tile an element a time."""
+    read as NR rows of the mask (past the block's keys: 0) and transposed in registers, log2 NR
+    rounds of NR shuffles (an element a time, the kernel spent a third of its time on the mask)."""
     (count, nr), (j0, nk) = panels, block
-    element = ir.MemRefType(masks.type).element_type
-    type_ = ir.VectorType.get([nr], element)
+    type_ = ir.VectorType.get([nr], ir.MemRefType(masks.type).element_type)
+    shape = ir.MemRefType(mask.type).shape
+
+    def read(i: ir.Value, jc: ir.Value) -> ir.Value:  # mask[i, j0 + jc:][:nr], a key axis of 1 broadcast
+        where = broadcast_indices(mask, [*at, i, arith.AddIOp(j0, jc).result])
+        if not shape or shape[-1] == 1:
+            return vector.BroadcastOp(type_, ht.load(mask, where)).result
+        keys = vector.CreateMaskOp(ir.VectorType.get([nr], ir.IntegerType.get_signless(1)),
+                                   [arith.SubIOp(nk, jc).result]).result
+        return vector.MaskedLoadOp(type_, mask, where, keys, constant(0.0, type_)).result
+
     with ht.loop(0, count, "serial") as p:
         t0 = arith.MulIOp(p, ht.index(nr)).result
         rows = [row(arith.AddIOp(t0, ht.index(t)).result) for t in range(nr)]
-        whole = arith.DivUIOp(nk, ht.index(nr)).result
-        with ht.loop(0, whole, "serial") as c:
+        with ht.loop(0, arith.CeilDivUIOp(nk, ht.index(nr)).result, "serial") as c:
             jc = arith.MulIOp(c, ht.index(nr)).result
-            tile = [vector.LoadOp(type_, mask, broadcast_indices(mask, [*at, i, arith.AddIOp(j0, jc).result])).result
-                    for i in rows]
-            h = nr // 2
+            tile, h = [read(i, jc) for i in rows], nr // 2
             while h:  # swap the off-diagonal h x h blocks of every 2h x 2h block
+                low = [x for s in range(0, nr, 2 * h) for x in [*range(s, s + h), *range(nr + s, nr + s + h)]]
                 for i in [i for i in range(nr) if i % (2 * h) < h]:
-                    a, b = tile[i], tile[i + h]
-                    low = [x for s in range(0, nr, 2 * h) for x in [*range(s, s + h), *range(nr + s, nr + s + h)]]
-                    tile[i], tile[i + h] = (vector.ShuffleOp(a, b, [x + shift for x in low]).result for shift in (0, h))
+                    tile[i], tile[i + h] = (vector.ShuffleOp(tile[i], tile[i + h], [x + shift for x in low]).result
+                                            for shift in (0, h))
                 h //= 2
             for u, value in enumerate(tile):
                 vector.StoreOp(value, masks, [arith.AddIOp(jc, ht.index(u)).result, t0])
-        with ht.loop(arith.MulIOp(whole, ht.index(nr)).result, nk, "serial") as j:
-            column = [ht.load(mask, broadcast_indices(mask, [*at, i, arith.AddIOp(j0, j).result])) for i in rows]
-            vector.StoreOp(vector.FromElementsOp(type_, column).result, masks, [j, t0])
 
 
 def _weigh(v: ir.Value, at: list[ir.Value], buffers, block, t0: ir.Value, size: int, c0: ir.Value,
