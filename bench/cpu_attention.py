@@ -113,18 +113,18 @@ def _compare(hexir_runtime, directory: Path, shape, dtype: str, rng, repeats: in
     return int(bad)
 
 
-def run(directory: Path, repeats: int) -> int:
+def run(directory: Path, repeats: int, dtypes: list[str], memory: bool = True) -> int:
     import hexir_runtime
     rng, failures = np.random.default_rng(0), 0
     print(f"hexir cpu threads: {len(os.sched_getaffinity(0))}; OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; median of {repeats}; causal mask")
     print(f"{'shape':>16} {'dtype':>8} {'fused ms':>9} {'unfused ms':>10} {'numpy ms':>9} {'unf/fused':>9} "
           f"{'np/fused':>8} {'fused cpu':>9} {'unf cpu':>8} {'np cpu':>7} {'error':>8}")
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for shape in SHAPES:
             if (directory / f"fused-{_tag(shape, dtype)}.hxb.xz").exists():
                 failures += _compare(hexir_runtime, directory, shape, dtype, rng, repeats)
-    if (directory / f"fused-{_tag(LONG, 'float32')}.hxb.xz").exists():
+    if memory and (directory / f"fused-{_tag(LONG, 'float32')}.hxb.xz").exists():
         grown = [subprocess.run([sys.executable, __file__, "memory", str(directory), kind], check=True, text=True,
                                 capture_output=True).stdout.strip() for kind in ("fused", "unfused")]
         print(f"seq 4096 {'x'.join(map(str, LONG))} float32, the peak resident memory a call adds (a process "
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("kind", nargs="?", default="fused", help="memory: fused or unfused")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtypes", nargs="*", default=list(DTYPES), help="run: the dtypes timed")
+    parser.add_argument("--no-memory", action="store_true", help="run: without the seq-4096 memory row")
     args = parser.parse_args(argv)
     if args.action == "build":
         build(args.dir)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "memory":
         memory(args.dir, args.kind)
         return 0
-    return run(args.dir, args.repeats)
+    return run(args.dir, args.repeats, args.dtypes, not args.no_memory)
 
 
 if __name__ == "__main__":
