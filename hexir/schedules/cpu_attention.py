@@ -7,11 +7,12 @@ items are (batch index, ROWS query rows). Both products are the batched matmul's
 (cpu.py's MICRO: MR x NR sums in vector registers, an FMA of a broadcast and a vector a step).
 An item copies its rows of q transposed (qt[D, ROWS], rows past Sq repeat the last) and walks
 the keys KEYS at a time: the block's scores transposed, s[j, rows] = tree(k[j] @ qt, mask), MR
-keys x NR rows a micro-kernel, so the max, the exps (mathlib's vector exp) and the sums run
-along the rows as vectors, no horizontal reduction anywhere; then the sums acc[ROWS, Dv],
-rescaled by c = exp(m_old - m) as they are loaded, += p @ v[block], MR rows x NR columns a
-micro-kernel. A row whose scores are all -inf keeps m = -inf (its exps taken against 0: all 0),
-so it ends 0 / 0 = NaN, as the unfused softmax gives.
+keys x NR rows a micro-kernel (the mask's block transposed first, NR x NR tiles in registers:
+`_transpose_mask`), so the max, the exps (float64: mathlib's; float32: `_exp`, in float32) and
+the sums run along the rows as vectors, no horizontal reduction anywhere; then the sums
+acc[ROWS, Dv], rescaled by c = exp(m_old - m) as they are loaded, += p @ v[block], MR rows x NR
+columns a micro-kernel. A row whose scores are all -inf keeps m = -inf (its exps taken against
+0: all 0), so it ends 0 / 0 = NaN, as the unfused softmax gives.
 
     for item in [0, batches * ceil(Sq / ROWS)) parallel
       qt = q[rows]ᵀ; m = -inf, l = 0, acc = 0
@@ -84,23 +85,17 @@ def _exp(x: ir.Value) -> ir.Value:
     p = constant(1 / 5040, x.type)
     for k in (720, 120, 24, 6, 2, 1, 1):
         p = vector.FMAOp(p, r, constant(1 / k, x.type)).result
-    bits = arith.AddIOp(arith.FPToSIOp(i32, n).result, _splat_i32(127, i32)).result
-    value = arith.MulFOp(p, arith.BitcastOp(x.type, arith.ShLIOp(bits, _splat_i32(23, i32)).result).result).result
+    bits = arith.FPToSIOp(i32, arith.AddFOp(n, constant(127.0, x.type)).result).result  # 2^n's exponent field
+    shift = arith.ConstantOp(i32, ir.DenseElementsAttr.get_splat(i32, ir.IntegerAttr.get(i32.element_type, 23)))
+    value = arith.MulFOp(p, arith.BitcastOp(x.type, arith.ShLIOp(bits, shift.result).result).result).result
     return arith.SelectOp(keep, value, arith.SelectOp(arith.CmpFOp(arith.CmpFPredicate.UNO, x, x).result, x,
                                                       constant(0.0, x.type)).result).result
 
 
-def _splat_i32(value: int, type_: ir.VectorType) -> ir.Value:
-    return arith.ConstantOp(type_, ir.DenseElementsAttr.get_splat(type_, ir.IntegerAttr.get(type_.element_type,
-                                                                                              value))).result
-
-
-def _walk(lower: ir.Value, upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
-    """carried = step(j, carried) for j in [lower, upper): UNROLL j's a trip, then the rest."""
-    whole = arith.MulIOp(arith.DivUIOp(arith.SubIOp(upper, lower).result, ht.index(UNROLL)).result,
-                         ht.index(UNROLL)).result
-    middle = arith.AddIOp(lower, whole).result
-    for begin, end, count in ((lower, middle, UNROLL), (middle, upper, 1)):
+def _walk(upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
+    """carried = step(j, carried) for j in [0, upper): UNROLL j's a trip, then the rest."""
+    middle = arith.MulIOp(arith.DivUIOp(upper, ht.index(UNROLL)).result, ht.index(UNROLL)).result
+    for begin, end, count in ((ht.index(0), middle, UNROLL), (middle, upper, 1)):
         walk = scf.ForOp(begin, end, ht.index(count), carried)
         walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
         with ir.InsertionPoint(walk.body):
@@ -174,7 +169,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                         b = vector.LoadOp(panel, qt, [c, t0]).result
                         return [vector.FMAOp(vector.BroadcastOp(panel, ht.load(k, broadcast_indices(
                             k, [*at, j, c]))).result, b, a).result for j, a in zip(key, acc, strict=True)]
-                    products = _walk(zero, ht.index(d), [constant(0.0, panel)] * size, step)
+                    products = _walk(ht.index(d), [constant(0.0, panel)] * size, step)
                     for u, value in enumerate(products):
                         j = arith.AddIOp(first, ht.index(u)).result
                         extra = [vector.LoadOp(panel, masks, [j, t0]).result] if masks is not None else []
@@ -184,7 +179,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
             with ht.loop(0, panels, "serial") as p:
                 t0 = arith.MulIOp(p, ht.index(nr)).result
                 m = vector.LoadOp(panel, stats, [zero, t0]).result
-                top = _walk(zero, nk, [m], lambda j, acc: [arith.MaximumFOp(
+                top = _walk(nk, [m], lambda j, acc: [arith.MaximumFOp(
                     acc[0], vector.LoadOp(panel, scores, [j, t0]).result).result])[0]
                 base = safe_max(top)
                 scale = _exp(arith.SubFOp(m, base).result)
@@ -193,10 +188,11 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                     e = _exp(arith.SubFOp(vector.LoadOp(panel, scores, [j, t0]).result, base).result)
                     vector.StoreOp(e, scores, [j, t0])
                     return [arith.AddFOp(acc[0], e).result]
-                total = _walk(zero, nk, [arith.MulFOp(vector.LoadOp(panel, stats, [one, t0]).result, scale).result],
+                total = _walk(nk, [arith.MulFOp(vector.LoadOp(panel, stats, [one, t0]).result, scale).result],
                               exps)[0]
                 for stat, value in ((zero, top), (one, total), (two, scale)):
                     vector.StoreOp(value, stats, [stat, t0])
+
             def weigh(c0: ir.Value, width: int) -> None:
                 _groups(count, mr, lambda t0, size: _weigh(v, at, (scores, sums, stats), (j0, nk), t0, size, c0, width))
             with ht.loop(0, dv // nr, "serial") as c:  # v's columns, NR at a time, then the dv % NR left
@@ -259,5 +255,5 @@ def _weigh(v: ir.Value, at: list[ir.Value], buffers, block, t0: ir.Value, size: 
         b = vector.LoadOp(type_, v, broadcast_indices(v, [*at, arith.AddIOp(j0, j).result, c0])).result
         return [vector.FMAOp(vector.BroadcastOp(type_, ht.load(scores, [j, t])).result, b, a).result
                 for t, a in zip(rows, acc, strict=True)]
-    for t, value in zip(rows, _walk(ht.index(0), nk, start, step), strict=True):
+    for t, value in zip(rows, _walk(nk, start, step), strict=True):
         vector.StoreOp(value, sums, [t, c0])
