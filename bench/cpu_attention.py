@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import lzma
 import os
-import resource
+import re
 import statistics
 import subprocess
 import sys
@@ -134,16 +134,23 @@ def run(directory: Path, repeats: int, dtypes: list[str], memory: bool = True) -
     return int(failures > 0)
 
 
+def _status(field: str) -> float:
+    """A field of /proc/self/status in MiB (VmRSS: resident now; VmHWM: its peak since the last reset)."""
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+
 def memory(directory: Path, kind: str) -> None:
     """Print by how much one call of the seq-4096 module takes this process's peak resident memory
-    past what it holds before the call (MiB)."""
+    past what it holds before the call (MiB). (Not getrusage's ru_maxrss: a child starts with its
+    parent's.)"""
     import hexir_runtime
     q, k, v, mask = _inputs(LONG, "float32", np.random.default_rng(0))
     key = np.ascontiguousarray(np.swapaxes(k, -1, -2)) if kind == "unfused" else k
     module = _load(hexir_runtime, directory, f"{kind}-{_tag(LONG, 'float32')}")
-    resident = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from now
+    before = _status("VmRSS")
     module.main(q, key, v, mask)
-    print(f"{max(0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - resident):.0f}")
+    print(f"{_status('VmHWM') - before:.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
