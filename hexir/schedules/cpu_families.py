@@ -31,6 +31,7 @@ from mlir.dialects import arith, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
+from hexir.schedules.cpu_attention import batch_coordinates, product
 from hexir.schedules.emit import compute_type, constant, convert, emit
 
 CHUNK_ELEMENTS = 16384  # the least a thread's chunk holds: smaller chunks cost more to hand out than to compute
@@ -54,18 +55,7 @@ def _static_product(buffer: ir.Value, axes: Sequence[int]) -> int:
 def _rows(extents: Sequence[exprs.Expr], symbols: dict[str, ir.Value]) -> tuple[exprs.Expr, Callable]:
     """One parallel loop over every index of `extents` (row-major): its trip count, and a function
     from its induction variable to the index."""
-    total: exprs.Expr = 1
-    for e in extents:
-        total = exprs.mul(total, e)
-
-    def unflatten(position: ir.Value) -> list[ir.Value]:
-        coordinates = []
-        for e in reversed(extents[1:]):
-            size = ht.size_value(e, symbols)
-            coordinates.append(arith.RemUIOp(position, size).result)
-            position = arith.DivUIOp(position, size).result
-        return [position, *reversed(coordinates)] if extents else []
-    return total, unflatten
+    return product(extents), lambda position: batch_coordinates(position, [ht.size_value(e, symbols) for e in extents])
 
 
 def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Work:
