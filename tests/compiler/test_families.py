@@ -342,6 +342,34 @@ def test_a_long_row_s_layer_norm_reads_its_weight_and_bias_only_for_the_output()
     assert short.index("vector.load %arg2") < short.index('"hextir.barrier"')  # all read with x
 
 
+def test_a_row_of_16384_f64_is_split_over_a_cluster_of_two_blocks():
+    """A 128 KiB row in one block takes 1024 threads, one block an SM: its loads, reductions and
+    stores in turn. Two blocks of a cluster hold half a row each (512 threads of 8 vectors,
+    registers capped at 64: two blocks an SM); each warp's lane b stores the warp's result into
+    block b's shared memory, one cluster barrier per reduction and no block barrier."""
+    text = SOFTMAX.replace("4x6", "3x16384").replace("xf32", "xf64")
+    kernel = lower(text, "mlir-tir", **CUDA)
+    kernel = kernel[:kernel.index("_cpu(")]
+    filecheck(kernel, """
+        CHECK:          hextir.launch = {block = array<i64: 512, 1, 1>, grid = ["6", "1", "1"]{{.+}}nvvm.cluster_dim = array<i32: 2, 1, 1>, nvvm.minctasm = 2 : i32
+        CHECK:          scf.for %[[B:arg[0-9]+]] = %c0 to %c6 step %c1 {
+        CHECK:            %[[PART:[0-9]+]] = arith.remui %[[B]], %c2 : index
+        CHECK:            nvvm.cluster.arrive.relaxed {aligned}
+        CHECK:            arith.muli %[[PART]], %c8192 : index
+        CHECK-COUNT-8:    vector.load %arg0
+        CHECK:            nvvm.cluster.wait {aligned}
+        CHECK:            "hextir.alloc_local"() {space = "shared"} : () -> memref<32xf64, #gpu.address_space<workgroup>>
+        CHECK:              nvvm.mapa %{{.+}}, %{{.+}} : !llvm.ptr<3> -> !llvm.ptr<7>
+        CHECK-NEXT:         llvm.store %{{.+}}, %{{.+}} : f64, !llvm.ptr<7>
+        CHECK:            nvvm.cluster.arrive {aligned}
+        CHECK-NEXT:       nvvm.cluster.wait {aligned}
+        CHECK:            nvvm.cluster.arrive {aligned}
+    """)
+    assert '"hextir.barrier"' not in kernel and kernel.count("nvvm.mapa") == 2
+    ptx = lower(text, "ptx", **CUDA)
+    assert ".maxntid 512, 1, 1" in ptx and ".minnctapersm 2" in ptx and ".reqnctapercluster 2, 1, 1" in ptx
+
+
 def test_argmax_writes_the_first_largest_index_as_i64():
     text = f"""
     func.func @main(%x: {X}) -> tensor<4xi64> {{
