@@ -183,8 +183,7 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
     warps = threads // 32
     shared = [ht.alloc_local([warps * blocks], value.type, "shared") for value in values]
     lane = arith.RemUIOp(thread, ht.index(32)).result
-    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult if blocks > 1 else arith.CmpIPredicate.eq, lane,
-                                  ht.index(blocks if blocks > 1 else 0)).result)
+    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result)
     with ir.InsertionPoint(first.then_block):
         slot = arith.DivUIOp(thread, ht.index(32)).result
         for buffer, value in zip(shared, values, strict=True):
@@ -259,21 +258,20 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
     stored = ir.MemRefType(out.type).element_type
     length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
     chunks = length // lanes // threads // blocks
-    if blocks > 1:
-        kernel = ir.BlockArgument(x).owner.owner
-        kernel.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([blocks, 1, 1])
-        kernel.attributes["nvvm.minctasm"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
-                                                                max(1, 65536 // (threads * REGISTER_CAP)))
+    if blocks > 1:  # launch bounds: at most REGISTER_CAP registers a thread
+        kernel = ir.BlockArgument(x).owner.owner.attributes
+        kernel["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([blocks, 1, 1])
+        kernel["nvvm.minctasm"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 65536 // threads // REGISTER_CAP)
     with ht.loop(0, ht.size_value(exprs.mul(rows, blocks), symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length_value = arith.ConstantOp(element, float(length)).result
-        part = arith.RemUIOp(block, ht.index(blocks)).result if blocks > 1 else None
-        row = arith.DivUIOp(block, ht.index(blocks)).result if blocks > 1 else block
+        part = arith.RemUIOp(block, ht.index(blocks)).result  # (of 1 block: folded away)
+        row = arith.DivUIOp(block, ht.index(blocks)).result
         kept = _coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
             if rank > 1 else []
         if blocks > 1:  # (this block has started: the cluster waits for all before storing into another's)
             nvvm.cluster_arrive_relaxed(aligned=True)
-        offset = arith.MulIOp(part, ht.index(length // blocks)).result if blocks > 1 else ht.index(0)
+        offset = arith.MulIOp(part, ht.index(length // blocks)).result
         starts = [arith.AddIOp(offset, arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result,
                                                     ht.index(lanes)).result).result for c in range(chunks)]
         # past REGISTER_THREADS a thread's registers are few (65536 / threads): the other inputs
@@ -301,9 +299,8 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 nvvm.cluster_wait(aligned=True)
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads, (blocks, part)), element))
         if program.rows:
-            first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread if blocks == 1 else
-                                          arith.AddIOp(thread, part).result, ht.index(0)).result)
-            with ir.InsertionPoint(first.then_block):
+            top = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result)
+            with ir.InsertionPoint(top.then_block):
                 index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
