@@ -8,7 +8,9 @@ reduce: a block of up to REDUCE_BLOCK threads per row. For each reduction of the
 threads walk the row in strides (thread t: elements t, t + T, ...), then combine their partial
 results: in each warp by shuffles, the warps' results through shared memory (one barrier), then
 again by shuffles (argmax keeps the first index of the largest, as numpy); the output is written
-by thread 0 (per row) or by all of them in strides (per element).
+by thread 0 (per row) or by all of them in strides (per element). A static row along the last
+axis of at most REGISTER_ROW elements is read once into registers instead; one over 64 KiB is
+split over a thread-block cluster (`_row_cluster`), whose blocks meet in each other's shared memory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
 from hexir.schedules.cpu_families import _initial, accumulator, combine, result
 from hexir.schedules.emit import compute_type, convert, emit
+from hexir.target import arch_number
 
 POINTWISE_BLOCK = 256
 REDUCE_BLOCK = 256
@@ -228,15 +231,13 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
     return threads if threads >= 32 else 0
 
 
-def _row_cluster(length: exprs.Expr, lanes: int) -> tuple[int, int]:
+def _row_cluster(length: exprs.Expr, lanes: int, archs: Sequence[str]) -> tuple[int, int]:
     """The blocks of a cluster that hold a row in registers, a part each, and each block's threads
     (0: it cannot): past REGISTER_CLUSTER threads the row is split in 2, 4, ... (the cluster's
-    warps at most 32: one shuffle combines them) (docs/tuning.md, "f64 long rows")."""
+    warps at most 32: one shuffle combines them), from sm_90 (docs/tuning.md, "f64 long rows")."""
     blocks, threads = 1, _row_threads(length, lanes)
-    while threads > REGISTER_CLUSTER and length % (2 * blocks * lanes) == 0:
-        part = _row_threads(length // (2 * blocks), lanes)
-        if not part or 2 * blocks * part > 1024:
-            break
+    while threads > REGISTER_CLUSTER and min(map(arch_number, archs)) >= 90 and length % (2 * blocks * lanes) == 0 and \
+            0 < (part := _row_threads(length // (2 * blocks), lanes)) <= 512 // blocks:
         blocks, threads = 2 * blocks, part
     return blocks, threads
 
@@ -318,7 +319,7 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     rank = ir.MemRefType(x.type).rank
     element, stored = compute_type(*(a.type for a in args)), ir.MemRefType(out.type).element_type
     if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
-            split := _row_cluster(extent(x, axis, request), _lanes(x)))[1]:
+            split := _row_cluster(extent(x, axis, request), _lanes(x), request.target.cuda_archs))[1]:
         rows: exprs.Expr = 1
         for a in range(rank - 1):
             rows = exprs.mul(rows, extent(x, a, request))

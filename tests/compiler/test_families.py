@@ -368,6 +368,8 @@ def test_a_row_of_16384_f64_is_split_over_a_cluster_of_two_blocks():
     assert '"hextir.barrier"' not in kernel and kernel.count("nvvm.mapa") == 2
     ptx = lower(text, "ptx", **CUDA)
     assert ".maxntid 512, 1, 1" in ptx and ".minnctapersm 2" in ptx and ".reqnctapercluster 2, 1, 1" in ptx
+    older = lower(text, "mlir-tir", placement=CUDA["placement"], target=parse_target("cpu:x86-64,cuda:sm_80"))
+    assert "block = array<i64: 1024, 1, 1>" in older and "nvvm" not in older  # no clusters before sm_90
 
 
 def test_argmax_writes_the_first_largest_index_as_i64():
