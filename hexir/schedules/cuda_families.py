@@ -34,6 +34,7 @@ REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
 REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (round 8)
 REGISTER_CLUSTER = 512   # the most threads of such a block: a longer row is split over a cluster of blocks (round 9)
+REGISTER_PART = 256      # and the most of a cluster's block (4 of 256 for f64 16384: 0.84 of copy, 2 of 512: 0.80)
 REGISTER_CAP = 64        # the registers a thread of a cluster's block is held to (launch bounds: blocks an SM)
 
 
@@ -201,8 +202,7 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
                               arith.MulIOp(at, ht.index(bits // 8)).result).result
             local = llvm.IntToPtrOp(ir.Type.parse("!llvm.ptr<3>"), arith.IndexCastOp(i64, at).result).result
             llvm.StoreOp(value, nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), local,
-                                          arith.IndexCastOp(ir.IntegerType.get_signless(32), lane).result),
-                         alignment=bits // 8)
+                                          arith.IndexCastOp(ir.IntegerType.get_signless(32), lane).result))
         scf.YieldOp([])
     if blocks == 1:
         ht.barrier()
@@ -233,11 +233,13 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
 
 def _row_cluster(length: exprs.Expr, lanes: int, archs: Sequence[str]) -> tuple[int, int]:
     """The blocks of a cluster that hold a row in registers, a part each, and each block's threads
-    (0: it cannot): past REGISTER_CLUSTER threads the row is split in 2, 4, ... (the cluster's
-    warps at most 32: one shuffle combines them), from sm_90 (docs/tuning.md, "f64 long rows")."""
+    (0: it cannot): past REGISTER_CLUSTER threads the row is split in 2, 4, ... until a block has at
+    most REGISTER_PART (the cluster's warps at most 32: one shuffle combines them), from sm_90
+    (docs/tuning.md, "f64 long rows")."""
     blocks, threads = 1, _row_threads(length, lanes)
-    while threads > REGISTER_CLUSTER and min(map(arch_number, archs)) >= 90 and length % (2 * blocks * lanes) == 0 and \
-            0 < (part := _row_threads(length // (2 * blocks), lanes)) <= 512 // blocks:
+    while threads > (REGISTER_PART if blocks > 1 else REGISTER_CLUSTER) and min(map(arch_number, archs)) >= 90 \
+            and length % (2 * blocks * lanes) == 0 \
+            and 0 < (part := _row_threads(length // (2 * blocks), lanes)) <= 512 // blocks:
         blocks, threads = 2 * blocks, part
     return blocks, threads
 
