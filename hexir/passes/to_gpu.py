@@ -87,7 +87,7 @@ def _outline(kernel: ir.Operation) -> None:
         op.erase()
     function = gpu.GPUFuncOp(ir.FunctionType.get(arg_types, []), sym_name=name, kernel=True)
     for attribute in (ht.KERNEL, ht.EXPR, ht.SIZES, ht.LAUNCH, ht.VARIANT, ht.VARIANTS, ht.VARIANT_OF, ht.IDENTITY,
-                      ht.VIEWS, ht.TENSOR_MAPS, ht.ARCH):
+                      ht.VIEWS, ht.TENSOR_MAPS, ht.ARCH, "nvvm.cluster_dim", "nvvm.minctasm"):
         if attribute in kernel.attributes:
             function.operation.attributes[attribute] = kernel.attributes[attribute]
     # Shared buffers become workgroup attributions: extra entry-block arguments after the

@@ -8,7 +8,9 @@ reduce: a block of up to REDUCE_BLOCK threads per row. For each reduction of the
 threads walk the row in strides (thread t: elements t, t + T, ...), then combine their partial
 results: in each warp by shuffles, the warps' results through shared memory (one barrier), then
 again by shuffles (argmax keeps the first index of the largest, as numpy); the output is written
-by thread 0 (per row) or by all of them in strides (per element).
+by thread 0 (per row) or by all of them in strides (per element). A static row along the last
+axis of at most REGISTER_ROW elements is read once into registers instead; one over 64 KiB is
+split over a thread-block cluster (`_row_cluster`), whose blocks meet in each other's shared memory.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, gpu, memref, scf, vector
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
 from hexir.schedules.cpu_families import _initial, accumulator, combine, result
 from hexir.schedules.emit import compute_type, convert, emit
+from hexir.target import arch_number
 
 POINTWISE_BLOCK = 256
 REDUCE_BLOCK = 256
@@ -30,6 +33,9 @@ REGISTER_THREADS = 256   # the most threads of a block holding a row in register
 REGISTER_ROW = 16384     # the longest row (elements) held in registers: 16 f32 (8 f64 pairs) a thread
 REGISTER_VECTORS = 4     # the 16-byte vectors a thread of such a block aims to hold (fewer threads, fewer barriers)
 REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more threads, up to 1024 (round 8)
+REGISTER_CLUSTER = 512   # the most threads of such a block: a longer row is split over a cluster of blocks (round 9)
+REGISTER_PART = 256      # and the most of a cluster's block (4 of 256 for f64 16384: 0.84 of copy, 2 of 512: 0.80)
+REGISTER_CAP = 64        # the registers a thread of a cluster's block is held to (launch bounds: blocks an SM)
 
 
 def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
@@ -167,24 +173,44 @@ def _shuffled(kind: str, values: list[ir.Value], lanes: int) -> list[ir.Value]:
     return values
 
 
-def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads: int) -> list[ir.Value]:
+def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads: int,
+                  cluster: tuple[int, ir.Value] = (1, None)) -> list[ir.Value]:
     """Every thread's `partial` combined, the result read by all threads: within each warp by
     shuffles, then the warps' results through shared memory (one barrier), combined again by
-    shuffles in every warp."""
+    shuffles in every warp. In a cluster of `blocks` (`cluster`: blocks, this block's rank) each
+    warp's lane b stores its result into block b's shared memory, so one cluster barrier gives
+    every block all the cluster's warps' results, in the same order."""
     values = _shuffled(kind, partial, 32)
-    if threads == 32:
+    blocks, rank = cluster
+    if threads == 32 and blocks == 1:
         return values
     warps = threads // 32
-    shared = [ht.alloc_local([warps], value.type, "shared") for value in values]
+    shared = [ht.alloc_local([warps * blocks], value.type, "shared") for value in values]
     lane = arith.RemUIOp(thread, ht.index(32)).result
-    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, lane, ht.index(0)).result)
+    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result)
     with ir.InsertionPoint(first.then_block):
+        slot = arith.DivUIOp(thread, ht.index(32)).result
         for buffer, value in zip(shared, values, strict=True):
-            ht.store(value, buffer, [arith.DivUIOp(thread, ht.index(32)).result])
+            if blocks == 1:
+                ht.store(value, buffer, [slot])
+                continue
+            i64 = ir.IntegerType.get_signless(64)
+            value = arith.IndexCastOp(i64, value).result if isinstance(value.type, ir.IndexType) else value
+            bits = (ir.IntegerType if isinstance(value.type, ir.IntegerType) else ir.FloatType)(value.type).width
+            at = arith.AddIOp(arith.MulIOp(rank, ht.index(warps)).result, slot).result
+            at = arith.AddIOp(memref.ExtractAlignedPointerAsIndexOp(buffer).result,
+                              arith.MulIOp(at, ht.index(bits // 8)).result).result
+            local = llvm.IntToPtrOp(ir.Type.parse("!llvm.ptr<3>"), arith.IndexCastOp(i64, at).result).result
+            llvm.StoreOp(value, nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), local,
+                                          arith.IndexCastOp(ir.IntegerType.get_signless(32), lane).result))
         scf.YieldOp([])
-    ht.barrier()
-    at = arith.RemUIOp(lane, ht.index(warps)).result  # lanes past the warps re-read one (harmless: pairs of
-    return _shuffled(kind, [ht.load(b, [at]) for b in shared], warps)  # lanes below `warps` meet first)
+    if blocks == 1:
+        ht.barrier()
+    else:
+        nvvm.cluster_arrive(aligned=True)
+        nvvm.cluster_wait(aligned=True)
+    at = arith.RemUIOp(lane, ht.index(warps * blocks)).result  # lanes past the warps re-read one (harmless:
+    return _shuffled(kind, [ht.load(b, [at]) for b in shared], warps * blocks)  # pairs below `warps` meet first)
 
 
 def _row_threads(length: exprs.Expr, lanes: int) -> int:
@@ -205,31 +231,55 @@ def _row_threads(length: exprs.Expr, lanes: int) -> int:
     return threads if threads >= 32 else 0
 
 
+def _row_cluster(length: exprs.Expr, lanes: int, archs: Sequence[str]) -> tuple[int, int]:
+    """The blocks of a cluster that hold a row in registers, a part each, and each block's threads
+    (0: it cannot): past REGISTER_CLUSTER threads the row is split in 2, 4, ... until a block has at
+    most REGISTER_PART (the cluster's warps at most 32: one shuffle combines them), from sm_90
+    (docs/tuning.md, "f64 long rows")."""
+    blocks, threads = 1, _row_threads(length, lanes)
+    while threads > (REGISTER_PART if blocks > 1 else REGISTER_CLUSTER) and min(map(arch_number, archs)) >= 90 \
+            and length % (2 * blocks * lanes) == 0 \
+            and 0 < (part := _row_threads(length // (2 * blocks), lanes)) <= 512 // blocks:
+        blocks, threads = 2 * blocks, part
+    return blocks, threads
+
+
 def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dict[str, ir.Value],
-                         request: Request, rows: exprs.Expr, threads: int) -> ht.Launch:
+                         request: Request, rows: exprs.Expr, threads: int, blocks: int) -> ht.Launch:
     """A row over the last axis read once, 16 bytes a load, into registers (thread t holds vectors
     t, t + T, ...): each reduction from registers then across the block, then the output from
     registers, 16 bytes a store. Memory sees the row once each way (the strided kernel reads it
     once per reduction and once more for a per-element output). In a block of more than
     REGISTER_THREADS the other inputs (layer_norm's weight and bias) are read where a tree uses
     them: loaded with x, they held as many registers again across the reductions (docs/tuning.md,
-    "CUDA reduce: long rows")."""
+    "CUDA reduce: long rows"). A row over a cluster of `blocks` (grid: rows x blocks) gives block b
+    of the row its b-th part; the reductions combine across the cluster, and each block's
+    registers are capped at REGISTER_CAP (several blocks an SM: one loads while another reduces)."""
     program: scalars.Program = request.expr
     x = inputs[0]
     rank, element = ir.MemRefType(x.type).rank, compute_type(*(a.type for a in (*inputs, out)))
     stored = ir.MemRefType(out.type).element_type
     length, lanes = ir.MemRefType(x.type).shape[-1], _lanes(x)
-    chunks = length // lanes // threads
-    with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
+    chunks = length // lanes // threads // blocks
+    if blocks > 1:  # launch bounds: at most REGISTER_CAP registers a thread
+        kernel = ir.BlockArgument(x).owner.owner.attributes
+        kernel["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([blocks, 1, 1])
+        kernel["nvvm.minctasm"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 65536 // threads // REGISTER_CAP)
+    with ht.loop(0, ht.size_value(exprs.mul(rows, blocks), symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length_value = arith.ConstantOp(element, float(length)).result
-        kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
+        part = arith.RemUIOp(block, ht.index(blocks)).result  # (of 1 block: folded away)
+        row = arith.DivUIOp(block, ht.index(blocks)).result
+        kept = _coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
             if rank > 1 else []
-        starts = [arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result, ht.index(lanes)).result
-                  for c in range(chunks)]
+        if blocks > 1:  # (this block has started: the cluster waits for all before storing into another's)
+            nvvm.cluster_arrive_relaxed(aligned=True)
+        offset = arith.MulIOp(part, ht.index(length // blocks)).result
+        starts = [arith.AddIOp(offset, arith.MulIOp(arith.AddIOp(thread, ht.index(c * threads)).result,
+                                                    ht.index(lanes)).result).result for c in range(chunks)]
         # past REGISTER_THREADS a thread's registers are few (65536 / threads): the other inputs
         # are read late; below, with x (2-5% faster there on the H200: round 8)
-        early = threads <= REGISTER_THREADS
+        early = threads <= REGISTER_THREADS and blocks == 1  # (a cluster's blocks: REGISTER_CAP)
         loaded = [[_read(v, broadcast_indices(v, [*kept, start]), lanes) for v in (inputs if early else inputs[:1])]
                   for start in starts]
         held = [columns[0] for columns in loaded]
@@ -248,10 +298,12 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
             acc = _initial(kind, accumulator(kind, element))
             for values, position in (e for c in range(chunks) for e in elements(tree, c)):
                 acc = combine(kind, acc, emit(tree, values, reds, length_value, element), position)
-            reds.append(result(kind, _block_reduce(kind, acc, thread, threads), element))
+            if blocks > 1 and not reds:
+                nvvm.cluster_wait(aligned=True)
+            reds.append(result(kind, _block_reduce(kind, acc, thread, threads, (blocks, part)), element))
         if program.rows:
-            first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
-            with ir.InsertionPoint(first.then_block):
+            top = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result)
+            with ir.InsertionPoint(top.then_block):
                 index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
                 scf.YieldOp([])
@@ -259,7 +311,7 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
             for c, start in enumerate(starts):
                 _write([emit(program.out, v, reds, length_value, element) for v, _ in elements(program.out, c)], out,
                        [*kept, start])
-    return ht.Launch((rows, 1, 1), (threads, 1, 1))
+    return ht.Launch((exprs.mul(rows, blocks), 1, 1), (threads, 1, 1))
 
 
 def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Request) -> ht.Launch:
@@ -269,11 +321,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     rank = ir.MemRefType(x.type).rank
     element, stored = compute_type(*(a.type for a in args)), ir.MemRefType(out.type).element_type
     if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
-            threads := _row_threads(extent(x, axis, request), _lanes(x))):
+            split := _row_cluster(extent(x, axis, request), _lanes(x), request.target.cuda_archs))[1]:
         rows: exprs.Expr = 1
         for a in range(rank - 1):
             rows = exprs.mul(rows, extent(x, a, request))
-        return _reduce_in_registers(inputs, out, symbols, request, rows, threads)
+        return _reduce_in_registers(inputs, out, symbols, request, rows, split[1], split[0])
     others = [a for a in range(rank) if a != axis]
     rows: exprs.Expr = 1
     for a in others:

@@ -294,7 +294,7 @@ def test_a_block_of_warps_meets_once_in_shared_memory():
         CHECK-COUNT-5:  gpu.shuffle  xor %{{.+}} : f32
         CHECK:          %[[WARPS:[0-9]+]] = "hextir.alloc_local"() {space = "shared"} : () -> memref<8xf32, #gpu.address_space<workgroup>>
         CHECK:          %[[LANE:[0-9]+]] = arith.remui %[[T]], %c32 : index
-        CHECK-NEXT:     arith.cmpi eq, %[[LANE]], %c0 : index
+        CHECK-NEXT:     arith.cmpi ult, %[[LANE]], %c1 : index
         CHECK:            "hextir.store"(%{{.+}}, %[[WARPS]], %{{.+}})
         CHECK:          "hextir.barrier"()
         CHECK:          %[[AT:[0-9]+]] = arith.remui %[[LANE]], %c8 : index
@@ -340,6 +340,38 @@ def test_a_long_row_s_layer_norm_reads_its_weight_and_bias_only_for_the_output()
     assert kernel.count("vector.load %arg1") == kernel.count("vector.load %arg2") == 8
     short = lower(text.replace("16384", "4096"), "mlir-tir", **CUDA)  # 256 threads: registers enough,
     assert short.index("vector.load %arg2") < short.index('"hextir.barrier"')  # all read with x
+
+
+def test_a_row_of_16384_f64_is_split_over_a_cluster_of_four_blocks():
+    """A 128 KiB row in one block takes 1024 threads, one block an SM: its loads, reductions and
+    stores in turn. Four blocks of a cluster hold a quarter row each (256 threads of 8 vectors,
+    registers capped at 64: four blocks an SM); each warp's lane b stores the warp's result into
+    block b's shared memory, one cluster barrier per reduction and no block barrier."""
+    text = SOFTMAX.replace("4x6", "3x16384").replace("xf32", "xf64")
+    kernel = lower(text, "mlir-tir", **CUDA)
+    kernel = kernel[:kernel.index("_cpu(")]
+    filecheck(kernel, """
+        CHECK:          hextir.launch = {block = array<i64: 256, 1, 1>, grid = ["12", "1", "1"]{{.+}}nvvm.cluster_dim = array<i32: 4, 1, 1>, nvvm.minctasm = 4 : i32
+        CHECK:          scf.for %[[B:arg[0-9]+]] = %c0 to %c12 step %c1 {
+        CHECK:            %[[PART:[0-9]+]] = arith.remui %[[B]], %c4 : index
+        CHECK:            nvvm.cluster.arrive.relaxed {aligned}
+        CHECK:            arith.muli %[[PART]], %c4096 : index
+        CHECK-COUNT-8:    vector.load %arg0
+        CHECK:            nvvm.cluster.wait {aligned}
+        CHECK:            "hextir.alloc_local"() {space = "shared"} : () -> memref<32xf64, #gpu.address_space<workgroup>>
+        CHECK:              nvvm.mapa %{{.+}}, %{{.+}} : !llvm.ptr<3> -> !llvm.ptr<7>
+        CHECK-NEXT:         llvm.store %{{.+}}, %{{.+}} : f64, !llvm.ptr<7>
+        CHECK:            nvvm.cluster.arrive {aligned}
+        CHECK-NEXT:       nvvm.cluster.wait {aligned}
+        CHECK:            nvvm.cluster.arrive {aligned}
+    """)
+    assert '"hextir.barrier"' not in kernel and kernel.count("nvvm.mapa") == 2
+    ptx = lower(text, "ptx", **CUDA)
+    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 4" in ptx and ".reqnctapercluster 4, 1, 1" in ptx
+    older = lower(text, "mlir-tir", placement=CUDA["placement"], target=parse_target("cpu:x86-64,cuda:sm_80"))
+    assert "block = array<i64: 1024, 1, 1>" in older and "nvvm" not in older  # no clusters before sm_90
+    f32 = lower(text.replace("xf64", "xf32"), "mlir-tir", **CUDA)  # 64 KiB: one block of 512 threads
+    assert "block = array<i64: 512, 1, 1>" in f32 and "nvvm" not in f32
 
 
 def test_argmax_writes_the_first_largest_index_as_i64():
