@@ -904,7 +904,7 @@ def test_dmma_tiles_fit_the_shared_memory_of_every_target(build, target, block, 
     assert set(MAX_SHARED_BYTES) == set(CUDA_ARCHS)  # every architecture a target may name has its room
 
 
-def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together():
+def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together(monkeypatch):
     """The .hxb's PTX is made kernel by kernel (side by side, in processes of their own) and
     joined: byte for byte the text of the kernels lowered at once (-emit=ptx), here with static and
     dynamic shared memory, device globals (split K) and two sm_90a kernels beside those of every
@@ -927,3 +927,5 @@ def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together():
     text = joined["sm_90a"].decode()
     assert "__dynamic_shmem__" in text and "_global0" in text and "__mbarrier_2" in text
     assert cuda_backend.merge_ptx([joined["sm_80"], joined["sm_90"]]) is None  # two entries a piece: not joined
+    monkeypatch.setattr(cuda_backend, "merge_ptx", lambda texts: None)  # pieces it cannot join: lowered together
+    assert join([piece() for _, piece in pieces]) == joined
