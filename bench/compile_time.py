@@ -70,11 +70,12 @@ def one(model: str) -> dict:
     return {**result, "self": sum(after[:2]) - sum(before[:2])}
 
 
-def stages(model: str) -> None:
+def stages(model: str, cpus: int | None) -> None:
     """One compile of `model` by this tree's hexir, each part's CPU seconds printed: the driver's
     stages (this process), each MLIR piece of the hxb stage (timed in the process it ran in), each
     tool (run one at a time here, so that its CPU is its own); then the critical path, the longest
-    chain of parts that wait for each other: what a machine with a core per piece would take."""
+    chain of parts that wait for each other: what a machine with a core per piece would take.
+    `cpus`: cut the pieces as for a machine of that many CPUs (the H200's host: 16)."""
     import resource
     import threading
 
@@ -124,6 +125,8 @@ def stages(model: str) -> None:
 
     driver.STAGES[:] = [(name, timed_stage(name, step)) for name, step in driver.STAGES]
     driver._forked = timed_forked
+    if cpus:
+        driver._cpus = lambda: cpus
     cpu_backend.run_tool = timed_tool(None, cpu_backend.run_tool)
     cuda_backend._ptxas = timed_tool("ptxas", cuda_backend._ptxas)
     main = one(model)["self"]
@@ -157,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--stages", choices=MODELS, help="time the parts of one compile here (its critical path)")
+    parser.add_argument("--cpus", type=int, help="with --stages: cut the pieces as for this many CPUs")
     args = parser.parse_args(argv)
     if args.one:
         one(args.one)
         return 0
     if args.stages:
-        stages(args.stages)
+        stages(args.stages, args.cpus)
         return 0
     if not args.before.exists():
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(args.before), args.before_ref],

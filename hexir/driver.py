@@ -118,8 +118,8 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
     cpu_table = kernel_tables(module)[0]
     twins = [ht.identity_of(k).twin for k in ht.generated_kernels(module, "cpu")]
     own, lowest = not all(twins), target.cpu_levels[-1]
-    pieces, join = cuda_backend.ptx_pieces(module, target.cuda_archs) if ht.generated_kernels(module, "cuda") \
-        else ([], None)
+    pieces, join = cuda_backend.ptx_pieces(module, target.cuda_archs, _cpus()) \
+        if ht.generated_kernels(module, "cuda") else ([], None)
     # The MLIR work (it holds the GIL) in processes of their own, all at once: the cuda kernels one
     # by one, the cpu twins (one object, the lowest level's code, that every level's library links),
     # each level's own kernels. Then the tools (opt, llc, cc, ptxas: processes too) side by side.
@@ -147,6 +147,10 @@ def _llvm_text(module: ir.Module, level: str, twins: bool) -> str:
     return cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level, twins=twins))
 
 
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
 def _forked(jobs: list[tuple[int, Callable[[], object]]]) -> list[object]:
     """Each job's result (a job: its size in ops, `count_ops`, and a call), the calls run in forked
     processes, as many at once as there are CPUs, the largest first (the last to start is then a
@@ -154,8 +158,7 @@ def _forked(jobs: list[tuple[int, Callable[[], object]]]) -> list[object]:
     single-threaded (hexir/dialects), so it needs none of our threads; they are forked before any
     thread starts (the pool's own, the tools'). A call's exception is raised here, the first one's.
     Where the jobs beside the largest are small, they run here: a fork costs more than it saves."""
-    workers = min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    sizes = sorted(size for size, _ in jobs)
+    workers, sizes = min(len(jobs), _cpus()), sorted(size for size, _ in jobs)
     if workers < 2 or sum(sizes[:-1]) < _FORK_OPS or "fork" not in multiprocessing.get_all_start_methods():
         return [call() for _, call in jobs]
     order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0])
@@ -172,6 +175,8 @@ def _forked(jobs: list[tuple[int, Callable[[], object]]]) -> list[object]:
 
 #: Ops beside the largest job's below which the jobs run in this process (~0.3 s of lowering).
 _FORK_OPS = 2000
+
+
 _CALLS: list[Callable[[], object]] = []
 
 

@@ -79,8 +79,8 @@ def check_archs(archs: tuple[str, ...]) -> None:
 
 
 def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str,
-                    only: str | None = None) -> dict[str, bytes]:
-    """Lower a copy of the gpu.module for `archs` (of its kernels, `only` that one if given) and
+                    only: tuple[str, ...] | None = None) -> dict[str, bytes]:
+    """Lower a copy of the gpu.module for `archs` (of its kernels, `only` those if given) and
     serialize it (`isa`: PTX; `bin`: MLIR runs ptxas too)."""
     with module.context, ir.Location.unknown():
         copy = ir.Module.create()
@@ -113,12 +113,12 @@ def _device_objects(module: ir.Module, archs: tuple[str, ...], format_: str,
         return objects
 
 
-def _builds(kernel: ir.Operation, archs: tuple[str, ...], only: str | None = None) -> bool:
+def _builds(kernel: ir.Operation, archs: tuple[str, ...], only: tuple[str, ...] | None = None) -> bool:
     """Whether the image of `archs` holds `kernel` (a gpu.func): one built for an architecture
-    (`hextir.arch`) is in that one's alone; and whether it is `only` (if given)."""
+    (`hextir.arch`) is in that one's alone; and whether it is one of `only` (if given)."""
     if ARCH in kernel.attributes and ir.StringAttr(kernel.attributes[ARCH]).value not in archs:
         return False
-    return only is None or ir.StringAttr(kernel.attributes["sym_name"]).value == only
+    return only is None or ir.StringAttr(kernel.attributes["sym_name"]).value in only
 
 
 def _external_dynamic_shared(op: ir.Operation, pass_: object) -> None:
@@ -171,31 +171,32 @@ def ptx_of(module: ir.Module, arch: str) -> str:
 
 
 def ptx(module: ir.Module, archs: tuple[str, ...]) -> dict[str, bytes]:
-    """The PTX of the module's cuda kernels for each of `archs` (`ptx_pieces`, one after another)."""
-    pieces, join = ptx_pieces(module, archs)
+    """The PTX of the module's cuda kernels for each of `archs` (`ptx_pieces` of one part)."""
+    pieces, join = ptx_pieces(module, archs, 1)
     return join([piece() for _, piece in pieces])
 
 
-def ptx_pieces(module: ir.Module, archs: tuple[str, ...]) -> tuple[list[tuple[int, Callable]], Callable]:
-    """The MLIR half of the build in pieces, each with its size (`count_ops`): each kernel lowered
-    on its own, once for the architectures that share every kernel (a kernel built for one,
-    `hextir.arch`: a variant using sm_90a's wgmma, is in that one's text alone). MLIR holds the
-    GIL, so the driver runs the pieces side by side in processes of their own; `join` makes of
-    their results each architecture's text (`merge_ptx`: the text of the kernels lowered together;
-    where it cannot, they are lowered together)."""
+def ptx_pieces(module: ir.Module, archs: tuple[str, ...], parts: int) -> tuple[list[tuple[int, Callable]], Callable]:
+    """The MLIR half of the build in pieces, each with its size (`count_ops`): the kernels, lowered
+    once for the architectures that share every kernel (a kernel built for one, `hextir.arch`: a
+    variant using sm_90a's wgmma, is in that one's text alone), in at most `parts` runs of
+    consecutive kernels of about equal size. MLIR holds the GIL, so the driver runs the pieces
+    side by side in processes of their own; `join` makes of their results each architecture's text
+    (`merge_ptx`: the text of the kernels lowered together; where it cannot, they are lowered together)."""
     check_archs(archs)
     archs = tuple(sorted(set(archs), key=lambda a: (arch_number(a), a)))  # sm_90 before sm_90a
     kernels = [k for op in module.body.operations if op.operation.name == "gpu.module"
                for k in op.regions[0].blocks[0].operations if k.operation.name == "gpu.func"]
+    sizes = {ir.StringAttr(k.attributes["sym_name"]).value: count_ops(k) for k in kernels} if parts > 1 else {}
     own = {ir.StringAttr(k.attributes[ARCH]).value for k in kernels if ARCH in k.attributes}
     groups = [group for group in [tuple(a for a in archs if a not in own)] + [(a,) for a in archs if a in own] if group]
-    jobs = [(group, k, ir.StringAttr(k.attributes["sym_name"]).value) for group in groups for k in kernels
-            if _builds(k, group)]
+    jobs = [(group, run) for group in groups for run in _runs(
+        [ir.StringAttr(k.attributes["sym_name"]).value for k in kernels if _builds(k, group)], sizes, parts)]
 
     def join(pieces: list[dict[str, bytes]]) -> dict[str, bytes]:
         texts: dict[str, bytes] = {}
         for group in groups:
-            parts = [piece for (of, _, _), piece in zip(jobs, pieces, strict=True) if of == group]
+            parts = [piece for (of, _), piece in zip(jobs, pieces, strict=True) if of == group]
             merged = {arch: merge_ptx([part[arch] for part in parts]) for arch in group}
             texts.update(merged if all(merged.values()) else _device_objects(module, group, "isa"))
         texts = {arch: texts[arch] for arch in archs}  # before ptxas: this check says more than it would
@@ -205,32 +206,49 @@ def ptx_pieces(module: ir.Module, archs: tuple[str, ...]) -> tuple[list[tuple[in
             raise CompileError(f"the cuda kernels call {', '.join(sorted(unresolved))}, which no library defines "
                                "(libdevice was not linked: is nvvm/libdevice in the CUDA wheel?)")
         return texts
-    return [(count_ops(k), partial(_device_objects, module, group, "isa", name)) for group, k, name in jobs], join
+    return [(sum(sizes.get(name, 0) for name in run), partial(_device_objects, module, group, "isa", run))
+            for group, run in jobs], join
+
+
+def _runs(names: list[str], sizes: dict[str, int], parts: int) -> list[tuple[str, ...]]:
+    """`names` in at most `parts` runs of consecutive ones, cut where the running size passes each
+    `parts`th of the total, none smaller than _RUN_OPS (a piece has its own costs: libdevice...)."""
+    total, runs, start, running, cut = sum(sizes.get(name, 0) for name in names), [], 0, 0, 0
+    for i, name in enumerate(names):
+        running += sizes.get(name, 0)
+        if i == len(names) - 1 or running - cut >= _RUN_OPS and running * parts >= total * (len(runs) + 1):
+            runs.append(tuple(names[start:i + 1]))
+            start, cut = i + 1, running
+    return runs
+
+
+_RUN_OPS = 2000
 
 
 def merge_ptx(pieces: list[bytes]) -> bytes | None:
-    """The PTX of kernels lowered one by one, joined as LLVM prints them lowered together: one
+    """The PTX of runs of kernels lowered apart, joined as LLVM prints them lowered together: one
     header; the declarations MLIR puts at the module's start (dynamic shared memory's, then the
     mbarriers', the last kernel's first, their names numbered on), then the other ones; the
-    entries in order, each one's block labels ($L__BB<function>_<block>) numbered by its place.
-    None where a piece holds what this does not join (not one entry, a .func, debug info...)."""
-    head, externs, barriers, declarations, bodies = None, [], [], [], []
-    for index, text in enumerate(pieces):
+    entries in order, their block labels ($L__BB<function>_<block>) numbered on. None where a
+    piece holds what this does not join (no entry, a .func, debug info...)."""
+    head, externs, barriers, declarations, bodies, entries = None, [], [], [], [], 0
+    for text in pieces:
         lines = text.split(b"\n")
         starts = [i for i, line in enumerate(lines) if line.startswith(b".visible .entry")]
         first = next((i for i, line in enumerate(lines) if line.startswith(b"\t// .globl\t")), None)
-        if len(starts) != 1 or first is None or lines[starts[0] - 1] != b"" or re.search(
-                rb"^\s*(\.visible\s+|\.weak\s+)?\.func\b|^\s*\.(file|loc)\b|\$L__(?!BB0_)", text, re.MULTILINE):
+        if not starts or first is None or lines[starts[0] - 1] != b"" or re.search(
+                rb"^\s*(\.visible\s+|\.weak\s+)?\.func\b|^\s*\.(file|loc)\b|\$L__(?!BB\d+_)", text, re.MULTILINE):
             return None
         head = lines[:first] if head is None else head
         names = sorted({int(n or -1) for n in re.findall(rb"\b__mbarrier(?:_(\d+))?\b", text)})
         text = re.sub(rb"\b__mbarrier(?:_(\d+))?\b", lambda m: _barrier(len(barriers) + int(m[1] or -1) + 1), text)
-        lines, own = text.split(b"\n"), []
+        text = re.sub(rb"\$L__BB(\d+)_", lambda m, at=entries: b"$L__BB%d_" % (at + int(m[1])), text)
+        lines, own, entries = text.split(b"\n"), [], entries + len(starts)
         for line in lines[first + 1:starts[0] - 1]:
             kind = externs if line.startswith(b".extern ") else own if b"__mbarrier" in line else declarations
             kind.extend([line] if line not in kind else [])
         barriers[:0] = own + [b""] * (len(names) - len(own))  # (placeholders keep the count)
-        bodies.append(b"\n".join([lines[first]] + lines[starts[0]:]).replace(b"$L__BB0_", b"$L__BB%d_" % index))
+        bodies.append(b"\n".join([lines[first]] + lines[starts[0]:]))
     if not bodies:
         return None
     globl, first_body = bodies[0].split(b"\n", 1)

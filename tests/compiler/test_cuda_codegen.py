@@ -905,9 +905,9 @@ def test_dmma_tiles_fit_the_shared_memory_of_every_target(build, target, block, 
 
 
 def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together(monkeypatch):
-    """The .hxb's PTX is made kernel by kernel (side by side, in processes of their own) and
-    joined: byte for byte the text of the kernels lowered at once (-emit=ptx), here with static and
-    dynamic shared memory, device globals (split K) and two sm_90a kernels beside those of every
+    """The .hxb's PTX is made in pieces (runs of kernels, side by side in processes of their own)
+    and joined: byte for byte the text of the kernels lowered at once (-emit=ptx), here with static
+    and dynamic shared memory, device globals (split K) and two sm_90a kernels beside those of every
     arch, with two mbarriers each (MLIR numbers them across the module: __mbarrier, __mbarrier_0...)."""
     from hexir.driver import Options, parse_placement, run_stage
     from hexir.target import parse_target
@@ -919,13 +919,14 @@ def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together(mo
     options = Options(parse_placement("*=cuda"), parse_target("cpu:host,cuda:sm_80,cuda:sm_90"))
     module = hexir.jit(fn).trace(*(hexir.TensorSpec(shape, dtype) for shape, dtype in shapes))
     run_stage(module, "mlir-gpu", options)
-    pieces, join = cuda_backend.ptx_pieces(module, ("sm_80", "sm_90", "sm_90a"))
-    assert len(pieces) == 2 * 4 + 2  # each sm_90a kernel in its own text alone
-    joined = join([piece() for _, piece in pieces])
-    for arch in ("sm_80", "sm_90", "sm_90a"):
-        assert joined[arch].decode() == cuda_backend.ptx_of(module, arch), arch
-    text = joined["sm_90a"].decode()
+    whole = {arch: cuda_backend.ptx_of(module, arch).encode() for arch in ("sm_80", "sm_90", "sm_90a")}
+    for parts, least, count in ((16, 0, 10), (2, 2000, 4)):  # a kernel a piece (sm_90a's own in its text alone); runs
+        monkeypatch.setattr(cuda_backend, "_RUN_OPS", least)
+        pieces, join = cuda_backend.ptx_pieces(module, ("sm_80", "sm_90", "sm_90a"), parts)
+        assert len(pieces) == count
+        texts = [piece() for _, piece in pieces]
+        assert join(texts) == whole, parts
+    text = whole["sm_90a"].decode()
     assert "__dynamic_shmem__" in text and "_global0" in text and "__mbarrier_2" in text
-    assert cuda_backend.merge_ptx([joined["sm_80"], joined["sm_90"]]) is None  # two entries a piece: not joined
     monkeypatch.setattr(cuda_backend, "merge_ptx", lambda texts: None)  # pieces it cannot join: lowered together
-    assert join([piece() for _, piece in pieces]) == joined
+    assert join(texts) == whole
