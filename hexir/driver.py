@@ -120,8 +120,8 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
     own, lowest = not all(twins), target.cpu_levels[-1]
     pieces, join = cuda_backend.ptx_pieces(module, target.cuda_archs, _cpus()) \
         if ht.generated_kernels(module, "cuda") else ([], None)
-    # The MLIR work (it holds the GIL) in processes of their own, all at once: the cuda kernels one
-    # by one, the cpu twins (one object, the lowest level's code, that every level's library links),
+    # The MLIR work (it holds the GIL) in processes of their own, side by side: the cuda kernels in
+    # runs, the cpu twins (one object, the lowest level's code, that every level's library links),
     # each level's own kernels. Then the tools (opt, llc, cc, ptxas: processes too) side by side.
     cpu_kernels = ht.generated_kernels(module, "cpu")
     cpu_jobs = [(lowest, True)] * any(twins) + [(level, False) for level in target.cpu_levels if own]
@@ -159,7 +159,8 @@ def _forked(jobs: list[tuple[int, Callable[[], object]]]) -> list[object]:
     thread starts (the pool's own, the tools'). A call's exception is raised here, the first one's.
     Where the jobs beside the largest are small, they run here: a fork costs more than it saves."""
     workers, sizes = min(len(jobs), _cpus()), sorted(size for size, _ in jobs)
-    if workers < 2 or sum(sizes[:-1]) < _FORK_OPS or "fork" not in multiprocessing.get_all_start_methods():
+    forks = "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
+    if workers < 2 or sum(sizes[:-1]) < _FORK_OPS or not forks:  # (a daemonic process may have no children)
         return [call() for _, call in jobs]
     order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0])
     _CALLS[:] = [jobs[i][1] for i in order]  # (what a child has; only the index travels)

@@ -170,12 +170,6 @@ def ptx_of(module: ir.Module, arch: str) -> str:
     return _device_objects(module, (arch,), "isa")[arch].decode()
 
 
-def ptx(module: ir.Module, archs: tuple[str, ...]) -> dict[str, bytes]:
-    """The PTX of the module's cuda kernels for each of `archs` (`ptx_pieces` of one part)."""
-    pieces, join = ptx_pieces(module, archs, 1)
-    return join([piece() for _, piece in pieces])
-
-
 def ptx_pieces(module: ir.Module, archs: tuple[str, ...], parts: int) -> tuple[list[tuple[int, Callable]], Callable]:
     """The MLIR half of the build in pieces, each with its size (`count_ops`): the kernels, lowered
     once for the architectures that share every kernel (a kernel built for one, `hextir.arch`: a
@@ -285,5 +279,6 @@ def assemble(texts: dict[str, bytes]) -> CudaBinary:
 
 
 def compile_kernels(module: ir.Module, archs: tuple[str, ...]) -> CudaBinary:
-    """CUBINs for every arch and the PTX of the lowest one."""
-    return assemble(ptx(module, archs))
+    """CUBINs for every arch and the PTX of the lowest one (the MLIR in one piece, here)."""
+    pieces, join = ptx_pieces(module, archs, 1)
+    return assemble(join([piece() for _, piece in pieces]))

@@ -255,6 +255,9 @@ def test_forked_jobs_give_their_results_in_order_from_other_processes(monkeypatc
     assert driver._forked([(size, partial(pow, 2, size)) for size in (1, 5, 3)]) == [2, 32, 8]
     if len(os.sched_getaffinity(0)) > 1:
         assert os.getpid() not in driver._forked([(1, os.getpid), (2, os.getpid)])
+    with monkeypatch.context() as patch:  # a daemonic process (a multiprocessing.Pool's worker) may have no children
+        patch.setattr(driver.multiprocessing, "current_process", lambda: type("Daemon", (), {"daemon": True})())
+        assert driver._forked([(1, os.getpid), (2, os.getpid)]) == [os.getpid()] * 2
 
     def fails() -> None:
         raise CompileError("the second piece failed")
