@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter
 
 from mlir import ir
 
@@ -42,13 +43,20 @@ def share_kernels(module: ir.Module) -> None:
     for op in hx.main_function(module).regions[0].blocks[0].operations:
         if op.operation.name == "hexir.call":
             calls.setdefault(hx.callee_of(op.operation), []).append(op.operation)
+    # what equal sets share, cheap to see: their calls' types and their kernels' signatures (only
+    # sets that share it with another are printed: printing is most of this pass's time)
+    signatures = {name: repr(([[str(v.type) for v in (*call.operands, *call.results)] for call in calls.get(name, [])],
+                              sorted(str(k.attributes["function_type"]) for k in kernels)))
+                  for name, kernels in groups.items()}
+    alike = Counter(signatures.values())
     first: dict[str, str] = {}  # the set's text, name taken out -> the first instance's name
     for name, kernels in groups.items():
+        if alike[signatures[name]] < 2:
+            continue
         own = re.compile(re.escape(name) + r"(?!\d)")  # linear_1 in linear_1_cpu@..., not in linear_12
         text = "\n".join(sorted(own.sub("@", kernel.get_asm(use_local_scope=True, assume_verified=True))
                                 for kernel in kernels))  # (local scope: str() prints the whole module)
-        types = [[str(v.type) for v in (*call.operands, *call.results)] for call in calls.get(name, [])]
-        key = hashlib.sha256(repr((text, types)).encode()).hexdigest()
+        key = hashlib.sha256(repr((text, signatures[name])).encode()).hexdigest()
         if key not in first:
             first[key] = name
             continue

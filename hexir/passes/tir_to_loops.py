@@ -40,12 +40,15 @@ from hexir.passes.common import walk
 def tir_to_loops(module: ir.Module) -> None:
     """Lower hextir memory ops everywhere and give kernels the .hxb calling convention."""
     for kernel in ht.generated_kernels(module):
-        if not any(ht.SCHEDULE in op.attributes for op in walk(kernel, "scf.for")):
+        ops = walk(kernel, "scf.for", "hextir.chunk_end", "hextir.load", "hextir.store", "hextir.alloc_local")
+        loops, ends = ([op for op in ops if op.name == name] for name in ("scf.for", "hextir.chunk_end"))
+        if not any(ht.SCHEDULE in op.attributes for op in loops):
             continue  # lowered already
+        memory = [op for op in ops if op.name not in ("scf.for", "hextir.chunk_end")]
         _pass_symbolic_buffers_as_pointers(kernel)
         if ht.kernel_of(kernel)[0] == "cpu":
-            _add_work_range(kernel)
-        _lower_memory_ops(kernel)
+            _add_work_range(kernel, loops, ends)
+        _lower_memory_ops(memory)
 
 
 def _set_signature(kernel: ir.Operation) -> None:
@@ -105,7 +108,7 @@ def _pass_symbolic_buffers_as_pointers(kernel: ir.Operation) -> None:
     _set_signature(kernel)
 
 
-def _add_work_range(kernel: ir.Operation) -> None:
+def _add_work_range(kernel: ir.Operation, loops: list[ir.Operation], ends: list[ir.Operation]) -> None:
     block = kernel.regions[0].blocks[0]
     outer = [op for op in block.operations
              if op.name == "scf.for" and ht.schedule_of(op) in (("parallel", ""), ("parallel", "chunk"))]
@@ -118,7 +121,6 @@ def _add_work_range(kernel: ir.Operation) -> None:
     last = block.add_argument(index, kernel.location)
     loop.operands[0] = first
     loop.operands[1] = last
-    ends = walk(kernel, "hextir.chunk_end")
     if ht.schedule_of(loop)[1] == "chunk":  # the body once, for the whole [first, last)
         with ir.InsertionPoint(loop), loop.location:
             loop.operands[2] = arith.MaxUIOp(arith.SubIOp(last, first).result, ht.index(1)).result
@@ -128,13 +130,13 @@ def _add_work_range(kernel: ir.Operation) -> None:
     elif ends:
         raise CompileError(f"cpu kernel {ht.name_of(kernel)} uses hextir.chunk_end outside a chunk loop")
     _set_signature(kernel)
-    for op in walk(kernel, "scf.for"):
+    for op in loops:
         if ht.SCHEDULE in op.attributes:
             del op.attributes[ht.SCHEDULE]
 
 
-def _lower_memory_ops(kernel: ir.Operation) -> None:
-    for op in walk(kernel, "hextir.load", "hextir.store", "hextir.alloc_local"):
+def _lower_memory_ops(ops: list[ir.Operation]) -> None:
+    for op in ops:
         if op.name == "hextir.alloc_local" and ir.StringAttr(op.attributes["space"]).value != "private":
             continue  # a GPU block's or kernel's buffer: to_gpu makes it an attribution or a global
         with ir.InsertionPoint(op), op.location:

@@ -71,10 +71,11 @@ def _outline(kernel: ir.Operation) -> None:
     old_block = kernel.regions[0].blocks[0]
     arg_types = [a.type for a in old_block.arguments]
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
-    shared = [op for op in walk(kernel, "hextir.alloc_local")
-              if ir.StringAttr(op.attributes["space"]).value == "shared"]
-    for index, op in enumerate(op for op in walk(kernel, "hextir.alloc_local")
-                               if ir.StringAttr(op.attributes["space"]).value == "global"):
+    ops = walk(kernel, "hextir.alloc_local", "hextir.barrier", "scf.for")  # (one walk: each visits every op)
+    barriers, loops = ([op for op in ops if op.name == name] for name in ("hextir.barrier", "scf.for"))
+    shared, globals_ = ([op for op in ops if op.name == "hextir.alloc_local" and
+                         ir.StringAttr(op.attributes["space"]).value == space] for space in ("shared", "global"))
+    for index, op in enumerate(globals_):
         shaped = ir.MemRefType(op.result.type)
         zero = ir.FloatAttr.get(shaped.element_type, 0.0) if not isinstance(shaped.element_type, ir.IntegerType) \
             else ir.IntegerAttr.get(shaped.element_type, 0)
@@ -120,7 +121,7 @@ def _outline(kernel: ir.Operation) -> None:
     for op, buffer in zip(shared, views if dynamic else list(block.arguments)[len(arg_types):], strict=True):
         op.result.replace_all_uses_with(buffer)
         op.erase()
-    for op in walk(kernel, "hextir.barrier"):
+    for op in barriers:
         with ir.InsertionPoint(op), op.location:
             gpu.BarrierOp()
         op.erase()
@@ -129,24 +130,20 @@ def _outline(kernel: ir.Operation) -> None:
             continue
         op.move_before(terminator)
     kernel.erase()
-    _bind_loops(function.operation)
+    _bind_loops(loops)
     block_size = list(ht.record_of(function.operation).block)
     function.operation.attributes["known_block_size"] = ir.DenseI32ArrayAttr.get(block_size)
 
 
-def _bind_loops(function: ir.Operation) -> None:
-    """Replace each bound loop by its GPU index."""
-    bound: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        schedule = ht.schedule_of(op) if op.name == "scf.for" else None
-        if schedule is not None and schedule[1]:
-            bound.append(op)
-        return ir.WalkResult.ADVANCE
-
-    function.walk(visit, ir.WalkOrder.PRE_ORDER)
-    for loop in bound:
-        space, axis = ht.schedule_of(loop)[1].split(".")
+def _bind_loops(loops: list[ir.Operation]) -> None:
+    """Replace each bound loop of `loops` (pre-order) by its GPU index; the others lose their schedule."""
+    for loop in loops:
+        schedule = ht.schedule_of(loop)
+        if schedule is None or not schedule[1]:
+            if schedule is not None:
+                del loop.attributes[ht.SCHEDULE]
+            continue
+        space, axis = schedule[1].split(".")
         with ir.InsertionPoint(loop), loop.location:
             make = gpu.BlockIdOp if space == "blockIdx" else gpu.ThreadIdOp
             position = make(_DIMENSIONS[axis]).result
@@ -156,6 +153,3 @@ def _bind_loops(function: ir.Operation) -> None:
             if op.name != "scf.yield":
                 op.move_before(loop)
         loop.erase()
-    for op in walk(function, "scf.for"):
-        if ht.SCHEDULE in op.attributes:
-            del op.attributes[ht.SCHEDULE]
