@@ -63,10 +63,10 @@ EXP2 = True
 #: passes a load (docs/tuning.md, "Attention d128 (round 9)")
 INTERLEAVE, QPAD = True, True
 #: The scores' loop over D and the weights x v loop over the keys as loops of (16-byte steps,
-#: keys) an iteration, not unrolled whole (None): unrolled, a tile's code is 78 KiB at 4x4x32 d 128
-#: (4,096 FFMA), 152 KiB at 8x4x16 (8,192: twice as slow, each half alone 4x as fast: past the
-#: instruction cache) (docs/tuning.md, "Attention d128 (round 9)")
-ROLL = (4, 8)
+#: keys) an iteration, not unrolled whole (None): unrolled, 8x4x16's tile loop at d 128 is 152 KiB
+#: of code (8,192 FFMA) and ran 2.0 ms, either loop alone 0.5-0.6 ms (past the instruction cache);
+#: rolled, 0.92 / 0.87 ms at (8, 16), 0.92 / 1.01 at (4, 8) (docs/tuning.md, "Attention d128 (round 9)")
+ROLL = (8, 16)
 
 
 def _index_math(a: ir.Value, b: int | ir.Value, op=arith.AddIOp) -> ir.Value:
