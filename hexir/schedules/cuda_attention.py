@@ -64,7 +64,7 @@ EXP2 = True
 INTERLEAVE, QPAD = True, True
 #: The scores' loop over D and the weights x v loop over the keys as loops of (16-byte steps,
 #: keys) an iteration, not unrolled whole (None): unrolled, 8x4x16's tile loop at d 128 is 152 KiB
-#: of code (8,192 FFMA) and ran 2.0 ms, either loop alone 0.5-0.6 ms (past the instruction cache);
+#: of code (8,192 FFMA) and ran 2.0 ms, either loop alone 0.48-0.60 (past the instruction cache);
 #: rolled, 0.92 / 0.87 ms at (8, 16), 0.92 / 1.01 at (4, 8) (docs/tuning.md, "Attention d128 (round 9)")
 ROLL = (8, 16)
 
