@@ -18,6 +18,7 @@ from hexir import TensorSpec
 from hexir.driver import Options, parse_placement, run_stage
 from hexir.jit import JitFunction
 from hexir.passes.fuse import fuse
+from hexir.schedules import cuda_attention
 from hexir.target import parse_target
 
 from .conftest import filecheck
@@ -218,3 +219,20 @@ def test_heads_whose_rows_miss_16_bytes_stay_copies_on_cuda(device):
     printed = _fused(block, [TensorSpec((2, 5, 36), "float32")], device)
     assert printed.count("hexir.attention") == 1
     assert ("hexir.views" in printed) == (device == "cpu") and ("hexir.transpose" in printed) == (device == "cuda")
+
+
+@pytest.mark.parametrize("element_bytes", [4, 8])
+@pytest.mark.parametrize("d", [8, 16, 40, 64, 96, 128, 256])
+def test_the_cuda_tiles_rows_are_each_one_threads_and_a_warps_q_loads_hit_distinct_banks(d, element_bytes):
+    """Every query row of a block's tile is one thread's (INTERLEAVE's or not), a thread's rows in
+    runs of 16 bytes (its 16-byte weights stores and loads), and the rows a warp's two half-warps
+    read at once (threads ty and ty + 1) lie in distinct 16-byte banks of q's tile (QPAD)."""
+    width = 16 // element_bytes
+    rm, _, ty, padded, _ = cuda_attention._plan(d, d, width, element_bytes)
+    apart, offsets = cuda_attention._rows(rm, ty, width)
+    rows = [t // 2 * 2 * rm + t % 2 * apart + offset for t in range(ty) for offset in offsets]
+    assert sorted(rows) == list(range(rm * ty))
+    runs = [offsets[r0:r0 + width] for r0 in range(0, rm, width)]
+    assert all(run[0] % width == 0 and run == list(range(run[0], run[0] + len(run))) for run in runs)
+    if rm * ty > 1:
+        assert apart * cuda_attention._q_row(rm, ty, padded, width) // width % 8 != 0
