@@ -94,9 +94,7 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     *inputs, out = args
     rank, kind = ir.MemRefType(out.type).rank, compute_type(*(a.type for a in args))
     extents = [extent(out, axis, request) for axis in range(rank)]
-    total: exprs.Expr = 1
-    for e in extents:
-        total = exprs.mul(total, e)
+    total = exprs.product(extents)
     lanes = _lanes(out) if _vector_reads(inputs, extents[-1], _lanes(out)) else 1
     items = exprs.ceildiv(total, lanes)  # exact: rows are a multiple of lanes long
     blocks = exprs.ceildiv(items, POINTWISE_BLOCK)
@@ -107,8 +105,7 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, POINTWISE_BLOCK, "parallel", "threadIdx.x") as thread:
         item = arith.AddIOp(arith.MulIOp(block, ht.index(POINTWISE_BLOCK)).result, thread).result
-        guard = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result)
-        with ir.InsertionPoint(guard.then_block):
+        with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result):
             position = arith.MulIOp(item, ht.index(lanes)).result if lanes > 1 else item
             coordinates = None if all(same) else _coordinates(position, [ht.size_value(e, symbols) for e in extents])
             if lanes == 1:
@@ -123,7 +120,6 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                            for x, flat in zip(inputs, flat_inputs, strict=True)]
                 _write([emit(request.expr, [c[i] for c in columns], type_=kind) for i in range(lanes)], flat_out,
                        [position])
-            scf.YieldOp([])
     return ht.Launch((blocks, 1, 1), (POINTWISE_BLOCK, 1, 1))
 
 
@@ -187,8 +183,7 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
     warps = threads // 32
     shared = [ht.alloc_local([warps * blocks], value.type, "shared") for value in values]
     lane = arith.RemUIOp(thread, ht.index(32)).result
-    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result)
-    with ir.InsertionPoint(first.then_block):
+    with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result):
         slot = arith.DivUIOp(thread, ht.index(32)).result
         for buffer, value in zip(shared, values, strict=True):
             if blocks == 1:
@@ -203,7 +198,6 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
             local = llvm.IntToPtrOp(ir.Type.parse("!llvm.ptr<3>"), arith.IndexCastOp(i64, at).result).result
             llvm.StoreOp(value, nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), local,
                                           arith.IndexCastOp(ir.IntegerType.get_signless(32), lane).result))
-        scf.YieldOp([])
     if blocks == 1:
         ht.barrier()
     else:
@@ -302,11 +296,9 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 nvvm.cluster_wait(aligned=True)
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads, (blocks, part)), element))
         if program.rows:
-            top = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result)
-            with ir.InsertionPoint(top.then_block):
+            with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result):
                 index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
-                scf.YieldOp([])
         else:
             for c, start in enumerate(starts):
                 _write([emit(program.out, v, reds, length_value, element) for v, _ in elements(program.out, c)], out,
@@ -320,16 +312,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     x, axis = inputs[0], program.axis
     rank = ir.MemRefType(x.type).rank
     element, stored = compute_type(*(a.type for a in args)), ir.MemRefType(out.type).element_type
+    others = [a for a in range(rank) if a != axis]
+    rows = exprs.product(extent(x, a, request) for a in others)
     if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
             split := _row_cluster(extent(x, axis, request), _lanes(x), request.target.cuda_archs))[1]:
-        rows: exprs.Expr = 1
-        for a in range(rank - 1):
-            rows = exprs.mul(rows, extent(x, a, request))
         return _reduce_in_registers(inputs, out, symbols, request, rows, split[1], split[0])
-    others = [a for a in range(rank) if a != axis]
-    rows: exprs.Expr = 1
-    for a in others:
-        rows = exprs.mul(rows, extent(x, a, request))
     length_expr = extent(x, axis, request)
     threads = _threads(length_expr)
     with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
@@ -352,13 +339,11 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                 scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, j))
             reds.append(result(kind, _block_reduce(kind, list(walk.results), thread, threads), element))
         if program.rows:
-            first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
-            with ir.InsertionPoint(first.then_block):
+            with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
                 index = list(kept)
                 if ir.MemRefType(out.type).rank == rank:  # keepdims
                     index.insert(axis, ht.index(0))
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
-                scf.YieldOp([])
         else:
             walk = _strided(thread, length, threads, [])
             with ir.InsertionPoint(walk.body):
