@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, math, scf, vector
+from mlir.dialects import arith, math, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
@@ -95,17 +95,13 @@ def _exp(x: ir.Value) -> ir.Value:
 def _walk(upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
     """carried = step(j, carried) for j in [0, upper): UNROLL j's a trip, then the rest."""
     middle = arith.MulIOp(arith.DivUIOp(upper, ht.index(UNROLL)).result, ht.index(UNROLL)).result
-    for begin, end, count in ((ht.index(0), middle, UNROLL), (middle, upper, 1)):
-        walk = scf.ForOp(begin, end, ht.index(count), carried)
-        walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
-        with ir.InsertionPoint(walk.body):
-            values = list(walk.inner_iter_args)
-            for u in range(count):
-                values = step(arith.AddIOp(walk.induction_variable, ht.index(u)).result if u else
-                              walk.induction_variable, values)
-            scf.YieldOp(values)
-        carried = list(walk.results)
-    return carried
+
+    def unrolled(j: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        for u in range(UNROLL):
+            values = step(arith.AddIOp(j, ht.index(u)).result if u else j, values)
+        return values
+    carried = ht.fold(ht.index(0), middle, ht.index(UNROLL), carried, unrolled)  # (loop-carried: registers)
+    return ht.fold(middle, upper, ht.index(1), carried, step)
 
 
 def _groups(count: ir.Value, size: int, body) -> None:

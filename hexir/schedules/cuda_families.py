@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
-from hexir.schedules.cpu_families import _initial, accumulator, combine, result
+from hexir.schedules.cpu_families import _initial, accumulate, accumulator, combine, result
 from hexir.schedules.emit import compute_type, convert, emit
 from hexir.target import arch_number
 
@@ -128,12 +128,6 @@ def _threads(length: exprs.Expr) -> int:
     while threads < REDUCE_BLOCK and (not isinstance(length, int) or threads < length):
         threads *= 2
     return threads
-
-
-def _strided(start: ir.Value, end: ir.Value, step: int, initial: list[ir.Value]) -> scf.ForOp:
-    walk = scf.ForOp(start, end, ht.index(step), initial)
-    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-    return walk
 
 
 def _combine_partials(kind: str, mine: list[ir.Value], other: list[ir.Value]) -> list[ir.Value]:
@@ -332,12 +326,9 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 
         reds: list[ir.Value] = []
         for kind, tree in program.reductions:
-            walk = _strided(thread, length, threads, _initial(kind, accumulator(kind, element)))
-            with ir.InsertionPoint(walk.body):
-                j = walk.induction_variable
-                value = emit(tree, at(j), reds, length_value, element)
-                scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, j))
-            reds.append(result(kind, _block_reduce(kind, list(walk.results), thread, threads), element))
+            partial = ht.fold(thread, length, threads, _initial(kind, accumulator(kind, element)),
+                              accumulate(kind, tree, at, reds, length_value, element))
+            reds.append(result(kind, _block_reduce(kind, partial, thread, threads), element))
         if program.rows:
             with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
                 index = list(kept)
@@ -345,10 +336,7 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
                     index.insert(axis, ht.index(0))
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
         else:
-            walk = _strided(thread, length, threads, [])
-            with ir.InsertionPoint(walk.body):
-                j = walk.induction_variable
+            with ht.loop(thread, length, "serial", step=threads) as j:
                 ht.store(convert(emit(program.out, at(j), reds, length_value, element), stored), out,
                          [where[a] if a != axis else j for a in range(rank)])
-                scf.YieldOp([])
     return ht.Launch((rows, 1, 1), (threads, 1, 1))
