@@ -23,10 +23,10 @@ columns a micro-kernel. A row whose scores are all -inf keeps m = -inf (its exps
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
+from hexir_runtime.format.exprs import product
 from mlir import ir
 from mlir.dialects import arith, math, vector
 
@@ -55,10 +55,6 @@ def batch_coordinates(flat: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Va
 
 def batch_extents(out: ir.Value, request: Request) -> list[exprs.Expr]:
     return [extent(out, d, request) for d in range(ir.MemRefType(out.type).rank - 2)]
-
-
-def product(extents: Sequence[exprs.Expr]) -> exprs.Expr:
-    return functools.reduce(exprs.mul, extents, 1)
 
 
 def safe_max(m: ir.Value) -> ir.Value:

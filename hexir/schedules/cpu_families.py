@@ -23,6 +23,7 @@ after each load and the output narrowed before each store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from hexir_runtime.format import exprs, scalars
@@ -46,10 +47,7 @@ def _grain(inner: int) -> int:
 
 def _static_product(buffer: ir.Value, axes: Sequence[int]) -> int:
     shape = ir.MemRefType(buffer.type).shape
-    product = 1
-    for axis in axes:
-        product *= shape[axis] if shape[axis] >= 0 else 1
-    return product
+    return math.prod(shape[axis] if shape[axis] >= 0 else 1 for axis in axes)
 
 
 def _rows(extents: Sequence[exprs.Expr], symbols: dict[str, ir.Value]) -> tuple[exprs.Expr, Callable]:

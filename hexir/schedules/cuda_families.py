@@ -23,6 +23,7 @@ from mlir.dialects import arith, gpu, llvm, memref, nvvm, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
+from hexir.schedules.cpu_attention import batch_coordinates
 from hexir.schedules.cpu_families import _initial, accumulate, accumulator, combine, result
 from hexir.schedules.emit import compute_type, convert, emit
 from hexir.target import arch_number
@@ -36,15 +37,6 @@ REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more th
 REGISTER_CLUSTER = 512   # the most threads of such a block: a longer row is split over a cluster of blocks (round 9)
 REGISTER_PART = 256      # and the most of a cluster's block (4 of 256 for f64 16384: 0.84 of copy, 2 of 512: 0.80)
 REGISTER_CAP = 64        # the registers a thread of a cluster's block is held to (launch bounds: blocks an SM)
-
-
-def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
-    """The index of the flat (row-major) `position` in a tensor of `extents`."""
-    coordinates = []
-    for extent_here in reversed(extents[1:]):
-        coordinates.append(arith.RemUIOp(position, extent_here).result)
-        position = arith.DivUIOp(position, extent_here).result
-    return [position, *reversed(coordinates)]
 
 
 def _flat(buffer: ir.Value, total: exprs.Expr) -> ir.Value:
@@ -107,7 +99,8 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
         item = arith.AddIOp(arith.MulIOp(block, ht.index(POINTWISE_BLOCK)).result, thread).result
         with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result):
             position = arith.MulIOp(item, ht.index(lanes)).result if lanes > 1 else item
-            coordinates = None if all(same) else _coordinates(position, [ht.size_value(e, symbols) for e in extents])
+            coordinates = None if all(same) else batch_coordinates(position,
+                                                                   [ht.size_value(e, symbols) for e in extents])
             if lanes == 1:
                 values = [ht.load(flat, [position]) if flat is not None else
                           ht.load(x, broadcast_indices(x, coordinates)) for x, flat in zip(inputs, flat_inputs,
@@ -258,8 +251,7 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
         length_value = arith.ConstantOp(element, float(length)).result
         part = arith.RemUIOp(block, ht.index(blocks)).result  # (of 1 block: folded away)
         row = arith.DivUIOp(block, ht.index(blocks)).result
-        kept = _coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
-            if rank > 1 else []
+        kept = batch_coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)])
         if blocks > 1:  # (this block has started: the cluster waits for all before storing into another's)
             nvvm.cluster_arrive_relaxed(aligned=True)
         offset = arith.MulIOp(part, ht.index(length // blocks)).result
@@ -317,7 +309,7 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length = ht.size_value(length_expr, symbols)
         length_value = arith.UIToFPOp(element, arith.IndexCastOp(ir.IntegerType.get_signless(64), length).result).result
-        kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in others]) if others else []
+        kept = batch_coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in others])
         where = dict(zip(others, kept, strict=True))
 
         def at(j: ir.Value) -> list[ir.Value]:

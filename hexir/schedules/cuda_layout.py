@@ -16,8 +16,9 @@ from mlir.dialects import arith
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
+from hexir.schedules.cpu_attention import batch_coordinates
 from hexir.schedules.cpu_layout import source, total
-from hexir.schedules.cuda_families import _coordinates, _flat
+from hexir.schedules.cuda_families import _flat
 
 LAYOUT_BLOCK = 256
 
@@ -38,7 +39,7 @@ def layout(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             if source_flat is not None:
                 value = ht.load(source_flat, [position])
             else:
-                at = _coordinates(position, [ht.size_value(extent(out, a, request), symbols) for a in range(rank)])
+                at = batch_coordinates(position, [ht.size_value(extent(out, a, request), symbols) for a in range(rank)])
                 value = source(record, inputs, at, symbols, request)
             ht.store(value, out_flat, [position])
     return ht.Launch((blocks, 1, 1), (LAYOUT_BLOCK, 1, 1))
