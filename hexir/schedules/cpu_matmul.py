@@ -29,6 +29,7 @@ from mlir.dialects import arith, vector
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, cpu, extent
 from hexir.schedules.cpu import MICRO
+from hexir.schedules.cpu_attention import batch_coordinates
 from hexir.schedules.emit import compute_type, convert
 
 #: A work item's rows: GROUPS micro-kernels of MR rows (a batch index of a few rows is one item).
@@ -64,12 +65,7 @@ class Layout:
 
     def coordinates(self, flat: ir.Value, symbols: dict[str, ir.Value]) -> list[ir.Value]:
         """The batch index (out's) of the row-major `flat` one."""
-        coordinates = []
-        for e in reversed(self.batch[1:]):
-            size = ht.size_value(e, symbols)
-            coordinates.append(arith.RemUIOp(flat, size).result)
-            flat = arith.DivUIOp(flat, size).result
-        return [flat, *reversed(coordinates)] if self.batch else []
+        return batch_coordinates(flat, [ht.size_value(e, symbols) for e in self.batch])
 
     def _batch_of(self, buffer: ir.Value, batch: list[ir.Value]) -> list[ir.Value]:
         shape = ir.MemRefType(buffer.type).shape
