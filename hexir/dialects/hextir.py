@@ -154,13 +154,25 @@ def index(value: int | ir.Value) -> ir.Value:
 
 
 @contextmanager
-def loop(lower: int | ir.Value, upper: int | ir.Value, kind: str, bind: str = "") -> Iterator[ir.Value]:
+def loop(lower: int | ir.Value, upper: int | ir.Value, kind: str, bind: str = "",
+         step: int | ir.Value = 1) -> Iterator[ir.Value]:
     """Build a scheduled loop; the `with` body builds the loop body at the induction variable."""
-    for_op = scf.ForOp(index(lower), index(upper), index(1))
+    for_op = scf.ForOp(index(lower), index(upper), index(step))
     for_op.operation.attributes[SCHEDULE] = schedule(kind, bind)
     with ir.InsertionPoint(for_op.body):
         yield for_op.induction_variable
         scf.YieldOp([])
+
+
+def fold(lower: int | ir.Value, upper: int | ir.Value, step: int | ir.Value, carried: Sequence[ir.Value],
+         body: Callable[[ir.Value, list[ir.Value]], Sequence[ir.Value]]) -> list[ir.Value]:
+    """A serial loop carrying values (in registers): carried = body(j, carried) for j in
+    range(lower, upper, step); the last carried."""
+    walk = scf.ForOp(index(lower), index(upper), index(step), list(carried))
+    walk.operation.attributes[SCHEDULE] = schedule("serial")
+    with ir.InsertionPoint(walk.body):
+        scf.YieldOp(list(body(walk.induction_variable, list(walk.inner_iter_args))))
+    return list(walk.results)
 
 
 @contextmanager

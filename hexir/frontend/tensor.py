@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,9 +61,7 @@ class TensorSpec:
             raise TraceError(f"TensorSpec: dtype must be float32, float64, bfloat16 or float16 (or int32, int64), "
                              f"got {dtype}")
         static = [int(d) for d in shape if not isinstance(d, str)]
-        count = np.dtype(dtype).itemsize
-        for d in static:  # Python ints: no overflow while checking for it
-            count *= d
+        count = np.dtype(dtype).itemsize * math.prod(static)  # Python ints: no overflow while checking for it
         if count > MAX_BYTES or any(d >= 2**63 for d in static):
             raise TraceError(f"TensorSpec: a {dtype} tensor of shape {self.shape!r} has more than 2^63 bytes")
         object.__setattr__(self, "shape", tuple(d if isinstance(d, str) else int(d) for d in shape))

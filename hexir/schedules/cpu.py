@@ -64,7 +64,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import arith, memref, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
@@ -483,19 +483,13 @@ def _micro(operands, packed, block: _KBlock, i0: ir.Value, pieces: list[tuple[ir
     if unroll > 1:
         whole = arith.MulIOp(arith.DivUIOp(arith.SubIOp(block.k1, k0).result, _i(unroll)).result, _i(unroll)).result
         middle = arith.AddIOp(k0, whole).result
-        unrolled = scf.ForOp(k0, middle, _i(unroll), sums)
-        unrolled.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-        with ir.InsertionPoint(unrolled.body):
-            k, values = unrolled.induction_variable, list(unrolled.inner_iter_args)
+
+        def steps(k: ir.Value, values: list[ir.Value]) -> list[ir.Value]:  # `unroll` k's a trip
             for u in range(unroll):
                 values = step(arith.AddIOp(k, _i(u)).result if u else k, values)
-            scf.YieldOp(values)
-        sums, k0 = list(unrolled.results), middle
-    loop = scf.ForOp(k0, block.k1, _i(1), sums)
-    loop.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
-    with ir.InsertionPoint(loop.body):
-        scf.YieldOp(step(loop.induction_variable, list(loop.inner_iter_args)))
-    results = list(loop.results)
+            return values
+        sums, k0 = ht.fold(k0, middle, _i(unroll), sums, steps), middle
+    results = ht.fold(k0, block.k1, _i(1), sums, step)  # the sums are loop-carried: registers
 
     def finished() -> list[ir.Value]:
         return [request.epilogue(v, [i, j0]) for v, (i, j0, _) in zip(results, slots, strict=True)]

@@ -23,12 +23,12 @@ columns a micro-kernel. A row whose scores are all -inf keeps m = -inf (its exps
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
+from hexir_runtime.format.exprs import product
 from mlir import ir
-from mlir.dialects import arith, math, scf, vector
+from mlir.dialects import arith, math, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
@@ -55,10 +55,6 @@ def batch_coordinates(flat: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Va
 
 def batch_extents(out: ir.Value, request: Request) -> list[exprs.Expr]:
     return [extent(out, d, request) for d in range(ir.MemRefType(out.type).rank - 2)]
-
-
-def product(extents: Sequence[exprs.Expr]) -> exprs.Expr:
-    return functools.reduce(exprs.mul, extents, 1)
 
 
 def safe_max(m: ir.Value) -> ir.Value:
@@ -95,17 +91,13 @@ def _exp(x: ir.Value) -> ir.Value:
 def _walk(upper: ir.Value, carried: list[ir.Value], step) -> list[ir.Value]:
     """carried = step(j, carried) for j in [0, upper): UNROLL j's a trip, then the rest."""
     middle = arith.MulIOp(arith.DivUIOp(upper, ht.index(UNROLL)).result, ht.index(UNROLL)).result
-    for begin, end, count in ((ht.index(0), middle, UNROLL), (middle, upper, 1)):
-        walk = scf.ForOp(begin, end, ht.index(count), carried)
-        walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
-        with ir.InsertionPoint(walk.body):
-            values = list(walk.inner_iter_args)
-            for u in range(count):
-                values = step(arith.AddIOp(walk.induction_variable, ht.index(u)).result if u else
-                              walk.induction_variable, values)
-            scf.YieldOp(values)
-        carried = list(walk.results)
-    return carried
+
+    def unrolled(j: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        for u in range(UNROLL):
+            values = step(arith.AddIOp(j, ht.index(u)).result if u else j, values)
+        return values
+    carried = ht.fold(ht.index(0), middle, ht.index(UNROLL), carried, unrolled)  # (loop-carried: registers)
+    return ht.fold(middle, upper, ht.index(1), carried, step)
 
 
 def _groups(count: ir.Value, size: int, body) -> None:

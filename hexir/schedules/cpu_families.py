@@ -23,11 +23,12 @@ after each load and the output narrowed before each store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, scf, vector
+from mlir.dialects import arith, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
@@ -46,10 +47,7 @@ def _grain(inner: int) -> int:
 
 def _static_product(buffer: ir.Value, axes: Sequence[int]) -> int:
     shape = ir.MemRefType(buffer.type).shape
-    product = 1
-    for axis in axes:
-        product *= shape[axis] if shape[axis] >= 0 else 1
-    return product
+    return math.prod(shape[axis] if shape[axis] >= 0 else 1 for axis in axes)
 
 
 def _rows(extents: Sequence[exprs.Expr], symbols: dict[str, ir.Value]) -> tuple[exprs.Expr, Callable]:
@@ -111,6 +109,13 @@ def result(kind: str, acc: list[ir.Value], type_: ir.Type) -> ir.Value:
     return acc[-1] if kind == "argmax" else acc[0]
 
 
+def accumulate(kind: str, tree: scalars.Tree, at: Callable, reds: list[ir.Value], length_value: ir.Value,
+               element: ir.Type) -> Callable[[ir.Value, list[ir.Value]], list[ir.Value]]:
+    """A reduction's step along a row (ht.fold's body): the tree at position j (`at(j)`: the
+    inputs there) combined into the accumulator."""
+    return lambda j, acc: combine(kind, acc, emit(tree, at(j), reds, length_value, element), j)
+
+
 def accumulator(kind: str, type_: ir.Type) -> ir.Type:
     return ir.F64Type.get() if kind == "sum" and isinstance(type_, ir.F32Type) else type_
 
@@ -138,13 +143,8 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
             if in_lanes:
                 start, begin = _lanes(kind, tree, inputs, [indices[a] for a in others], reds, length_value,
                                       element, length)
-            walk = scf.ForOp(begin, length, ht.index(1), start)
-            walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-            with ir.InsertionPoint(walk.body):
-                j = walk.induction_variable
-                value = emit(tree, at(j), reds, length_value, element)
-                scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, j))
-            reds.append(result(kind, list(walk.results), element))
+            reds.append(result(kind, ht.fold(begin, length, 1, start,
+                                             accumulate(kind, tree, at, reds, length_value, element)), element))
         if program.rows:
             kept = [indices[a] for a in others]
             if ir.MemRefType(out.type).rank == rank:  # keepdims
@@ -172,12 +172,11 @@ def _lanes(kind: str, tree, inputs: Sequence[ir.Value], lead: list[ir.Value], re
     reduction so far and where the scalar loop takes over."""
     acc_type = ir.VectorType.get([LANES], accumulator(kind, element))
     end = arith.SubIOp(length, arith.RemUIOp(length, ht.index(LANES)).result).result
-    walk = scf.ForOp(ht.index(0), end, ht.index(LANES), [constant(0.0 if kind == "sum" else float("-inf"), acc_type)])
-    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-    with ir.InsertionPoint(walk.body):
+
+    def step(j: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
         values = []
         for v in inputs:
-            at = broadcast_indices(v, [*lead, walk.induction_variable])
+            at = broadcast_indices(v, [*lead, j])
             memory = ir.MemRefType(v.type)
             if memory.rank and memory.shape[-1] != 1:
                 values.append(vector.LoadOp(ir.VectorType.get([LANES], memory.element_type), v, at).result)
@@ -187,6 +186,8 @@ def _lanes(kind: str, tree, inputs: Sequence[ir.Value], lead: list[ir.Value], re
         spread = ir.VectorType.get([LANES], element)
         value = emit(tree, values, [vector.BroadcastOp(spread, r).result for r in reds],
                      vector.BroadcastOp(spread, length_value).result, element)
-        scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, None))
+        return combine(kind, acc, value, None)
+    walk = ht.fold(ht.index(0), end, ht.index(LANES), [constant(0.0 if kind == "sum" else float("-inf"), acc_type)],
+                   step)
     combined = vector.CombiningKind.ADD if kind == "sum" else vector.CombiningKind.MAXIMUMF
-    return [vector.ReductionOp(acc_type.element_type, combined, walk.results[0]).result], end
+    return [vector.ReductionOp(acc_type.element_type, combined, walk[0]).result], end

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, scf, vector
+from mlir.dialects import arith, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, cpu, extent
 from hexir.schedules.cpu import MICRO
+from hexir.schedules.cpu_attention import batch_coordinates
 from hexir.schedules.emit import compute_type, convert
 
 #: A work item's rows: GROUPS micro-kernels of MR rows (a batch index of a few rows is one item).
@@ -64,12 +65,7 @@ class Layout:
 
     def coordinates(self, flat: ir.Value, symbols: dict[str, ir.Value]) -> list[ir.Value]:
         """The batch index (out's) of the row-major `flat` one."""
-        coordinates = []
-        for e in reversed(self.batch[1:]):
-            size = ht.size_value(e, symbols)
-            coordinates.append(arith.RemUIOp(flat, size).result)
-            flat = arith.DivUIOp(flat, size).result
-        return [flat, *reversed(coordinates)] if self.batch else []
+        return batch_coordinates(flat, [ht.size_value(e, symbols) for e in self.batch])
 
     def _batch_of(self, buffer: ir.Value, batch: list[ir.Value]) -> list[ir.Value]:
         shape = ir.MemRefType(buffer.type).shape
@@ -146,17 +142,15 @@ def _micro(layout: Layout, request: Request, batch: list[ir.Value], i0: ir.Value
     type_ = ir.VectorType.get([width], element)
     zero = arith.ConstantOp(type_, ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(element, 0.0))).result
     row_index = [arith.AddIOp(i0, ht.index(r)).result if r else i0 for r in range(rows)]
-    walk = scf.ForOp(ht.index(0), k_extent, ht.index(1), [zero] * rows)
-    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")  # the sums are loop-carried: registers
-    with ir.InsertionPoint(walk.body):
-        k = walk.induction_variable
+
+    def step(k: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         b = convert(vector.LoadOp(ir.VectorType.get([width], stored), layout.b, layout.at_b(batch, k, j0)).result,
                     element)
-        sums = [vector.FMAOp(vector.BroadcastOp(type_, convert(ht.load(layout.a, layout.at_a(batch, i, k)),
+        return [vector.FMAOp(vector.BroadcastOp(type_, convert(ht.load(layout.a, layout.at_a(batch, i, k)),
                                                                 element)).result, b,
-                             acc).result for i, acc in zip(row_index, walk.inner_iter_args, strict=True)]
-        scf.YieldOp(sums)
-    for i, value in zip(row_index, walk.results, strict=True):
+                             acc).result for i, acc in zip(row_index, sums, strict=True)]
+    sums = ht.fold(ht.index(0), k_extent, ht.index(1), [zero] * rows, step)  # loop-carried: registers
+    for i, value in zip(row_index, sums, strict=True):
         at = layout.at_out(batch, i, j0)
         if request.bias:  # (a linear's, args[2]: the 16-bit twin's)
             value = arith.AddFOp(value, convert(vector.LoadOp(ir.VectorType.get([width], stored), request.args[2],

@@ -47,6 +47,7 @@ in cuda_tiles.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 
@@ -451,10 +452,7 @@ def _reduce_splits(values: list[Callable[[], ir.Value]], element: ir.Type,
 
 def _sum(load: Callable[[int], ir.Value], count: int) -> ir.Value:
     """load(0) + load(1) + ... + load(count - 1), added in that order."""
-    value = load(0)
-    for other in range(1, count):
-        value = arith.AddFOp(value, load(other)).result
-    return value
+    return functools.reduce(lambda total, other: arith.AddFOp(total, load(other)).result, range(1, count), load(0))
 
 
 def _zeros(shape: list[int], element: ir.Type) -> ir.Value:

@@ -19,11 +19,12 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs, scalars
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, broadcast_indices, extent
-from hexir.schedules.cpu_families import _initial, accumulator, combine, result
+from hexir.schedules.cpu_attention import batch_coordinates
+from hexir.schedules.cpu_families import _initial, accumulate, accumulator, combine, result
 from hexir.schedules.emit import compute_type, convert, emit
 from hexir.target import arch_number
 
@@ -36,15 +37,6 @@ REGISTER_MOST = 8        # and the most it holds (128 bytes): past that, more th
 REGISTER_CLUSTER = 512   # the most threads of such a block: a longer row is split over a cluster of blocks (round 9)
 REGISTER_PART = 256      # and the most of a cluster's block (4 of 256 for f64 16384: 0.84 of copy, 2 of 512: 0.80)
 REGISTER_CAP = 64        # the registers a thread of a cluster's block is held to (launch bounds: blocks an SM)
-
-
-def _coordinates(position: ir.Value, extents: Sequence[ir.Value]) -> list[ir.Value]:
-    """The index of the flat (row-major) `position` in a tensor of `extents`."""
-    coordinates = []
-    for extent_here in reversed(extents[1:]):
-        coordinates.append(arith.RemUIOp(position, extent_here).result)
-        position = arith.DivUIOp(position, extent_here).result
-    return [position, *reversed(coordinates)]
 
 
 def _flat(buffer: ir.Value, total: exprs.Expr) -> ir.Value:
@@ -94,9 +86,7 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     *inputs, out = args
     rank, kind = ir.MemRefType(out.type).rank, compute_type(*(a.type for a in args))
     extents = [extent(out, axis, request) for axis in range(rank)]
-    total: exprs.Expr = 1
-    for e in extents:
-        total = exprs.mul(total, e)
+    total = exprs.product(extents)
     lanes = _lanes(out) if _vector_reads(inputs, extents[-1], _lanes(out)) else 1
     items = exprs.ceildiv(total, lanes)  # exact: rows are a multiple of lanes long
     blocks = exprs.ceildiv(items, POINTWISE_BLOCK)
@@ -107,10 +97,10 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, POINTWISE_BLOCK, "parallel", "threadIdx.x") as thread:
         item = arith.AddIOp(arith.MulIOp(block, ht.index(POINTWISE_BLOCK)).result, thread).result
-        guard = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result)
-        with ir.InsertionPoint(guard.then_block):
+        with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, item, count).result):
             position = arith.MulIOp(item, ht.index(lanes)).result if lanes > 1 else item
-            coordinates = None if all(same) else _coordinates(position, [ht.size_value(e, symbols) for e in extents])
+            coordinates = None if all(same) else batch_coordinates(position,
+                                                                   [ht.size_value(e, symbols) for e in extents])
             if lanes == 1:
                 values = [ht.load(flat, [position]) if flat is not None else
                           ht.load(x, broadcast_indices(x, coordinates)) for x, flat in zip(inputs, flat_inputs,
@@ -123,7 +113,6 @@ def pointwise(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                            for x, flat in zip(inputs, flat_inputs, strict=True)]
                 _write([emit(request.expr, [c[i] for c in columns], type_=kind) for i in range(lanes)], flat_out,
                        [position])
-            scf.YieldOp([])
     return ht.Launch((blocks, 1, 1), (POINTWISE_BLOCK, 1, 1))
 
 
@@ -132,12 +121,6 @@ def _threads(length: exprs.Expr) -> int:
     while threads < REDUCE_BLOCK and (not isinstance(length, int) or threads < length):
         threads *= 2
     return threads
-
-
-def _strided(start: ir.Value, end: ir.Value, step: int, initial: list[ir.Value]) -> scf.ForOp:
-    walk = scf.ForOp(start, end, ht.index(step), initial)
-    walk.operation.attributes[ht.SCHEDULE] = ht.schedule("serial")
-    return walk
 
 
 def _combine_partials(kind: str, mine: list[ir.Value], other: list[ir.Value]) -> list[ir.Value]:
@@ -187,8 +170,7 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
     warps = threads // 32
     shared = [ht.alloc_local([warps * blocks], value.type, "shared") for value in values]
     lane = arith.RemUIOp(thread, ht.index(32)).result
-    first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result)
-    with ir.InsertionPoint(first.then_block):
+    with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, lane, ht.index(blocks)).result):
         slot = arith.DivUIOp(thread, ht.index(32)).result
         for buffer, value in zip(shared, values, strict=True):
             if blocks == 1:
@@ -203,7 +185,6 @@ def _block_reduce(kind: str, partial: list[ir.Value], thread: ir.Value, threads:
             local = llvm.IntToPtrOp(ir.Type.parse("!llvm.ptr<3>"), arith.IndexCastOp(i64, at).result).result
             llvm.StoreOp(value, nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), local,
                                           arith.IndexCastOp(ir.IntegerType.get_signless(32), lane).result))
-        scf.YieldOp([])
     if blocks == 1:
         ht.barrier()
     else:
@@ -270,8 +251,7 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
         length_value = arith.ConstantOp(element, float(length)).result
         part = arith.RemUIOp(block, ht.index(blocks)).result  # (of 1 block: folded away)
         row = arith.DivUIOp(block, ht.index(blocks)).result
-        kept = _coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)]) \
-            if rank > 1 else []
+        kept = batch_coordinates(row, [ht.size_value(extent(x, a, request), symbols) for a in range(rank - 1)])
         if blocks > 1:  # (this block has started: the cluster waits for all before storing into another's)
             nvvm.cluster_arrive_relaxed(aligned=True)
         offset = arith.MulIOp(part, ht.index(length // blocks)).result
@@ -302,11 +282,9 @@ def _reduce_in_registers(inputs: Sequence[ir.Value], out: ir.Value, symbols: dic
                 nvvm.cluster_wait(aligned=True)
             reds.append(result(kind, _block_reduce(kind, acc, thread, threads, (blocks, part)), element))
         if program.rows:
-            top = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result)
-            with ir.InsertionPoint(top.then_block):
+            with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, arith.AddIOp(thread, part).result, ht.index(0)).result):
                 index = list(kept) + ([ht.index(0)] if ir.MemRefType(out.type).rank == rank else [])
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
-                scf.YieldOp([])
         else:
             for c, start in enumerate(starts):
                 _write([emit(program.out, v, reds, length_value, element) for v, _ in elements(program.out, c)], out,
@@ -320,23 +298,18 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     x, axis = inputs[0], program.axis
     rank = ir.MemRefType(x.type).rank
     element, stored = compute_type(*(a.type for a in args)), ir.MemRefType(out.type).element_type
+    others = [a for a in range(rank) if a != axis]
+    rows = exprs.product(extent(x, a, request) for a in others)
     if axis == rank - 1 and _vector_reads(inputs, extent(x, axis, request), _lanes(x)) and (
             split := _row_cluster(extent(x, axis, request), _lanes(x), request.target.cuda_archs))[1]:
-        rows: exprs.Expr = 1
-        for a in range(rank - 1):
-            rows = exprs.mul(rows, extent(x, a, request))
         return _reduce_in_registers(inputs, out, symbols, request, rows, split[1], split[0])
-    others = [a for a in range(rank) if a != axis]
-    rows: exprs.Expr = 1
-    for a in others:
-        rows = exprs.mul(rows, extent(x, a, request))
     length_expr = extent(x, axis, request)
     threads = _threads(length_expr)
     with ht.loop(0, ht.size_value(rows, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, threads, "parallel", "threadIdx.x") as thread:
         length = ht.size_value(length_expr, symbols)
         length_value = arith.UIToFPOp(element, arith.IndexCastOp(ir.IntegerType.get_signless(64), length).result).result
-        kept = _coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in others]) if others else []
+        kept = batch_coordinates(block, [ht.size_value(extent(x, a, request), symbols) for a in others])
         where = dict(zip(others, kept, strict=True))
 
         def at(j: ir.Value) -> list[ir.Value]:
@@ -345,25 +318,17 @@ def reduce(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
 
         reds: list[ir.Value] = []
         for kind, tree in program.reductions:
-            walk = _strided(thread, length, threads, _initial(kind, accumulator(kind, element)))
-            with ir.InsertionPoint(walk.body):
-                j = walk.induction_variable
-                value = emit(tree, at(j), reds, length_value, element)
-                scf.YieldOp(combine(kind, list(walk.inner_iter_args), value, j))
-            reds.append(result(kind, _block_reduce(kind, list(walk.results), thread, threads), element))
+            partial = ht.fold(thread, length, threads, _initial(kind, accumulator(kind, element)),
+                              accumulate(kind, tree, at, reds, length_value, element))
+            reds.append(result(kind, _block_reduce(kind, partial, thread, threads), element))
         if program.rows:
-            first = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result)
-            with ir.InsertionPoint(first.then_block):
+            with ht.when(arith.CmpIOp(arith.CmpIPredicate.eq, thread, ht.index(0)).result):
                 index = list(kept)
                 if ir.MemRefType(out.type).rank == rank:  # keepdims
                     index.insert(axis, ht.index(0))
                 ht.store(convert(emit(program.out, [], reds, length_value, element), stored), out, index)
-                scf.YieldOp([])
         else:
-            walk = _strided(thread, length, threads, [])
-            with ir.InsertionPoint(walk.body):
-                j = walk.induction_variable
+            with ht.loop(thread, length, "serial", step=threads) as j:
                 ht.store(convert(emit(program.out, at(j), reds, length_value, element), stored), out,
                          [where[a] if a != axis else j for a in range(rank)])
-                scf.YieldOp([])
     return ht.Launch((rows, 1, 1), (threads, 1, 1))

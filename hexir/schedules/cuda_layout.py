@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, extent
+from hexir.schedules.cpu_attention import batch_coordinates
 from hexir.schedules.cpu_layout import source, total
-from hexir.schedules.cuda_families import _coordinates, _flat
+from hexir.schedules.cuda_families import _flat
 
 LAYOUT_BLOCK = 256
 
@@ -34,13 +35,11 @@ def layout(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: Requ
     with ht.loop(0, ht.size_value(blocks, symbols), "parallel", "blockIdx.x") as block, \
             ht.loop(0, LAYOUT_BLOCK, "parallel", "threadIdx.x") as thread:
         position = arith.AddIOp(arith.MulIOp(block, ht.index(LAYOUT_BLOCK)).result, thread).result
-        guard = scf.IfOp(arith.CmpIOp(arith.CmpIPredicate.ult, position, count).result)
-        with ir.InsertionPoint(guard.then_block):
+        with ht.when(arith.CmpIOp(arith.CmpIPredicate.ult, position, count).result):
             if source_flat is not None:
                 value = ht.load(source_flat, [position])
             else:
-                at = _coordinates(position, [ht.size_value(extent(out, a, request), symbols) for a in range(rank)])
+                at = batch_coordinates(position, [ht.size_value(extent(out, a, request), symbols) for a in range(rank)])
                 value = source(record, inputs, at, symbols, request)
             ht.store(value, out_flat, [position])
-            scf.YieldOp([])
     return ht.Launch((blocks, 1, 1), (LAYOUT_BLOCK, 1, 1))

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from hexir_runtime.format import exprs
 from mlir import ir
-from mlir.dialects import arith, builtin, llvm, memref, nvgpu, nvvm, scf, vector
+from mlir.dialects import arith, builtin, llvm, memref, nvgpu, nvvm, vector
 
 from hexir.dialects import hextir as ht
 from hexir.schedules import Request, cuda, extent
@@ -166,13 +166,10 @@ def _tiles(block: ir.Value, shape: _Shape):
     many k slices the block walked before it (its stages and phases go on from there)."""
     tile_m, tile_n, _ = shape.tile
     mine = arith.CeilDivUIOp(arith.SubIOp(shape.tiles, block).result, shape.blocks).result
-    loop = scf.ForOp(ht.index(0), mine, ht.index(1))
-    with ir.InsertionPoint(loop.body):
-        tile = cuda._plus(block, arith.MulIOp(loop.induction_variable, shape.blocks).result)
+    with ht.loop(0, mine, "serial") as t:
+        tile = cuda._plus(block, arith.MulIOp(t, shape.blocks).result)
         tile_row, tile_column = _raster(tile, shape.tiles_m, shape.tiles_n)
-        yield ((cuda._times(tile_row, tile_m), cuda._times(tile_column, tile_n)),
-               cuda._times(loop.induction_variable, shape.slices))
-        scf.YieldOp([])
+        yield (cuda._times(tile_row, tile_m), cuda._times(tile_column, tile_n)), cuda._times(t, shape.slices)
 
 
 def _raster(tile: ir.Value, tiles_m: ir.Value, tiles_n: int) -> tuple[ir.Value, ir.Value]:
@@ -194,9 +191,7 @@ def _produce(tm_x, tm_w, full, empty, shared, origin, done: ir.Value, shape: _Sh
     tile_m, tile_n, step = shape.tile
     half, size = tile_m // 2, ir.FloatType(shape.element).width // 8
     row0, column0 = origin
-    loop = scf.ForOp(ht.index(0), ht.index(shape.slices), ht.index(1))
-    with ir.InsertionPoint(loop.body):
-        i = loop.induction_variable
+    with ht.loop(0, shape.slices, "serial") as i:
         stage, round_ = _stage(cuda._plus(done, i))
         nvgpu.MBarrierTryWaitParityOp(empty, _parity(round_, True), ht.index(10_000_000), mbarId=stage)
         nvgpu.MBarrierArriveExpectTxOp(full, ht.index(shape.stage_bytes), stage)
@@ -212,7 +207,6 @@ def _produce(tm_x, tm_w, full, empty, shared, origin, done: ir.Value, shape: _Sh
             elif size == 2:
                 nvgpu.TmaAsyncLoadOp(_view(shared, w_at, [step, 64], shape.element), full, tm_w,
                                      [cuda._plus(column0, ht.index(64 * h)), k0], stage)
-        scf.YieldOp([])
 
 
 def _consume(tm_x, tm_w, full, empty, shared, warpgroup, thread, done: ir.Value, shape: _Shape) -> list[ir.Value]:
@@ -301,19 +295,19 @@ def _k_loop(full, empty, thread, done: ir.Value, shape: _Shape, zero: list[ir.Va
     def release(count: ir.Value) -> None:
         with ht.when(lane0):
             nvgpu.MBarrierArriveOp(empty, _stage(count)[0])
-    loop = scf.ForOp(ht.index(0), ht.index(shape.slices), ht.index(1), zero)
-    with ir.InsertionPoint(loop.body):
-        i = loop.induction_variable
+
+    def step(i: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
         stage, round_ = _stage(cuda._plus(done, i))
         nvgpu.MBarrierTryWaitParityOp(full, _parity(round_, False), ht.index(10_000_000), mbarId=stage)
-        sums = slice_(cuda._times(stage, shape.stage_bytes), list(loop.inner_iter_args))
+        sums = slice_(cuda._times(stage, shape.stage_bytes), sums)
         # this slice's wgmma are in flight, the one before is done (wait_group 1): free its stage
         with ht.when(arith.CmpIOp(arith.CmpIPredicate.ugt, i, ht.index(0)).result):
             release(arith.SubIOp(cuda._plus(done, i), ht.index(1)).result)
-        scf.YieldOp(sums)
+        return sums
+    sums = ht.fold(ht.index(0), ht.index(shape.slices), ht.index(1), zero, step)
     nvvm.WgmmaWaitGroupSyncOp(0)
     release(cuda._plus(done, ht.index(shape.slices - 1)))
-    return list(loop.results)
+    return sums
 
 
 def _epilogue(pieces: list[ir.Value], origin, warpgroup, thread, args, symbols, request: Request, tile) -> None:
