@@ -145,12 +145,12 @@ def linear_kernel_checks(out: str, epilogue: str, ret: str) -> str:
         CHECK-NEXT:         %[[SUMS:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{PER}x{PER}xf32>
         CHECK-NEXT:         %[[ZERO:cst[_0-9]*]] = arith.constant 0.000000e+00 : f32
         CHECK-COUNT-{PER * PER}: "hextir.store"(%[[ZERO]], %[[SUMS]]
-        CHECK-NEXT:         %[[XSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
-        CHECK-NEXT:         %[[WSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
         CHECK-NEXT:         %[[T1:[0-9]+]] = arith.muli %[[TY]], %c16 : index
         CHECK-NEXT:         %[[THREAD:[0-9]+]] = arith.addi %[[T1]], %[[TX]] : index
         CHECK:              %[[ROW0:[0-9]+]] = arith.muli %[[BY]], %c{TILE} : index
         CHECK-NEXT:         %[[COL0:[0-9]+]] = arith.muli %[[BX]], %c{TILE} : index
+        CHECK-NEXT:         %[[XSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
+        CHECK-NEXT:         %[[WSTAGED:[0-9]+]] = "hextir.alloc_local"() {{space = "private"}} : () -> memref<{LOADS}xf32>
 
         slice 0 into buffer 0, then a barrier
         {fetches("%c0")}
