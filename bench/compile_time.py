@@ -42,9 +42,8 @@ def _load(path: Path, name: str):
     return module
 
 
-def one(model: str) -> dict:
-    """Compile `model` once with the hexir on sys.path; print {wall, cpu, bytes, sha256} as JSON
-    (and return it, with `self`: the CPU seconds of this process alone)."""
+def one(model: str) -> None:
+    """Compile `model` once with the hexir on sys.path; print {wall, cpu, bytes, sha256} as JSON."""
     import hexir
     target = None
     if model.startswith("block"):
@@ -64,83 +63,8 @@ def one(model: str) -> dict:
         wall, after = time.perf_counter() - started, os.times()
         data = path.read_bytes()
     cpu = sum(after[:4]) - sum(before[:4])  # user + system, the process's and its finished children's
-    result = {"wall": round(wall, 2), "cpu": round(cpu, 2), "bytes": len(data),
-              "sha256": hashlib.sha256(data).hexdigest()[:16]}
-    print(json.dumps(result))
-    return {**result, "self": sum(after[:2]) - sum(before[:2])}
-
-
-def stages(model: str, cpus: int | None) -> None:
-    """One compile of `model` by this tree's hexir, each part's CPU seconds printed: the driver's
-    stages (this process), each MLIR piece of the hxb stage (timed in the process it ran in), each
-    tool (run one at a time here, so that its CPU is its own); then the critical path, the longest
-    chain of parts that wait for each other: what a machine with a core per piece would take.
-    `cpus`: cut the pieces as for a machine of that many CPUs (the H200's host: 16)."""
-    import resource
-    import threading
-
-    from hexir import driver
-    from hexir.backend import cpu as cpu_backend
-    from hexir.backend import cuda as cuda_backend
-    parts: list[tuple[str, float]] = []
-    lock = threading.Lock()
-
-    def timed_stage(name, step):
-        def run(module, options):
-            started = time.process_time()
-            try:
-                return step(module, options)
-            finally:
-                parts.append((f"stage {name} (this process)", time.process_time() - started))
-        return run
-
-    def timed_tool(label, tool):
-        def run(*args, **kwargs):
-            with lock:
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                try:
-                    return tool(*args, **kwargs)
-                finally:
-                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    what = label or args[1]
-                    parts.append((f"tool {what}", after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
-        return run
-
-    def in_child(call):
-        def run():
-            started = time.process_time()
-            value = call()
-            return time.process_time() - started, value
-        return run
-
-    forked = driver._forked
-
-    def timed_forked(jobs):
-        results = forked([(size, in_child(call)) for size, call in jobs])
-        for (size, call), (cpu, _) in zip(jobs, results, strict=True):
-            kind = "cuda" if call.func is not driver._llvm_text else "cpu"
-            what = " ".join(call.args[1]) if kind == "cuda" else "twins" if call.args[2] else "own kernels"
-            parts.append((f"piece {kind} {call.args[-1] if kind == 'cuda' else call.args[1]} {what} ({size} ops)", cpu))
-        return [value for _, value in results]
-
-    driver.STAGES[:] = [(name, timed_stage(name, step)) for name, step in driver.STAGES]
-    driver._forked = timed_forked
-    if cpus:
-        driver._cpus = lambda: cpus
-    cpu_backend.run_tool = timed_tool(None, cpu_backend.run_tool)
-    cuda_backend._ptxas = timed_tool("ptxas", cuda_backend._ptxas)
-    main = one(model)["self"]
-    for label, cpu in parts:
-        print(f"  {label:60s} {cpu:6.2f}")
-    cost = {label: cpu for label, cpu in parts}
-
-    def most(prefix: str) -> float:
-        return max([cpu for label, cpu in cost.items() if label.startswith(prefix)], default=0.0)
-    cuda = most("piece cuda") + most("tool ptxas")
-    cpu = most("piece cpu") + most("tool opt") + most("tool llc") + most("tool linking")
-    print(f"this process {main:.2f} s CPU (tracing, the stages, packaging); the cuda chain (largest piece, "
-          f"ptxas) {cuda:.2f}, the cpu chain (largest piece, opt, llc, link) {cpu:.2f}: critical path "
-          f"{main + max(cuda, cpu):.2f} s")
+    print(json.dumps({"wall": round(wall, 2), "cpu": round(cpu, 2), "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()[:16]}))
 
 
 def _measure(tree: Path, model: str) -> dict:
@@ -159,14 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="its worktree (added, detached, if missing)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", choices=MODELS, help=argparse.SUPPRESS)
-    parser.add_argument("--stages", choices=MODELS, help="time the parts of one compile here (its critical path)")
-    parser.add_argument("--cpus", type=int, help="with --stages: cut the pieces as for this many CPUs")
     args = parser.parse_args(argv)
     if args.one:
         one(args.one)
-        return 0
-    if args.stages:
-        stages(args.stages, args.cpus)
         return 0
     if not args.before.exists():
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(args.before), args.before_ref],

@@ -19,14 +19,10 @@ stages up to and including that one and returns what it makes:
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 from mlir import ir, passmanager
@@ -38,7 +34,6 @@ from hexir.backend.package import kernel_tables, package
 from hexir.dialects import hexir as hx
 from hexir.dialects import hextir as ht
 from hexir.errors import ArgumentError, CompileError, HexirError, PlacementError
-from hexir.passes.common import count_ops
 from hexir.passes.fuse import fuse
 from hexir.passes.lower_to_tir import lower_to_tir
 from hexir.passes.pack_weights import pack_weights
@@ -118,71 +113,24 @@ def _hxb(module: ir.Module, options: Options) -> bytes:
     cpu_table = kernel_tables(module)[0]
     twins = [ht.identity_of(k).twin for k in ht.generated_kernels(module, "cpu")]
     own, lowest = not all(twins), target.cpu_levels[-1]
-    pieces, join = cuda_backend.ptx_pieces(module, target.cuda_archs, _cpus()) \
-        if ht.generated_kernels(module, "cuda") else ([], None)
-    # The MLIR work (it holds the GIL) in processes of their own, side by side: the cuda kernels in
-    # runs, the cpu twins (one object, the lowest level's code, that every level's library links),
-    # each level's own kernels. Then the tools (opt, llc, cc, ptxas: processes too) side by side.
-    cpu_kernels = ht.generated_kernels(module, "cpu")
-    cpu_jobs = [(lowest, True)] * any(twins) + [(level, False) for level in target.cpu_levels if own]
-    texts = _forked([(sum(count_ops(k) for k in cpu_kernels if (ht.level_of(k), ht.identity_of(k).twin) == job),
-                      partial(_llvm_text, module, *job)) for job in cpu_jobs] + pieces)
-    cpu_texts, texts = dict(zip(cpu_jobs, texts, strict=False)), texts[len(cpu_jobs):]
     with tempfile.TemporaryDirectory(prefix="hexir-custom-") as scratch, \
             ThreadPoolExecutor(len(target.cpu_levels) + 2) as tools:
         custom = build_custom(module, target.cpu_levels, target.cuda_archs, Path(scratch))
-        cuda_binary = tools.submit(cuda_backend.assemble, join(texts)) if join else None
-        twin_object = tools.submit(cpu_backend.compile_object, cpu_texts[lowest, True], lowest,
-                                   Path(scratch) / "twins.o") if any(twins) else None
-        libraries = [tools.submit(_library, cpu_texts.get((level, False)), level, custom.cpu_objects[level], cpu_table,
-                                  twin_object)
+        # MLIR lowers one piece after another here (it holds the GIL); each piece's tools (opt,
+        # llc, cc, ptxas: processes of their own) start in the pool as soon as it is made. The
+        # cpu twins are one object (the lowest level's code) that every level's library links.
+        twin_object = tools.submit(cpu_backend.compile_object,
+                                   cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, lowest, twins=True)),
+                                   lowest, Path(scratch) / "twins.o") if any(twins) else None
+        libraries = [tools.submit(_library, cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level, twins=False))
+                                  if own else None, level, custom.cpu_objects[level], cpu_table, twin_object)
                      for level in target.cpu_levels  # best first; a module of twins alone: the lowest level's
                      if own or custom.cpu_objects[level] or (twin_object and level == lowest)]
+        cuda_binary = tools.submit(cuda_backend.assemble, cuda_backend.ptx(module, target.cuda_archs)) \
+            if ht.generated_kernels(module, "cuda") else None
         libraries = [library.result() for library in libraries]
         cuda_binary = cuda_binary.result() if cuda_binary else None
     return package(module, libraries, cuda_binary, custom)
-
-
-def _llvm_text(module: ir.Module, level: str, twins: bool) -> str:
-    return cpu_backend.llvm_ir(cpu_kernels_to_llvm(module, level, twins=twins))
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-
-
-def _forked(jobs: list[tuple[int, Callable[[], object]]]) -> list[object]:
-    """Each job's result (a job: its size in ops, `count_ops`, and a call), the calls run in forked
-    processes, as many at once as there are CPUs, the largest first (the last to start is then a
-    small one): a child has the module already (no import, no parse) and the context is
-    single-threaded (hexir/dialects), so it needs none of our threads; they are forked before any
-    thread starts (the pool's own, the tools'). A call's exception is raised here, the first one's.
-    Where the jobs beside the largest are small, they run here: a fork costs more than it saves."""
-    workers, sizes = min(len(jobs), _cpus()), sorted(size for size, _ in jobs)
-    forks = "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
-    if workers < 2 or sum(sizes[:-1]) < _FORK_OPS or not forks:  # (a daemonic process may have no children)
-        return [call() for _, call in jobs]
-    order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0])
-    _CALLS[:] = [jobs[i][1] for i in order]  # (what a child has; only the index travels)
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            results = dict(zip(order, pool.map(_call, range(len(jobs))), strict=True))
-    except BrokenProcessPool as error:
-        raise CompileError(f"a compile worker process ended without its results: {error}") from None
-    finally:
-        _CALLS.clear()
-    return [results[i] for i in range(len(jobs))]
-
-
-#: Ops beside the largest job's below which the jobs run in this process (~0.3 s of lowering).
-_FORK_OPS = 2000
-
-
-_CALLS: list[Callable[[], object]] = []
-
-
-def _call(index: int) -> object:
-    return _CALLS[index]()
 
 
 def _library(llvm_text: str | None, level: str, objects: list[str], table: bytes,

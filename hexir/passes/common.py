@@ -22,15 +22,3 @@ def walk(root: ir.Operation, *names: str) -> list[ir.Operation]:
 
     root.walk(visit, ir.WalkOrder.PRE_ORDER)
     return found
-
-
-def count_ops(root: ir.Operation) -> int:
-    """How many ops `root` holds, itself included: what lowering it costs, roughly."""
-    count = [0]
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        count[0] += 1
-        return ir.WalkResult.ADVANCE
-
-    root.operation.walk(visit)
-    return count[0]

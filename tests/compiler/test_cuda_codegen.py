@@ -902,31 +902,3 @@ def test_dmma_tiles_fit_the_shared_memory_of_every_target(build, target, block, 
     assert (kernel["launch"]["block"][0], kernel["launch"]["shared_bytes"]) == (block, shared)
     assert shared <= min(MAX_SHARED_BYTES[arch.split(":")[1]] for arch in target.split(","))
     assert set(MAX_SHARED_BYTES) == set(CUDA_ARCHS)  # every architecture a target may name has its room
-
-
-def test_the_kernels_lowered_apart_join_into_the_ptx_of_them_lowered_together(monkeypatch):
-    """The .hxb's PTX is made in pieces (runs of kernels, side by side in processes of their own)
-    and joined: byte for byte the text of the kernels lowered at once (-emit=ptx), here with static
-    and dynamic shared memory, device globals (split K) and two sm_90a kernels beside those of every
-    arch, with two mbarriers each (MLIR numbers them across the module: __mbarrier, __mbarrier_0...)."""
-    from hexir.driver import Options, parse_placement, run_stage
-    from hexir.target import parse_target
-
-    def fn(x, w, a, b, h, v, p, q):
-        return hexir.linear(x, w), hexir.relu(hexir.linear(a, b)), hexir.linear(h, v), hexir.linear(p, q)
-    shapes = [((2048, 64), "float64"), ((64, 2048), "float64"), ((64, 784), "float64"), ((784, 512), "float64"),
-              ((64, 64), "bfloat16"), ((64, 64), "bfloat16"), ((128, 256), "bfloat16"), ((256, 128), "bfloat16")]
-    options = Options(parse_placement("*=cuda"), parse_target("cpu:host,cuda:sm_80,cuda:sm_90"))
-    module = hexir.jit(fn).trace(*(hexir.TensorSpec(shape, dtype) for shape, dtype in shapes))
-    run_stage(module, "mlir-gpu", options)
-    whole = {arch: cuda_backend.ptx_of(module, arch).encode() for arch in ("sm_80", "sm_90", "sm_90a")}
-    for parts, least, count in ((16, 0, 10), (2, 2000, 4)):  # a kernel a piece (sm_90a's own in its text alone); runs
-        monkeypatch.setattr(cuda_backend, "_RUN_OPS", least)
-        pieces, join = cuda_backend.ptx_pieces(module, ("sm_80", "sm_90", "sm_90a"), parts)
-        assert len(pieces) == count
-        texts = [piece() for _, piece in pieces]
-        assert join(texts) == whole, parts
-    text = whole["sm_90a"].decode()
-    assert "__dynamic_shmem__" in text and "_global0" in text and "__mbarrier_2" in text
-    monkeypatch.setattr(cuda_backend, "merge_ptx", lambda texts: None)  # pieces it cannot join: lowered together
-    assert join(texts) == whole
