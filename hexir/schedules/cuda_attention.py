@@ -65,8 +65,9 @@ INTERLEAVE, QPAD = True, True
 #: The scores' loop over D and the weights x v loop over the keys as loops of (16-byte steps,
 #: keys) an iteration, not unrolled whole (None): unrolled, 8x4x16's tile loop at d 128 is 152 KiB
 #: of code (8,192 FFMA) and ran 2.0 ms, either loop alone 0.48-0.60 (past the instruction cache);
-#: rolled, 0.92 / 0.87 ms at (8, 16), 0.92 / 1.01 at (4, 8) (docs/tuning.md, "Attention d128 (round 9)")
-ROLL = (8, 16)
+#: rolled, 0.92 / 0.87 ms at (8, 16), 0.92 / 1.01 at (4, 8) (docs/tuning.md, "Attention d128 (round 9)").
+#: ROLL_WIDE for heads of 128 or more where it divides the keys: 0.90 / 0.88 ms against (8, 16)'s 0.92 / 0.92 (run 137)
+ROLL, ROLL_WIDE = (8, 16), (16, 32)
 
 
 def _index_math(a: ir.Value, b: int | ir.Value, op=arith.AddIOp) -> ir.Value:
@@ -173,6 +174,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
     d, dv = ir.MemRefType(q.type).shape[-1], ir.MemRefType(v.type).shape[-1]
     rm, cn, ty_extent, padded, dv_padded = _plan(d, dv, width, element_bytes)
     rows, keys, dvt = ty_extent * rm, TX * cn, dv_padded // TX
+    roll = ROLL_WIDE if d >= 128 and keys % ROLL_WIDE[1] == 0 else ROLL
     batch = batch_extents(out, request)
     sq, sk = extent(out, len(batch), request), extent(k, ir.MemRefType(k.type).rank - 2, request)
     row_tiles = exprs.ceildiv(sq, rows)
@@ -219,7 +221,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 v_run = width if dv % width == 0 else 1
                 v_group = _group(_copy(v, reader(v), v_s, keys, dv_padded, (sk_v, dv), k0, v_run, thread))
                 steps = padded // width  # 16-byte steps along D, `step` of them an iteration (ROLL)
-                step = next(u for u in range(min(ROLL[0] or steps, steps), 0, -1) if steps % u == 0)
+                step = next(u for u in range(min(roll[0] or steps, steps), 0, -1) if steps % u == 0)
                 for r, c in itertools.product(range(rm), range(cn)):
                     ht.store(zero, held, [ht.index(r), ht.index(c)])
                 with ht.loop(0, steps // step, "serial") as i:
@@ -281,7 +283,7 @@ def attention(args: Sequence[ir.Value], symbols: dict[str, ir.Value], request: R
                 row_type = ir.VectorType.get([min(width, rm)], element)
                 # the sums read once and written once an iteration of `chunk` keys (ROLL: a multiple of 8,
                 # the swizzle's turn known), SSA values between (after LLVM's mem2reg: fewer ops to convert)
-                chunk = ROLL[1] or keys
+                chunk = roll[1] or keys
                 columns = [_index_math(_index_math(tx, width, arith.MulIOp), run * TX * width)
                            for run in range(dvt // width)]
                 with ht.loop(0, keys // chunk, "serial") as i:
